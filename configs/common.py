@@ -46,6 +46,9 @@ def get_config() -> ml_collections.ConfigDict:
   config = ml_collections.ConfigDict()
   config.seed = 0
   config.fidelity = "paper"
+  # The continual-learning method (olora_jax/methods, docs/methods.md): 'online_lora' (the paper's
+  # method, configured by the `learner` block) or a baseline, configured by its own block below.
+  config.method = "online_lora"
 
   config.model = ml_collections.ConfigDict()
   config.model.name = "vit_b16"

@@ -1,7 +1,7 @@
 """The evaluator: per-class correct/total counts of the current model on chosen test examples.
 
-One evaluator serves every method: it only needs a pure `predict(state, frozen, images) ->
-logits` and never changes the learner's state (nothing is donated, nothing is written back).
+One evaluator serves every method: it only needs a pure `predict(state, images) -> logits` (the
+method's, olora_jax/methods/base.py) and never changes the learner's state (nothing is donated, nothing is written back).
 Counting runs inside one jitted function that takes a padded batch, its validity mask and a
 boolean class mask, and adds the batch's per-class counts to running (C,) accumulators on the
 device; the host fetches the two count vectors once per evaluation. Batches are padded to
@@ -55,12 +55,12 @@ class ClassCounts(NamedTuple):
 
 
 def make_count_fn(predict_fn: Callable[..., jax.Array], num_classes: int) -> Callable:
-  """Jitted `(state, frozen, images, labels, mask, class_mask, correct, total) -> (correct,
-  total)`: adds one padded batch's per-class counts to the (C,) accumulators."""
+  """Jitted `(state, images, labels, mask, class_mask, correct, total) -> (correct, total)`: adds
+  one padded batch's per-class counts to the (C,) accumulators."""
 
-  def count(state, frozen, images, labels, mask, class_mask, correct, total):
+  def count(state, images, labels, mask, class_mask, correct, total):
     TRACE_COUNTS["count"] += 1
-    logits = predict_fn(state, frozen, images)  # (B, C)
+    logits = predict_fn(state, images)  # (B, C)
     logits = jnp.where(class_mask[None, :], logits, -jnp.inf)
     hits = (jnp.argmax(logits, axis=-1) == labels) & mask  # (B,)
     correct = correct + jnp.zeros(num_classes, jnp.int32).at[labels].add(hits.astype(jnp.int32))
@@ -118,9 +118,8 @@ class Evaluator:
   def ids_of_classes(self, classes: np.ndarray) -> np.ndarray:
     return np.flatnonzero(np.isin(self.source.labels, classes))
 
-  def counts(self, state: Any, frozen: Any, ids: np.ndarray,
-             seen_classes: np.ndarray) -> ClassCounts:
-    """Per-class correct/total over test `ids` with the model given by (state, frozen)."""
+  def counts(self, state: Any, ids: np.ndarray, seen_classes: np.ndarray) -> ClassCounts:
+    """Per-class correct/total over test `ids` with the model given by the method's `state`."""
     ids = np.asarray(ids, np.int64)
     # Accumulators and the class mask are replicated like the state: one placement, one compile.
     class_mask, correct, total = sharding.replicate(
@@ -128,15 +127,15 @@ class Evaluator:
          np.zeros(self.num_classes, np.int32)), self.mesh)
     for start in range(0, len(ids), self.batch_size):
       batch = sharding.shard_batch(self._batch(ids[start:start + self.batch_size]), self.mesh)
-      correct, total = self._count(state, frozen, batch["images"], batch["labels"], batch["mask"],
+      correct, total = self._count(state, batch["images"], batch["labels"], batch["mask"],
                                    class_mask, correct, total)
     correct, total = jax.device_get((correct, total))  # one transfer per evaluation
     return ClassCounts(np.asarray(correct, np.int64), np.asarray(total, np.int64))
 
-  def seen_counts(self, state: Any, frozen: Any, seen_classes: np.ndarray) -> ClassCounts:
+  def seen_counts(self, state: Any, seen_classes: np.ndarray) -> ClassCounts:
     """Counts on the test data of the classes seen so far (the anytime evaluation)."""
-    return self.counts(state, frozen, self.ids_of_classes(seen_classes), seen_classes)
+    return self.counts(state, self.ids_of_classes(seen_classes), seen_classes)
 
-  def all_counts(self, state: Any, frozen: Any, seen_classes: np.ndarray) -> ClassCounts:
+  def all_counts(self, state: Any, seen_classes: np.ndarray) -> ClassCounts:
     """Counts on the whole test set (the task-end evaluation filling a column of a_{i,j})."""
-    return self.counts(state, frozen, np.arange(len(self.source)), seen_classes)
+    return self.counts(state, np.arange(len(self.source)), seen_classes)

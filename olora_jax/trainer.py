@@ -1,11 +1,13 @@
-"""The host loop, read as the paper's algorithm (Online-LoRA, Alg. in section 3):
+"""The host loop: one loop for every method (olora_jax/methods), read as the paper's protocol:
 
     for each batch of the stream (seen once, no task ids):
-      1-2. train step: loss on batch + hard buffer (+ L_LoRA), one Adam step   [jitted]
-      3.   loss window: mean / variance, plateau and peak rule                  [host]
-      4.   on a plateau: importance on the buffer, Omega, merge, new LoRA       [jitted]
-      5.   hard-buffer update from the pre-update losses                        [jitted]
+      train step of the method on the batch                                     [jitted]
+      the method's host hook (Online-LoRA: loss window, plateau rule, consolidation and
+      hard-buffer update, paper steps 3-5)                                       [host + jitted]
       evaluation at anytime points and at true task ends (evaluator only)
+
+The method is picked by the `method` config key; its whole state is one pytree that the loop
+checkpoints, evaluates through the method's pure `predict`, and never looks inside.
 
 Outputs in `workdir`: config.json, stream_manifest.json (data/manifest.py), metrics.jsonl (one
 event per line), results.json (every metric with its definition), plots/*.png, checkpoints/ (the
@@ -40,10 +42,9 @@ from olora_jax.data import manifest as manifest_lib
 from olora_jax.data import sources as sources_lib
 from olora_jax.data import streams as streams_lib
 from olora_jax.data.pipeline import InputPipeline
+from olora_jax import methods as methods_lib
 from olora_jax.evaluate import Evaluator
-from olora_jax.learner import buffer as buffer_lib
-from olora_jax.learner import online_lora
-from olora_jax.learner import plateau as plateau_lib
+from olora_jax.methods import base as methods_base
 from olora_jax.models.vit import VisionTransformer, ViTSpec, init_head, spec_from_config
 
 RUN_FILES = ("config.json", "stream_manifest.json", "metrics.jsonl", "results.json")
@@ -60,32 +61,24 @@ class Setup:
     if c.pretrained.path and not os.path.isfile(c.pretrained.path):
       raise FileNotFoundError(
           f"pretrained.path={c.pretrained.path!r} does not exist; give a local checkpoint file")
-    self.plateau_config = plateau_lib.PlateauConfig(
-        window=c.learner.window, mean_threshold=c.learner.mean_threshold,
-        var_threshold=c.learner.var_threshold,
-        check_partial_window=c.learner.check_partial_window)
-    self.tx = online_lora.make_optimizer(c.learner.learning_rate)
-    self.learner_config = online_lora.LearnerConfig(
-        rank=c.learner.rank, reg_lambda=c.learner.reg_lambda, hard_loss=c.learner.hard_loss,
-        reset_opt_state_at_merge=c.learner.reset_opt_state_at_merge,
-        buffer_unit=c.learner.buffer_unit, window_value=c.learner.window_value,
-        importance=c.learner.importance, merge=c.learner.merge,
-        new_lora_init=c.learner.new_lora_init)
-    buffer_lib.init_buffer(c.learner.buffer_size, (1,))  # validates the size
-
     self.train_source, self.test_source = sources_lib.load_sources(c.data, self.spec.image_size)
     self.num_classes = self.train_source.num_classes
     for source in (self.train_source, self.test_source):
       sample_images, _ = source.get(np.arange(min(len(source), 8)))
       validation.check_source(source.labels, sample_images, self.num_classes,
                               f"data.dataset={c.data.dataset!r} ({source.split} split)")
+    self.model = VisionTransformer(self.spec, self.num_classes)
+    # The method's builder validates its config block before any compute.
+    self.method = methods_lib.build(methods_base.Context(
+        config=c, model=self.model, spec=self.spec, num_classes=self.num_classes,
+        batch_size=c.learner.batch_size,
+        image_shape=(self.spec.image_size, self.spec.image_size, 3)))
     self.stream = streams_lib.build_stream(c.data, self.train_source, c.learner.batch_size, c.seed)
     self.manifest = manifest_lib.stream_manifest(c.data, c.seed, c.learner.batch_size, self.stream,
                                                  self.train_source, self.test_source)
     self.pipeline = InputPipeline(self.train_source, self.stream, c.learner.batch_size,
                                   self.spec.image_size, c.data.augment, c.seed, c.data.prefetch,
                                   c.data.input_scale)
-    self.model = VisionTransformer(self.spec, self.num_classes)
     self.mesh = sharding.make_mesh()
     sharding.check_divisible(c.learner.batch_size, self.mesh, "learner.batch_size")
     sharding.check_divisible(c.eval.batch_size, self.mesh, "eval.batch_size")
@@ -156,16 +149,16 @@ def _write_json(path: str, obj) -> None:
 
 
 def make_guarded_step(train_step: Callable) -> Callable:
-  """The learner's train step, but a non-finite loss leaves the state as it was.
+  """The method's train step, but a non-finite loss leaves the state as it was.
 
-  The learner donates its state, so the last good state must be kept inside jit: the trainer can
+  The step donates the state, so the last good state must be kept inside jit: the trainer can
   then checkpoint it (and stop) or skip the step (`learner.skip_nonfinite`).
   """
 
-  def step(state, frozen, buf, batch):
-    new_state, scalars, scores = train_step(state, frozen, buf, batch)
+  def step(state, batch):
+    new_state, scalars, extras = train_step(state, batch)
     finite = jnp.isfinite(scalars["loss"])
-    return jax.lax.cond(finite, lambda: new_state, lambda: state), scalars, scores
+    return jax.lax.cond(finite, lambda: new_state, lambda: state), scalars, extras
 
   return jax.jit(step, donate_argnums=(0,))
 
@@ -226,9 +219,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   """
   setup = Setup(config)  # every config or data error surfaces here, before any compute or file
   config = setup.config  # fidelity keys resolved: config.json records what actually ran
-  c, spec, stream = config, setup.spec, setup.stream
+  c, spec, stream, method = config, setup.spec, setup.stream, setup.method
   root = jax.random.key(c.seed)
-  init_key, lora_key = jax.random.split(root)
+  init_key, method_key = jax.random.split(root)
   params = initial_params(setup, c, init_key)  # a bad pretrained file fails before any file
   finished = _check_workdir(workdir, config)
   if finished is not None:
@@ -237,32 +230,25 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   os.makedirs(workdir, exist_ok=True)
 
   start = time.time()
-  backbone, head = online_lora.split_params(params)
-  frozen = online_lora.init_frozen(backbone, spec, setup.learner_config)
-  learner = online_lora.make_learner(setup.model, setup.tx, setup.learner_config)
-  train_step = make_guarded_step(learner.train_step)
-  state = online_lora.init_train_state(lora_key, head, spec, setup.learner_config, setup.tx)
-  buffer = online_lora.init_buffer(setup.learner_config, c.learner.buffer_size,
-                                   c.learner.batch_size, (spec.image_size, spec.image_size, 3))
+  train_step = make_guarded_step(method.train_step)
+  state = method.init(method_key, params)  # the method's whole state: one pytree
 
   # Resume: the whole run state from the newest checkpoint that verifies.
   checkpointer = checkpointing.Checkpointer(workdir, c.max_to_keep)
   meta = {"config": checkpointing.config_to_dict(config), "stream_sha256": stream.sha256()}
-  template = {"state": state, "frozen": frozen, "buffer": buffer}
-  restored = checkpointing.restore_run(checkpointer, template, config, meta["stream_sha256"])
+  restored = checkpointing.restore_run(checkpointer, state, config, meta["stream_sha256"])
   if restored is None:
-    p = checkpointing.Progress.initial(c.eval.eval_every)
+    p = checkpointing.Progress.initial(c.eval.eval_every, method.init_host())
   else:
-    arrays, p = restored
-    state, frozen, buffer = arrays["state"], arrays["frozen"], arrays["buffer"]
+    state, p = restored
     logging.warning("resuming %s at stream step %d of %d", workdir, p.cursor, len(stream.steps))
-  frozen, state, buffer = sharding.replicate((frozen, state, buffer), setup.mesh)
+  state = sharding.replicate(state, setup.mesh)
   _write_json(os.path.join(workdir, "config.json"), meta["config"])
   manifest_sha256 = manifest_lib.write_manifest(os.path.join(workdir, "stream_manifest.json"),
                                                 setup.manifest)
-  # The evaluator reads (state, frozen) through the pure `predict` and never changes them.
+  # The evaluator reads the state through the method's pure `predict` and never changes it.
   evaluator = Evaluator(setup.test_source, spec.image_size, c.eval.batch_size, setup.num_classes,
-                        learner.predict, c.eval.mask_unseen_logits, mesh=setup.mesh,
+                        method.predict, c.eval.mask_unseen_logits, mesh=setup.mesh,
                         input_scale=c.data.input_scale)
   log = RunLog(os.path.join(workdir, "metrics.jsonl"),
                tb_writer.make_scalar_writer(os.path.join(workdir, "tensorboard")),
@@ -271,7 +257,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
 
   def save():
     p.metrics_bytes, p.wall_seconds = log.size(), wall_before + time.time() - start
-    checkpointer.save({"state": state, "frozen": frozen, "buffer": buffer}, p, meta)
+    checkpointer.save(state, p, meta)
 
   task_ends = set(stream.task_end_steps().tolist())
   bar = tqdm.tqdm(total=len(stream.steps), initial=p.cursor, disable=not progress, unit="step",
@@ -282,7 +268,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   with StopSignal() as stop, contextlib.closing(log), contextlib.closing(checkpointer), bar:
     for step, host_batch in enumerate(setup.pipeline.iterate(p.cursor), start=p.cursor):
       batch = sharding.shard_batch(host_batch, setup.mesh)
-      state, scalars, scores = train_step(state, frozen, buffer, batch)
+      state, scalars, extras = train_step(state, batch)
       scalars = jax.device_get(scalars)
       finite = bool(np.isfinite(scalars["loss"]))
       if not finite and not c.learner.skip_nonfinite:
@@ -296,35 +282,30 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
       p.seen_classes = sorted(set(p.seen_classes) | set(
           np.unique(host_batch["labels"][mask]).tolist()))
 
-      stats = None
+      report = methods_base.StepReport()
       if not finite:  # learner.skip_nonfinite: the step left the state as it was
         p.nonfinite_steps.append(step)
         log.write("nonfinite_skipped", step, samples_seen=p.samples_seen, loss=scalars["loss"])
-      elif c.learner.incremental_lora:
-        p.window, stats = plateau_lib.update(p.window, scalars["window_value"],
-                                             setup.plateau_config)
-        if stats.fired:
-          # Importance on the buffer used in this step, then merge (paper steps 4a-4d).
-          state, frozen = learner.consolidate(state, frozen, buffer)
+      elif method.after_step is not None:
+        state, p.method_host, report = method.after_step(state, p.method_host, step, batch,
+                                                         scalars, extras)
+      for event, values in report.events:
+        if event == "plateau":
           p.plateau_steps.append(step)
           p.plateau_samples.append(p.samples_seen)
-          log.write("plateau", step, p.samples_seen, n_plateaus=p.window.n_plateaus,
-                    window_mean=stats.mean, window_var=stats.var)
-      if finite:
-        buffer = learner.update_buffer(buffer, batch, scores)
+        log.write(event, step, p.samples_seen, **values)
 
       if step % c.log_every == 0:
-        window_stats = {} if stats is None else dict(window_mean=stats.mean,
-                                                      window_var=stats.var)
-        log.write("train", step, p.samples_seen, **scalars, **window_stats)
+        log.write("train", step, p.samples_seen, **scalars, **report.train_values)
 
-      anytime_due, at_task_end = p.samples_seen >= p.next_eval, step in task_ends
+      anytime_due = method.anytime_eval and p.samples_seen >= p.next_eval
+      at_task_end = step in task_ends
       if anytime_due or at_task_end:
         seen = np.array(p.seen_classes)
+        model = state if method.eval_state is None else method.eval_state(state)
         # One pass serves both evaluations when they coincide: the whole test set at a task
         # end, the seen classes' test data otherwise (same class mask, same predictions).
-        counts = (evaluator.all_counts if at_task_end else evaluator.seen_counts)(
-            state, frozen, seen)
+        counts = (evaluator.all_counts if at_task_end else evaluator.seen_counts)(model, seen)
         seen_mask = np.isin(np.arange(setup.num_classes), seen)
       if anytime_due:
         p.next_eval += c.eval.eval_every * (
