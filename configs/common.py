@@ -34,6 +34,9 @@ Keys that matter:
   learner.reset_opt_state_at_merge, .check_partial_window, data.input_scale, data.core50_order
                                 one key per paper-vs-code difference, None = take it from fidelity
   learner.allow_dead_lora       run new_lora_init='zeros' with the optimizer state reset anyway
+  method                        'online_lora' (configured by `learner`) | 'finetune' | 'iid' |
+                                'er' | 'der_pp' | 'ewc_pp' | 'agem' | 'mir' | 'gdumb', each
+                                configured by the block of its name (docs/methods.md)
   checkpoint_every, max_to_keep full-state orbax checkpoints in WORKDIR/checkpoints; the same
                                 --workdir resumes (a different config is refused)
 """
@@ -103,6 +106,63 @@ def get_config() -> ml_collections.ConfigDict:
   config.learner.check_partial_window = config_dict.placeholder(bool)
   config.learner.allow_dead_lora = False
   config.learner.skip_nonfinite = False  # NaN/Inf loss: False = checkpoint and stop; True = skip
+
+  # One block per baseline (docs/methods.md), read only when `method` names it. Defaults are the
+  # paper's (appendix, hyperparameter table for ViT-B/16; buffer 500, Adam, batch 64 shared).
+  # `trainable`: what the method trains: 'all' (the whole ViT with its fresh head, as the
+  # original code does), 'head' (the head only) or 'lora' (a LoRA of rank learner.rank on q and
+  # v, plus the head: Online-LoRA's budget). `weight_decay` is L2 added to the gradient before
+  # Adam (PyTorch's Adam(weight_decay=...)).
+  config.finetune = ml_collections.ConfigDict()  # no protection (paper: not in its table)
+  config.finetune.trainable = "all"
+  config.finetune.learning_rate = 1e-4
+  config.finetune.weight_decay = 1e-4
+  config.iid = ml_collections.ConfigDict()  # upper bound: one pass over an i.i.d. shuffle
+  config.iid.trainable = "all"
+  config.iid.learning_rate = 1e-4
+  config.iid.weight_decay = 1e-4
+  config.er = ml_collections.ConfigDict()
+  config.er.trainable = "all"
+  config.er.learning_rate = 1e-4
+  config.er.weight_decay = 1e-4
+  config.er.buffer_size = 500
+  config.er.replay_batch = 10  # "episode memory per batch"
+  config.der_pp = ml_collections.ConfigDict()
+  config.der_pp.trainable = "all"
+  config.der_pp.learning_rate = 3e-4
+  config.der_pp.weight_decay = 0.0
+  config.der_pp.buffer_size = 500
+  config.der_pp.replay_batch = 64  # each of the two replay draws (the original: = batch size)
+  config.der_pp.alpha = 0.2  # weight of the logit (MSE) term
+  config.der_pp.beta = 0.5  # weight of the replayed labels' CE
+  config.ewc_pp = ml_collections.ConfigDict()
+  config.ewc_pp.trainable = "all"
+  config.ewc_pp.learning_rate = 1e-4
+  config.ewc_pp.weight_decay = 1e-4
+  config.ewc_pp.reg_lambda = 100.0
+  config.ewc_pp.alpha = 0.9  # weight of the newest Fisher estimate in the running average
+  config.ewc_pp.fisher_every = 50  # train batches between Fisher (and anchor) updates
+  config.agem = ml_collections.ConfigDict()
+  config.agem.trainable = "all"
+  config.agem.learning_rate = 1e-4
+  config.agem.weight_decay = 1e-4
+  config.agem.buffer_size = 500
+  config.agem.replay_batch = 10  # memory samples of the reference gradient
+  config.mir = ml_collections.ConfigDict()
+  config.mir.trainable = "all"
+  config.mir.learning_rate = 1e-4
+  config.mir.weight_decay = 1e-4
+  config.mir.buffer_size = 500
+  config.mir.n_candidates = 50  # "number of subsample"
+  config.mir.replay_batch = 10  # most interfered samples replayed per batch
+  config.gdumb = ml_collections.ConfigDict()
+  config.gdumb.trainable = "all"
+  config.gdumb.learning_rate = 1e-3
+  config.gdumb.min_learning_rate = 5e-4  # end of the cosine schedule
+  config.gdumb.weight_decay = 1e-4
+  config.gdumb.clip_norm = 10.0
+  config.gdumb.epochs = 30  # epochs over the buffer at each evaluation
+  config.gdumb.buffer_size = 500
 
   config.eval = ml_collections.ConfigDict()
   config.eval.eval_every = 1000

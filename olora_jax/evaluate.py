@@ -1,7 +1,8 @@
 """The evaluator: per-class correct/total counts of the current model on chosen test examples.
 
 One evaluator serves every method: it only needs a pure `predict(state, images) -> logits` (the
-method's, olora_jax/methods/base.py) and never changes the learner's state (nothing is donated, nothing is written back).
+method's, olora_jax/methods/base.py) and never changes the learner's state (nothing is donated,
+nothing is written back).
 Counting runs inside one jitted function that takes a padded batch, its validity mask and a
 boolean class mask, and adds the batch's per-class counts to running (C,) accumulators on the
 device; the host fetches the two count vectors once per evaluation. Batches are padded to

@@ -35,6 +35,7 @@ import tqdm
 
 from olora_jax import checkpointing, sharding, tb_writer, validation
 from olora_jax import fidelity as fidelity_lib
+from olora_jax import methods as methods_lib
 from olora_jax import metrics as metrics_lib
 from olora_jax import plots as plots_lib
 from olora_jax import pretrained as pretrained_lib
@@ -42,7 +43,6 @@ from olora_jax.data import manifest as manifest_lib
 from olora_jax.data import sources as sources_lib
 from olora_jax.data import streams as streams_lib
 from olora_jax.data.pipeline import InputPipeline
-from olora_jax import methods as methods_lib
 from olora_jax.evaluate import Evaluator
 from olora_jax.methods import base as methods_base
 from olora_jax.models.vit import VisionTransformer, ViTSpec, init_head, spec_from_config
@@ -76,6 +76,14 @@ class Setup:
     self.stream = streams_lib.build_stream(c.data, self.train_source, c.learner.batch_size, c.seed)
     self.manifest = manifest_lib.stream_manifest(c.data, c.seed, c.learner.batch_size, self.stream,
                                                  self.train_source, self.test_source)
+    self.benchmark_manifest_sha256 = None  # set when the method trains on another order
+    if self.method.iid_stream:  # the upper bound: the stream's samples in an i.i.d. order
+      self.benchmark_manifest_sha256 = manifest_lib.manifest_sha256(self.manifest)
+      self.stream = streams_lib.iid_order(self.stream, c.learner.batch_size, c.seed)
+      self.manifest = manifest_lib.stream_manifest(c.data, c.seed, c.learner.batch_size,
+                                                   self.stream, self.train_source,
+                                                   self.test_source)
+      self.manifest["params"]["order"] = "iid"
     self.pipeline = InputPipeline(self.train_source, self.stream, c.learner.batch_size,
                                   self.spec.image_size, c.data.augment, c.seed, c.data.prefetch,
                                   c.data.input_scale)
@@ -376,6 +384,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
       "stream_sha256": stream.sha256(),
       "stream_manifest_sha256": manifest_sha256,
       "fidelity": fidelity_lib.fidelity_record(c),
+      **({} if setup.benchmark_manifest_sha256 is None else {
+          "benchmark_manifest_sha256": setup.benchmark_manifest_sha256}),
       "wall_seconds": wall_before + time.time() - start,
       "metric_notes": notes,
   }

@@ -8,7 +8,8 @@ What is checked (issue 6):
   config keys      a key the reference config does not have (`check_known_keys`)
   config values    learning rate > 0, 1 <= rank <= model width, window >= 1, plateau thresholds
                    > 0, batch >= 1, buffer size >= 0, lambda >= 0, positive periods, and the
-                   name of the scenario (fidelity names: olora_jax/fidelity.resolve)
+                   name of the scenario (fidelity names: olora_jax/fidelity.resolve); the
+                   `method` name and its config block (`check_method`)
   data             images uint8 (N, H, W, 1|3); integer labels in [0, num_classes)
                    (`check_source`)
 Dataset names and "not prepared" datasets are refused by `olora_jax.data.sources.load_source`,
@@ -86,6 +87,48 @@ def check_config(config: ml_collections.ConfigDict, width: int) -> None:
            f"max_to_keep={c.max_to_keep} must be >= 1 (keep 2 or more to survive a damaged one)")
   _require(c.data.scenario in SCENARIOS,
            f"unknown data.scenario={c.data.scenario!r}; use one of {SCENARIOS}")
+  check_method(c)
+
+
+TRAINABLE = ("all", "head", "lora")
+
+
+def check_method(config: ml_collections.ConfigDict) -> None:
+  """The `method` name and the values of its config block (configs/common.py)."""
+  from olora_jax.methods import REGISTRY  # here: the methods import the learner, not validation
+
+  name = config.method
+  _require(name in REGISTRY, f"unknown method={name!r}; use one of {tuple(REGISTRY)}")
+  if name == "online_lora":  # its block is `learner`, checked above
+    return
+  b, p = config[name], f"{name}."
+  values = b.to_dict()
+  _require(b.trainable in TRAINABLE,
+           f"unknown {p}trainable={b.trainable!r}; use one of {TRAINABLE}")
+  _require(b.learning_rate > 0, f"{p}learning_rate={b.learning_rate} must be > 0")
+  _require(b.weight_decay >= 0, f"{p}weight_decay={b.weight_decay} must be >= 0")
+  if "min_learning_rate" in values:
+    _require(0 < b.min_learning_rate <= b.learning_rate,
+             f"{p}min_learning_rate={b.min_learning_rate} must be in (0, {p}learning_rate]")
+  if "buffer_size" in values:
+    _require(b.buffer_size >= 1, f"{p}buffer_size={b.buffer_size} must be >= 1 (the paper"
+             " uses 500)")
+  if "replay_batch" in values:
+    _require(1 <= b.replay_batch <= b.buffer_size,
+             f"{p}replay_batch={b.replay_batch} must be in [1, {p}buffer_size={b.buffer_size}]")
+  if "n_candidates" in values:
+    _require(b.replay_batch <= b.n_candidates <= b.buffer_size,
+             f"{p}n_candidates={b.n_candidates} must be in [{p}replay_batch,"
+             f" {p}buffer_size]; the paper uses 50")
+  for key in ("reg_lambda", "beta", "clip_norm"):
+    if key in values:
+      _require(values[key] >= 0, f"{p}{key}={values[key]} must be >= 0")
+  if "alpha" in values:  # DER++'s logit weight, or EWC++'s running-average weight in (0, 1]
+    upper = 1.0 if name == "ewc_pp" else float("inf")
+    _require(0 <= b.alpha <= upper, f"{p}alpha={b.alpha} must be in [0, {upper}]")
+  for key in ("fisher_every", "epochs"):
+    if key in values:
+      _require(values[key] >= 1, f"{p}{key}={values[key]} must be >= 1")
 
 
 def check_source(labels: np.ndarray, images: np.ndarray, num_classes: int, what: str) -> None:

@@ -6,11 +6,25 @@ docs/methods.md describes every method and how to add one.
 
 from __future__ import annotations
 
-from olora_jax.methods import base
-from olora_jax.methods import online_lora
+from olora_jax.methods import agem, base, der_pp, er, ewc_pp, finetune, gdumb, mir, online_lora
 
+# method name -> builder; every baseline `name` reads the config block `config.<name>`.
 REGISTRY = {
     "online_lora": online_lora.build,
+    "finetune": finetune.build,
+    "iid": finetune.build_iid,
+    "er": er.build,
+    "der_pp": der_pp.build,
+    "ewc_pp": ewc_pp.build,
+    "agem": agem.build,
+    "mir": mir.build,
+    "gdumb": gdumb.build,
+}
+# The paper's names (launch/report.py rows).
+DISPLAY_NAMES = {
+    "online_lora": "Online-LoRA", "finetune": "Fine-tuning", "iid": "Upper bound (i.i.d.)",
+    "er": "ER", "der_pp": "DER++", "ewc_pp": "EWC++", "agem": "AGEM", "mir": "MIR",
+    "gdumb": "GDumb",
 }
 
 
