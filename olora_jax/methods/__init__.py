@@ -20,12 +20,6 @@ REGISTRY = {
     "mir": mir.build,
     "gdumb": gdumb.build,
 }
-# The paper's names (launch/report.py rows).
-DISPLAY_NAMES = {
-    "online_lora": "Online-LoRA", "finetune": "Fine-tuning", "iid": "Upper bound (i.i.d.)",
-    "er": "ER", "der_pp": "DER++", "ewc_pp": "EWC++", "agem": "AGEM", "mir": "MIR",
-    "gdumb": "GDumb",
-}
 
 
 def build(ctx: base.Context) -> base.Method:
