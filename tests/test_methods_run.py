@@ -13,7 +13,7 @@ import pytest
 from jax._src import compilation_cache
 
 from configs import tiny
-from olora_jax import checkpointing, trainer
+from olora_jax import checkpointing, plots, trainer
 from olora_jax.methods import common
 
 BASELINES = ("finetune", "iid", "er", "der_pp", "ewc_pp", "agem", "mir", "gdumb")
@@ -86,11 +86,14 @@ def compile_once(tmp_path_factory):
 
 @pytest.fixture(scope="module", params=BASELINES)
 def runs(request, tmp_path_factory):
-  """(method, traces of the uninterrupted run, its outputs, outputs of the stopped + resumed)."""
+  """(method, traces of the uninterrupted run, its outputs, outputs of the stopped + resumed,
+  the uninterrupted run's workdir)."""
   name = request.param
   root = tmp_path_factory.mktemp(name)
   common.TRACE_COUNTS.clear()
-  trainer.train_and_evaluate(_config(name), str(root / "full"), progress=False)
+  config = _config(name)
+  config.eval.write_plots = True  # output-only: the plots of every method are drawn
+  trainer.train_and_evaluate(config, str(root / "full"), progress=False)
   traces = dict(common.TRACE_COUNTS)
   full = _outputs(root / "full")
   patch = pytest.MonkeyPatch()
@@ -100,11 +103,11 @@ def runs(request, tmp_path_factory):
   patch.undo()
   assert not (root / "stopped" / "results.json").exists()
   trainer.train_and_evaluate(_config(name), str(root / "stopped"), progress=False)
-  return name, traces, full, _outputs(root / "stopped")
+  return name, traces, full, _outputs(root / "stopped"), root / "full"
 
 
 def test_runs_end_to_end_and_traces_each_function_once(runs):
-  name, traces, (results, metrics, _), _ = runs
+  name, traces, (results, metrics, _), _, workdir = runs
   assert traces[f"{name}.train_step"] == 1
   if name == "gdumb":  # trained from the buffer at each task end: one trace for all of them
     assert traces["gdumb.eval_state"] == 1
@@ -116,10 +119,12 @@ def test_runs_end_to_end_and_traces_each_function_once(runs):
   assert sum(line["event"] == "train" for line in lines) == results["n_steps"]
   if name == "iid":
     assert results["benchmark_manifest_sha256"] != results["stream_manifest_sha256"]
+  for plot in plots.PLOT_FILES:
+    assert (workdir / "plots" / plot).stat().st_size > 1000
 
 
 def test_resumes_bit_exactly_after_a_stop(runs):
-  _, _, (results, metrics, checksums), (results2, metrics2, checksums2) = runs
+  _, _, (results, metrics, checksums), (results2, metrics2, checksums2), _ = runs
   assert results2 == results
   assert metrics2 == metrics
   assert checksums2 == checksums
