@@ -35,21 +35,30 @@ def replay_loss(apply, params, frozen, batch: dict, mem: dict):
   return ce_current + ce_replay, dict(ce_current=ce_current, ce_replay=ce_replay)
 
 
-def build(ctx: base.Context) -> base.Method:
-  block, scale = ctx.config.er, ctx.config.data.input_scale
+def make(ctx: base.Context, name: str, block, retrieve) -> base.Method:
+  """A reservoir-replay method: one Adam step on CE(batch) + CE(retrieved), then the batch enters
+  the reservoir. `retrieve(apply, state, batch, key) -> replay.sample-like dict` picks what to
+  replay from the buffer (ER: uniformly; MIR: the most interfered)."""
+  scale = ctx.config.data.input_scale
   tx = common.make_adam(block.learning_rate, block.weight_decay)
   apply = common.make_apply(ctx.model)
 
   def train_step(state, batch):
-    common.TRACE_COUNTS["er.train_step"] += 1
+    common.TRACE_COUNTS[f"{name}.train_step"] += 1
     base.check_batch(batch)
-    sample_key, update_key = jax.random.split(common.step_key(state))
-    mem = replay.sample(state["buffer"], sample_key, block.replay_batch, scale)
+    retrieve_key, update_key = jax.random.split(common.step_key(state))
+    mem = retrieve(apply, state, batch, retrieve_key)
     (loss, aux), grads = jax.value_and_grad(functools.partial(replay_loss, apply), has_aux=True)(
         state["params"], state["frozen"], batch, mem)
     state = common.apply_gradients(state, grads, tx)
     state["buffer"] = replay.reservoir_update(state["buffer"], batch, update_key, scale)
     return state, {"loss": loss, **aux}, {}
 
-  return base.Method(name="er", init=init_with_buffer(ctx, block, tx), train_step=train_step,
+  return base.Method(name=name, init=init_with_buffer(ctx, block, tx), train_step=train_step,
                      predict=lambda s, x: apply(s["frozen"], s["params"], x))
+
+
+def build(ctx: base.Context) -> base.Method:
+  block, scale = ctx.config.er, ctx.config.data.input_scale
+  return make(ctx, "er", block, lambda apply, state, batch, key: replay.sample(
+      state["buffer"], key, block.replay_batch, scale))

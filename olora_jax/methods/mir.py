@@ -9,13 +9,10 @@ then offer the batch to the reservoir. Paper: buffer 500, 50 candidates, LR 1e-4
 
 from __future__ import annotations
 
-import functools
-
 import jax
 import jax.numpy as jnp
 
-from olora_jax.methods import base, common, replay
-from olora_jax.methods.er import init_with_buffer, replay_loss
+from olora_jax.methods import base, common, er, replay
 
 
 def interference(apply, params, frozen, batch: dict, candidates: dict, learning_rate: float):
@@ -35,23 +32,12 @@ def interference(apply, params, frozen, batch: dict, candidates: dict, learning_
 
 def build(ctx: base.Context) -> base.Method:
   block, scale = ctx.config.mir, ctx.config.data.input_scale
-  tx = common.make_adam(block.learning_rate, block.weight_decay)
-  apply = common.make_apply(ctx.model)
 
-  def train_step(state, batch):
-    common.TRACE_COUNTS["mir.train_step"] += 1
-    base.check_batch(batch)
-    sample_key, update_key = jax.random.split(common.step_key(state))
-    candidates = replay.sample(state["buffer"], sample_key, block.n_candidates, scale)
+  def retrieve(apply, state, batch, key):
+    candidates = replay.sample(state["buffer"], key, block.n_candidates, scale)
     rise = interference(apply, state["params"], state["frozen"], batch, candidates,
                         block.learning_rate)
     _, top = jax.lax.top_k(rise, block.replay_batch)
-    mem = jax.tree.map(lambda x: x[top], candidates)
-    (loss, aux), grads = jax.value_and_grad(functools.partial(replay_loss, apply), has_aux=True)(
-        state["params"], state["frozen"], batch, mem)
-    state = common.apply_gradients(state, grads, tx)
-    state["buffer"] = replay.reservoir_update(state["buffer"], batch, update_key, scale)
-    return state, {"loss": loss, **aux}, {}
+    return jax.tree.map(lambda x: x[top], candidates)
 
-  return base.Method(name="mir", init=init_with_buffer(ctx, block, tx), train_step=train_step,
-                     predict=lambda s, x: apply(s["frozen"], s["params"], x))
+  return er.make(ctx, "mir", block, retrieve)
