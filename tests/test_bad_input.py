@@ -51,6 +51,7 @@ BAD_VALUES = [
     ("data.scenario", "blurry", r"unknown data.scenario='blurry'"),
     ("data.dataset", "cifar100_missing", r"unknown data.dataset='cifar100_missing'"),
     ("data.n_tasks", 3, r"data.n_tasks=3 must be >= 1 and divide the 10 classes"),
+    ("method", "ewc", r"unknown method='ewc'; use one of \('online_lora', 'finetune'"),
 ]
 
 
