@@ -47,6 +47,11 @@ import ml_collections
 from ml_collections import config_dict
 
 
+def _baseline(**values) -> ml_collections.ConfigDict:
+  """A baseline's config block: `trainable` ('all' unless given), then `values`."""
+  return ml_collections.ConfigDict({"trainable": "all", **values})
+
+
 def get_config() -> ml_collections.ConfigDict:
   config = ml_collections.ConfigDict()
   config.seed = 0
@@ -116,56 +121,29 @@ def get_config() -> ml_collections.ConfigDict:
   # original code does), 'head' (the head only) or 'lora' (a LoRA of rank learner.rank on q and
   # v, plus the head: Online-LoRA's budget). `weight_decay` is L2 added to the gradient before
   # Adam (PyTorch's Adam(weight_decay=...)).
-  config.finetune = ml_collections.ConfigDict()  # no protection (paper: not in its table)
-  config.finetune.trainable = "all"
-  config.finetune.learning_rate = 1e-4
-  config.finetune.weight_decay = 1e-4
-  config.iid = ml_collections.ConfigDict()  # upper bound: one pass over an i.i.d. shuffle
-  config.iid.trainable = "all"
-  config.iid.learning_rate = 1e-4
-  config.iid.weight_decay = 1e-4
-  config.er = ml_collections.ConfigDict()
-  config.er.trainable = "all"
-  config.er.learning_rate = 1e-4
-  config.er.weight_decay = 1e-4
-  config.er.buffer_size = 500
-  config.er.replay_batch = 10  # "episode memory per batch"
-  config.der_pp = ml_collections.ConfigDict()
-  config.der_pp.trainable = "all"
-  config.der_pp.learning_rate = 3e-4
-  config.der_pp.weight_decay = 0.0
-  config.der_pp.buffer_size = 500
-  config.der_pp.replay_batch = 64  # each of the two replay draws (the original: = batch size)
-  config.der_pp.alpha = 0.2  # weight of the logit (MSE) term
-  config.der_pp.beta = 0.5  # weight of the replayed labels' CE
-  config.ewc_pp = ml_collections.ConfigDict()
-  config.ewc_pp.trainable = "all"
-  config.ewc_pp.learning_rate = 1e-4
-  config.ewc_pp.weight_decay = 1e-4
-  config.ewc_pp.reg_lambda = 100.0
-  config.ewc_pp.alpha = 0.9  # weight of the newest Fisher estimate in the running average
-  config.ewc_pp.fisher_every = 50  # train batches between Fisher (and anchor) updates
-  config.agem = ml_collections.ConfigDict()
-  config.agem.trainable = "all"
-  config.agem.learning_rate = 1e-4
-  config.agem.weight_decay = 1e-4
-  config.agem.buffer_size = 500
-  config.agem.replay_batch = 10  # memory samples of the reference gradient
-  config.mir = ml_collections.ConfigDict()
-  config.mir.trainable = "all"
-  config.mir.learning_rate = 1e-4
-  config.mir.weight_decay = 1e-4
-  config.mir.buffer_size = 500
-  config.mir.n_candidates = 50  # "number of subsample"
-  config.mir.replay_batch = 10  # most interfered samples replayed per batch
-  config.gdumb = ml_collections.ConfigDict()
-  config.gdumb.trainable = "all"
-  config.gdumb.learning_rate = 1e-3
-  config.gdumb.min_learning_rate = 5e-4  # end of the cosine schedule
-  config.gdumb.weight_decay = 1e-4
-  config.gdumb.clip_norm = 10.0
-  config.gdumb.epochs = 30  # epochs over the buffer at each evaluation
-  config.gdumb.buffer_size = 500
+  # no protection (not in the paper's table: the baselines' shared LR and WD)
+  config.finetune = _baseline(learning_rate=1e-4, weight_decay=1e-4)
+  # the upper bound, one pass over an i.i.d. shuffle (as finetune)
+  config.iid = _baseline(learning_rate=1e-4, weight_decay=1e-4)
+  # replay_batch: "episode memory per batch"
+  config.er = _baseline(learning_rate=1e-4, weight_decay=1e-4, buffer_size=500, replay_batch=10)
+  # replay_batch: each of the two replay draws (the original code: the batch size); alpha: the
+  # logit (MSE) term's weight; beta: the replayed labels' CE weight
+  config.der_pp = _baseline(learning_rate=3e-4, weight_decay=0.0, buffer_size=500,
+                            replay_batch=64, alpha=0.2, beta=0.5)
+  # alpha: weight of the newest Fisher estimate in the running average; fisher_every: train
+  # batches between Fisher (and anchor) updates
+  config.ewc_pp = _baseline(learning_rate=1e-4, weight_decay=1e-4, reg_lambda=100.0, alpha=0.9,
+                            fisher_every=50)
+  # replay_batch: memory samples of the reference gradient
+  config.agem = _baseline(learning_rate=1e-4, weight_decay=1e-4, buffer_size=500,
+                          replay_batch=10)
+  # n_candidates: "number of subsample"; replay_batch: most interfered samples replayed
+  config.mir = _baseline(learning_rate=1e-4, weight_decay=1e-4, buffer_size=500,
+                         n_candidates=50, replay_batch=10)
+  # min_learning_rate: end of the cosine; epochs: over the buffer at each evaluation
+  config.gdumb = _baseline(learning_rate=1e-3, min_learning_rate=5e-4, weight_decay=1e-4,
+                           clip_norm=10.0, epochs=30, buffer_size=500)
 
   config.eval = ml_collections.ConfigDict()
   config.eval.eval_every = 1000
