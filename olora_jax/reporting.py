@@ -38,7 +38,7 @@ NOT_PERCENT = frozenset({"wall_seconds"})  # shown as they are, not x 100
 METHOD_NAMES = {
     "agem": "AGEM", "er": "ER", "ewc_pp": "EWC++", "mir": "MIR", "gdumb": "GDumb",
     "der_pp": "DER++", "finetune": "Fine-tuning", "online_lora": "Online-LoRA",
-    "iid": "Upper bound (i.i.d.)",
+    "iid": "Upper bound (i.i.d.)", "l2p": "L2P", "mvp": "MVP",
 }
 # How the paper prints each metric's header; an arrow says which direction is better.
 METRIC_LABELS = {
