@@ -237,6 +237,12 @@ def test_trainable_split(mode, moved):
     ("agem.trainable", "backbone", r"unknown agem.trainable='backbone'"),
     ("ewc_pp.alpha", 1.5, r"ewc_pp.alpha=1.5 must be in \[0, 1.0\]"),
     ("gdumb.min_learning_rate", 1e-2, r"gdumb.min_learning_rate=0.01 must be in"),
+    ("l2p.trainable", "all", r"l2p.trainable='all': 'prompts' .* use prompts$"),
+    ("er.trainable", "prompts", r"er.trainable='prompts': .* use all, head or lora$"),
+    ("l2p.top_k", 11, r"l2p.top_k=11 must be in \[1, l2p.pool_size\]"),
+    ("mvp.top_k", 10, r"mvp.top_k=10 must be in \[1, mvp.pool_size - 1\]"),
+    ("mvp.margin", 0.0, r"mvp.margin=0.0 must be > 0"),
+    ("mvp.alpha", 1.5, r"mvp.alpha=1.5 must be in \[0, 1.0\]"),
 ])
 def test_bad_method_config_is_refused(key, value, match):
   config = tiny.get_config()
@@ -273,8 +279,14 @@ def test_l2p_selects_prompts_from_the_image_alone():
   state = method.init(jax.random.key(0), init_params())
   step = jax.jit(method.train_step)
   b = batch(0)
-  _, _, extras = step(state, b)
+  trained, _, extras = step(state, b)
   idx = np.asarray(extras["prompt_idx"])
+  for part in ("keys", "prompts"):  # trained: the pool and the head; the backbone stays frozen
+    assert not np.array_equal(trained["params"]["prompt_pool"][part],
+                              state["params"]["prompt_pool"][part])
+  assert not np.array_equal(trained["params"]["head"]["kernel"], state["params"]["head"]["kernel"])
+  assert all(np.array_equal(x, y) for x, y in zip(
+      jax.tree.leaves(trained["frozen"]), jax.tree.leaves(state["frozen"]), strict=True))
   assert idx.shape == (8, 2) and len({tuple(row) for row in idx}) > 1
   relabelled = {**b, "labels": (b["labels"] + 1) % C}
   np.testing.assert_array_equal(step(state, relabelled)[2]["prompt_idx"], idx)
