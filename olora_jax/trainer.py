@@ -31,7 +31,7 @@ import ml_collections
 import numpy as np
 import tqdm
 
-from olora_jax import checkpointing, sharding, tb_writer, validation
+from olora_jax import checkpointing, evaluate, sharding, tb_writer, validation
 from olora_jax import fidelity as fidelity_lib
 from olora_jax import metrics as metrics_lib
 from olora_jax import plots as plots_lib
@@ -95,7 +95,7 @@ def initial_params(setup: Setup, config: ml_collections.ConfigDict, key: jax.Arr
   if config.pretrained.path:
     params = pretrained_lib.load_pretrained(config.pretrained.path, setup.spec,
                                             setup.num_classes, config.pretrained.format)
-    # The C-way head is always created fresh for the benchmark (DESIGN.md section 1), even when
+    # The C-way head is always created fresh for the benchmark (docs/method.md), even when
     # the checkpoint's head happens to have C outputs: the stream must teach every class.
     params["head"] = init_head(key, setup.spec.width, setup.num_classes)
     return params
@@ -274,6 +274,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     checkpointer.save({"state": state, "frozen": frozen, "buffer": buffer}, p, meta)
 
   task_ends = set(stream.task_end_steps().tolist())
+  # Which test examples are "task i's test data": by class, or by domain (docs/streams.md).
+  groups = stream.evaluation_groups(sources_lib.domains_of(setup.test_source))
   bar = tqdm.tqdm(total=len(stream.steps), initial=p.cursor, disable=not progress, unit="step",
                   dynamic_ncols=True, mininterval=0.5)
   # The files are closed however the loop ends (finished, preempted, non-finite loss). Host
@@ -321,24 +323,27 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
       anytime_due, at_task_end = p.samples_seen >= p.next_eval, step in task_ends
       if anytime_due or at_task_end:
         seen = np.array(p.seen_classes)
+        # Domain streams evaluated by domain: the test data of the domains seen so far.
+        seen_domains = (groups.domains[: stream.step_task[step] + 1] if groups.by_domain
+                        else None)
         # One pass serves both evaluations when they coincide: the whole test set at a task
         # end, the seen classes' test data otherwise (same class mask, same predictions).
-        counts = (evaluator.all_counts if at_task_end else evaluator.seen_counts)(
-            state, frozen, seen)
+        counts = (evaluator.all_counts(state, frozen, seen) if at_task_end
+                  else evaluator.seen_counts(state, frozen, seen, seen_domains))
         seen_mask = np.isin(np.arange(setup.num_classes), seen)
       if anytime_due:
         p.next_eval += c.eval.eval_every * (
             (p.samples_seen - p.next_eval) // c.eval.eval_every + 1)
-        acc = counts.accuracy(seen)
+        acc = counts.accuracy(seen, seen_domains)
         p.anytime.append(acc)
         p.anytime_samples.append(p.samples_seen)
-        balanced = metrics_lib.task_balanced_accuracy(metrics_lib.task_accuracies(
-            counts.correct * seen_mask, counts.total * seen_mask, stream.task_classes))
+        balanced = metrics_lib.task_balanced_accuracy(
+            evaluate.group_accuracies(counts, groups, seen, seen_domains))
         log.write("eval", step, p.samples_seen, anytime_accuracy=acc,
                   anytime_accuracy_task_balanced=balanced, n_seen_classes=len(seen))
 
       if at_task_end:
-        column = counts.task_accuracies(stream.task_classes)
+        column = evaluate.group_accuracies(counts, groups)
         p.acc_columns.append(column.tolist())
         p.end_correct.append(counts.correct.tolist())
         p.end_total.append(counts.total.tolist())
@@ -398,6 +403,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
       "wall_seconds": wall_before + time.time() - start,
       "metric_notes": notes,
   }
+  if groups.by_domain:  # rows of acc_matrix are domains: forgetting of each one
+    notes["acc_matrix"] += "; task i = domain task_domains[i], its test examples of every class"
+    notes["forgetting_per_domain"] = metrics_lib.FORGETTING_PER_DOMAIN
+    results["task_domains"] = groups.domains
+    results["forgetting_per_domain"] = metrics_lib.forgetting_per_task(acc_matrix)
   results = {k: _jsonable(v) if not isinstance(v, dict) else v for k, v in results.items()}
   _write_json(os.path.join(workdir, "results.json"), results)
   if c.eval.write_plots:

@@ -135,6 +135,8 @@ class TfdsSource:
     self.record_ids = np.asarray(record_ids, np.int64)
     self.labels = columns["label"][self.record_ids]
     self.metadata = {k: v[self.record_ids] for k, v in columns.items() if k != "label"}
+    # The domains of a domain-incremental stream: CORe50's sessions (None for the others).
+    self.domains = self.metadata.get("session")
     self.num_classes = num_classes
     self.seeded_split = seeded_split  # train/test drawn from one split (test_fraction, split_seed)
     self.image_size = image_size
@@ -205,7 +207,8 @@ def load_tfds_sources(data_config: ml_collections.ConfigDict,
   if c.dataset not in TFDS_DATASETS:
     raise ValueError(
         f"unknown data.dataset={c.dataset!r}; available: {sources_lib.EMBEDDED_DATASETS}"
-        f" (embedded) and {tuple(TFDS_DATASETS)} (TFDS)")
+        f" (embedded), {tuple(TFDS_DATASETS)} (TFDS), or your own as 'module:function'"
+        " (docs/extending.md)")
   spec = TFDS_DATASETS[c.dataset]
   workers = c.num_workers
   if workers < 1:
