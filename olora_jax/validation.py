@@ -7,8 +7,10 @@ is created or touched, so a refused run writes and damages nothing.
 What is checked (issue 6):
   config keys      a key the reference config does not have (`check_known_keys`)
   config values    learning rate > 0, 1 <= rank <= model width, window >= 1, plateau thresholds
-                   > 0, batch >= 1, buffer size >= 0, lambda >= 0, positive periods, and the
-                   name of the scenario (fidelity names: olora_jax/fidelity.resolve)
+                   > 0, batch >= 1, buffer size >= 0, lambda >= 0, positive periods, the name of
+                   the scenario and the type of data.class_order (fidelity names:
+                   olora_jax/fidelity.resolve; an explicit class order is checked against the
+                   dataset's classes by olora_jax.data.streams)
   data             images uint8 (N, H, W, 1|3); integer labels in [0, num_classes)
                    (`check_source`)
 Dataset names and "not prepared" datasets are refused by `olora_jax.data.sources.load_source`,
@@ -86,6 +88,11 @@ def check_config(config: ml_collections.ConfigDict, width: int) -> None:
            f"max_to_keep={c.max_to_keep} must be >= 1 (keep 2 or more to survive a damaged one)")
   _require(c.data.scenario in SCENARIOS,
            f"unknown data.scenario={c.data.scenario!r}; use one of {SCENARIOS}")
+  order = c.data.class_order
+  _require(isinstance(order, (str, list, tuple)),
+           f"data.class_order={order!r} must be 'label', 'seeded' or a list of class ids")
+  _require(isinstance(c.data.dataset, str) and c.data.dataset != "",
+           f"data.dataset={c.data.dataset!r} must name a dataset or a 'module:function'")
 
 
 def check_source(labels: np.ndarray, images: np.ndarray, num_classes: int, what: str) -> None:
