@@ -15,6 +15,7 @@ task) are left out of that metric's mean, and the count says so.
 from __future__ import annotations
 
 import csv
+import decimal
 import json
 import math
 import os
@@ -120,9 +121,13 @@ def aggregate(run_dirs: Sequence[str], metrics: Sequence[str] = DEFAULT_METRICS)
                      if mine.get(k) != other.get(k)})
       variant = ", ".join(f"{k}={mine.get(k)}" for k in keys)
     seeds = sorted(r.seed for r in group)
-    if len(set(seeds)) != len(seeds):
-      dup = [r.run_dir for r in group]
-      raise ValueError(f"runs {dup} have the same config and seed; aggregate each run once")
+    by_seed: dict = {}
+    for r in group:
+      by_seed.setdefault(r.seed, []).append(r.run_dir)
+    for seed, dirs in by_seed.items():
+      if len(dirs) > 1:
+        raise ValueError(f"runs {dirs} have the same config and the same seed ({seed}): they"
+                         " are one run twice; pass each run directory once")
     row = {"method": labels[key][0] + (f" [{variant}]" if variant else ""),
            "setting": labels[key][1], "seeds": seeds, "runs": [r.run_dir for r in group]}
     for m in metrics:
@@ -133,6 +138,16 @@ def aggregate(run_dirs: Sequence[str], metrics: Sequence[str] = DEFAULT_METRICS)
     rows.append(row)
   rows.sort(key=lambda r: (r["setting"], r["method"]))
   return rows
+
+
+def format_half_up(value: float | None, decimals: int = 1) -> str:
+  """`value` with `decimals` decimals, halves rounded up (87.25 -> 87.3, 87.35 -> 87.4), unlike
+  Python's format, which rounds an exact binary half to even; 'n/a' for None or nan."""
+  if value is None or not math.isfinite(value):
+    return "n/a"
+  # repr(round(., 9)) drops float noise (87.24999999999999 is printed as 87.25).
+  exact = decimal.Decimal(repr(round(float(value), 9)))
+  return str(exact.quantize(decimal.Decimal(1).scaleb(-decimals), rounding=decimal.ROUND_HALF_UP))
 
 
 def _is_scalar(v) -> bool:
