@@ -31,7 +31,7 @@ import ml_collections
 import numpy as np
 import tqdm
 
-from olora_jax import checkpointing, evaluate, sharding, tb_writer, validation
+from olora_jax import checkpointing, evaluate, reporting, sharding, tb_writer, validation
 from olora_jax import fidelity as fidelity_lib
 from olora_jax import metrics as metrics_lib
 from olora_jax import plots as plots_lib
@@ -444,5 +444,6 @@ def format_results_table(results: dict) -> str:
   lines += ["", "accuracy matrix (%), row = task i, column = after task j:", "",
             "| task | " + " | ".join(f"after {j}" for j in range(t)) + " |",
             "|---|" + "---|" * t]
-  lines += [f"| {i} | " + " | ".join(f"{100 * a:.1f}" for a in acc[i]) + " |" for i in range(t)]
+  lines += [f"| {i} | " + " | ".join(reporting.format_half_up(100 * a) for a in acc[i]) + " |"
+            for i in range(t)]
   return "\n".join(lines)

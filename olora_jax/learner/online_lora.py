@@ -118,6 +118,9 @@ def init_buffer(config: LearnerConfig, size: int, batch_size: int,
 
 def init_train_state(key: jax.Array, head: dict, spec: ViTSpec, config: LearnerConfig,
                      tx: optax.GradientTransformation) -> TrainState:
+  """The learner's state before the first step: a fresh LoRA (kaiming `lora_a` (D, r), zero
+  `lora_b` (r, D) for q and v of every block) from `key`, a copy of `head` ({"kernel" (D, C),
+  "bias" (C,)}), `tx`'s state for both, Omega = 0, k = 0, step 0. Pure."""
   lora_key, key = jax.random.split(key)
   lora = lora_lib.init_lora(lora_key, spec, config.rank)
   # The state owns its arrays (train_step donates it): copy the head instead of aliasing it.
@@ -173,6 +176,20 @@ def _check_batch(batch: dict) -> None:
 
 def make_learner(model: VisionTransformer, tx: optax.GradientTransformation,
                  config: LearnerConfig) -> Learner:
+  """Online-LoRA's four jitted, pure functions for `model`, optimizer `tx` and `config`.
+
+  With B the batch size, K the buffer size, C the classes, (H, W) the image size:
+    train_step(state, frozen, buffer, batch) -> (state, scalars, scores): one Adam step on
+      CE(batch) + CE(buffer) + L_LoRA (eq. 6); `batch` = {"images" (B, H, W, 3) float32,
+      "labels" (B,) int32, "mask" (B,) bool}; `scalars` = {loss, window_value, ce_current,
+      ce_buffer, reg} (float32 ()); `scores` the pre-update losses of the buffer candidates,
+      (B + K,) for the sample unit or (1 + K,) for the batch unit. Donates `state`.
+    update_buffer(buffer, batch, scores) -> buffer: keeps the K highest-scoring candidates.
+    consolidate(state, frozen, buffer) -> (state, frozen): at a plateau, importance on the
+      buffer, Omega running mean (eq. 5), merge, new LoRA. Donates both.
+    predict(state, frozen, images (N, H, W, 3)) -> logits (N, C). Reads only.
+  Each is traced once per run (shapes are static); none takes a task id.
+  """
   spec = model.spec
   buffer_type = buffer_lib.BatchBuffer if config.buffer_unit == "batch" else buffer_lib.HardBuffer
 

@@ -56,13 +56,15 @@ class WindowStats(NamedTuple):
 
 
 def init() -> PlateauState:
+  """The detector before the first step: an empty window, a peak counted as seen."""
   return PlateauState(values=(), peak_seen=True, last_mean=float("nan"),
                       last_var=float("nan"), n_plateaus=0)
 
 
 def update(state: PlateauState, value: float,
            config: PlateauConfig) -> tuple[PlateauState, WindowStats]:
-  """Appends `value` to the window; returns the new state and whether a plateau fired."""
+  """Appends `value` (a float, the step's loss-window value) to the window; returns the new
+  state and the window's mean, variance and whether a plateau fired. Pure (host, NumPy)."""
   values = (state.values + (float(value),))[-config.window:]
   window = np.asarray(values, np.float32)
   mean = window.mean(dtype=np.float32)
