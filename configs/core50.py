@@ -8,7 +8,7 @@ tested on sessions 3 7 10 (all 50 objects in every task).
         --workdir runs/core50_vit_s16 --config.data.data_dir=DIR  # ViT-S/16
 
 The released code instead concatenates and shuffles all sessions (i.i.d.):
-`--config.data.core50_order=shuffled` (one task). Thresholds 24.0 / 1.0 (DESIGN.md section 2),
+`--config.data.core50_order=shuffled` (one task). Thresholds 24.0 / 1.0 (docs/fidelity.md),
 lambda 2000 as the paper states for all settings (the released code uses 20:
 `--config.learner.reg_lambda=20`). Paper, A_Final / Forgetting (%): ViT-B/16 93.71 / 0.00,
 ViT-S/16 90.96 / 0.00.

@@ -10,7 +10,7 @@ importance estimate).
     python launch/run.py --config configs/si_blurry_cifar100.py:vit_s16 \
         --workdir runs/si_blurry_cifar100_vit_s16 --config.data.data_dir=DIR  # ViT-S/16
 
-Thresholds 5.2 / 0.02 (released Si-Blurry script, DESIGN.md section 2). Paper, A_AUC / A_Final (%):
+Thresholds 5.2 / 0.02 (released Si-Blurry script, docs/fidelity.md). Paper, A_AUC / A_Final (%):
 ViT-B/16 60.12 / 61.70, ViT-S/16 52.84 / 58.72.
 Data: `tfds build cifar100 --file_format=array_record --data_dir=DIR`.
 """

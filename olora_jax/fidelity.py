@@ -1,4 +1,4 @@
-"""The `fidelity` switch: the paper's method or the authors' released code (DESIGN.md section 2).
+"""The `fidelity` switch: the paper's method or the authors' released code (docs/fidelity.md).
 
 The paper and the released PyTorch code disagree in nine places. Each disagreement is its own
 config key, so an ablation can flip any one of them; the top-level `config.fidelity`
@@ -27,7 +27,7 @@ Usage (any single key can be flipped on its own, e.g. the released code's merge 
         --config.learner.merge=factor_sum
 
 In `reference` mode the window value is a sum of K + 1 batch CEs, so the plateau thresholds sit
-on a ~(K + 1)x larger scale than in `paper` mode (DESIGN.md section 2).
+on a ~(K + 1)x larger scale than in `paper` mode (docs/fidelity.md).
 
 `resolve` is the one pure function that turns a config into its resolved copy, validates every
 fidelity key and refuses combinations that cannot learn, all before any compute. The trainer
@@ -68,7 +68,7 @@ ALLOWED_VALUES: dict[tuple[str, str], tuple] = {
 
 
 def fidelity_keys() -> tuple[str, ...]:
-  """Dotted names of every key the fidelity switch sets, in DESIGN.md's row order."""
+  """Dotted names of every key the fidelity switch sets, in docs/fidelity.md's row order."""
   return tuple(f"{section}.{key}" for section, key in FIDELITY_DEFAULTS)
 
 

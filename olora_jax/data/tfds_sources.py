@@ -16,8 +16,8 @@ array_record format, and their `data_dir` is given as `config.data.data_dir`:
 | `caltech_birds2011` | caltech_birds2011 | 200     | train (5,994)        | test (5,794)         |
 | `core50`            | core50 (ours)     | 50      | sessions 1 2 4 5 6 8 9 11 | sessions 3 7 10 |
 
-ImageNet-R and ImageNet-Sketch ship a single split and no official test split: as DESIGN.md
-section 3 fixes, 20% of every class is held out, drawn per class with
+ImageNet-R and ImageNet-Sketch ship a single split and no official test split: as
+docs/streams.md fixes, 20% of every class is held out, drawn per class with
 `numpy.random.default_rng(data.split_seed)` (`sources.stratified_split`: for each class in label
 order, a permutation of its ids; the first round(test_fraction * n), at least one, are test). Both
 sources keep each row's index in the TFDS split (`record_ids`), which the stream manifest records.

@@ -12,7 +12,7 @@ measured at every plateau so far. Only the LoRA factors and the classifier head 
 the backbone, with every previous LoRA merged into it, is `frozen` and is an argument of every
 function (it changes at each merge), never a closure constant.
 
-Where the paper and the authors' released code differ (DESIGN.md section 2), `LearnerConfig`
+Where the paper and the authors' released code differ (docs/fidelity.md), `LearnerConfig`
 has one field per difference (set from `config.fidelity` by `olora_jax.fidelity.resolve`):
 `buffer_unit` (K samples or K whole batches), `window_value` (CE(buffer) as a mean over valid
 samples or a sum over the K entries), `importance` (empirical Fisher or one squared gradient of a
@@ -21,7 +21,7 @@ flattened softmax), `merge` (exact W += BA, or factor sums into a frozen pair ke
 
 The hard-buffer update (paper step 5) is its own jitted function, `update_buffer`, called by the
 host after the plateau decision: at a plateau, `consolidate` measures importance on the buffer
-this very step trained on (step 4 before step 5, DESIGN.md section 1), and only then does the
+this very step trained on (step 4 before step 5, docs/method.md), and only then does the
 buffer take in the step's hardest items. The buffer never leaves the device.
 """
 
@@ -186,7 +186,7 @@ def make_learner(model: VisionTransformer, tx: optax.GradientTransformation,
       (B + K,) for the sample unit or (1 + K,) for the batch unit. Donates `state`.
     update_buffer(buffer, batch, scores) -> buffer: keeps the K highest-scoring candidates.
     consolidate(state, frozen, buffer) -> (state, frozen): at a plateau, importance on the
-      buffer, Omega running mean (eq. 5), merge, new LoRA. Donates both.
+      buffer (eqs. 4-5), Omega running mean over plateaus, merge, new LoRA. Donates both.
     predict(state, frozen, images (N, H, W, 3)) -> logits (N, C). Reads only.
   Each is traced once per run (shapes are static); none takes a task id.
   """
