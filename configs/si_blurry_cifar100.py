@@ -5,9 +5,9 @@ Anytime accuracy every 1,000 samples (A_AUC). As in the paper's Si-Blurry table,
 hard buffer is left out of the objective (learner.hard_loss = False; the buffer still feeds the
 importance estimate).
 
-    python launch/run.py --config configs/si_blurry_cifar100.py \
+    .venv/bin/python launch/run.py --config configs/si_blurry_cifar100.py \
         --workdir runs/si_blurry_cifar100 --config.data.data_dir=DIR
-    python launch/run.py --config configs/si_blurry_cifar100.py:vit_s16 \
+    .venv/bin/python launch/run.py --config configs/si_blurry_cifar100.py:vit_s16 \
         --workdir runs/si_blurry_cifar100_vit_s16 --config.data.data_dir=DIR  # ViT-S/16
 
 Thresholds 5.2 / 0.02 (released Si-Blurry script, docs/fidelity.md). Paper, A_AUC / A_Final (%):

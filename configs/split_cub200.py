@@ -2,9 +2,9 @@
 
 Official train/test split of caltech_birds2011 (5,994 / 5,794 images).
 
-    python launch/run.py --config configs/split_cub200.py \
+    .venv/bin/python launch/run.py --config configs/split_cub200.py \
         --workdir runs/split_cub200 --config.data.data_dir=DIR
-    python launch/run.py --config configs/split_cub200.py:vit_s16 \
+    .venv/bin/python launch/run.py --config configs/split_cub200.py:vit_s16 \
         --workdir runs/split_cub200_vit_s16 --config.data.data_dir=DIR  # ViT-S/16
 
 Thresholds 6.0 / 0.1 (the paper's threshold table swaps the CUB and CORe50 columns against its own

@@ -22,8 +22,9 @@ config key, so an ablation can flip any one of them; the top-level `config.fidel
 
 Usage (any single key can be flipped on its own, e.g. the released code's merge alone):
 
-    python launch/run.py --config configs/demo.py --workdir runs/ref --config.fidelity=reference
-    python launch/run.py --config configs/demo.py --workdir runs/fs \
+    .venv/bin/python launch/run.py --config configs/demo.py --workdir runs/ref \
+        --config.fidelity=reference
+    .venv/bin/python launch/run.py --config configs/demo.py --workdir runs/fs \
         --config.learner.merge=factor_sum
 
 In `reference` mode the window value is a sum of K + 1 batch CEs, so the plateau thresholds sit

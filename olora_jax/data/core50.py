@@ -14,7 +14,7 @@ itself); nothing is downloaded. Splits follow the paper's domain-incremental pro
 
 Prepare once, in the array_record format that `tfds.data_source` reads without TensorFlow:
 
-    python -m olora_jax.data.core50 --manual_dir=DIR_WITH_core50_128x128 --data_dir=DIR
+    .venv/bin/python -m olora_jax.data.core50 --manual_dir=DIR_WITH_core50_128x128 --data_dir=DIR
 """
 
 from __future__ import annotations

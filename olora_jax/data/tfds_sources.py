@@ -6,7 +6,7 @@ array_record format, and their `data_dir` is given as `config.data.data_dir`:
 
     tfds build cifar100 imagenet_r imagenet_sketch caltech_birds2011 \\
         --file_format=array_record --data_dir=DIR
-    python -m olora_jax.data.core50 --manual_dir=DIR_WITH_core50_128x128 --data_dir=DIR
+    .venv/bin/python -m olora_jax.data.core50 --manual_dir=DIR_WITH_core50_128x128 --data_dir=DIR
 
 | data.dataset        | TFDS name         | classes | train split          | test split           |
 |---------------------|-------------------|---------|----------------------|----------------------|
