@@ -2,7 +2,6 @@
 
     .venv/bin/python launch/run.py --config configs/demo.py --workdir DIR
 
-
 Any config key can be overridden with `--config.KEY=VALUE` (e.g. `--config.seed=2`); the config
 is locked, so a misspelt key is an error. Writes config.json, metrics.jsonl, results.json and
 plots/*.png (plus tensorboard/ when tensorboardX is installed) and checkpoints/ into DIR and
