@@ -62,11 +62,23 @@ class Run:
 
 def comparable_config(config: dict) -> dict:
   """The config keys that can change a run's numbers: all but the seed and output switches; a
-  checkpoint is compared by file name, since checkouts keep it at different absolute paths."""
+  checkpoint, and a user dataset's file, are compared by file name, since checkouts keep them at
+  different absolute paths."""
   out = {k: v for k, v in config.items() if k not in IGNORED_KEYS}
   if out.get("pretrained.path"):
     out["pretrained.path"] = os.path.basename(out["pretrained.path"])
+  if "data.dataset" in out:
+    out["data.dataset"] = dataset_name(out["data.dataset"])
   return out
+
+
+def dataset_name(dataset) -> str:
+  """`data.dataset` as reports show it: a user dataset's 'path/to/file.py:function' becomes
+  'file.py:function'; every other name is kept."""
+  if isinstance(dataset, str) and ".py:" in dataset:
+    path, _, function = dataset.rpartition(":")
+    return f"{os.path.basename(path)}:{function}"
+  return dataset
 
 
 def method_label(config: dict) -> str:
@@ -90,7 +102,7 @@ def method_label(config: dict) -> str:
 
 def setting_label(config: dict) -> str:
   """The benchmark a config runs: dataset, scenario, number of tasks and backbone."""
-  return (f"{config.get('data.dataset')} {config.get('data.scenario')}/"
+  return (f"{dataset_name(config.get('data.dataset'))} {config.get('data.scenario')}/"
           f"{config.get('data.n_tasks')} {config.get('model.name')}")
 
 

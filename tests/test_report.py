@@ -238,6 +238,14 @@ def test_duplicate_runs_are_named_with_their_seed(tmp_path):
   assert "demo_seed1" not in str(info.value)
 
 
+def test_user_dataset_files_group_by_file_name(tmp_path):
+  r = {"A_final": 0.5, "forgetting": 0.1, "A_auc": 0.5}
+  a = write_run(tmp_path / "a", 0, r, data__dataset="/checkout1/ex/my_data.py:load")
+  b = write_run(tmp_path / "b", 1, r, data__dataset="/checkout2/ex/my_data.py:load")
+  (row,) = reporting.aggregate([a, b])
+  assert row["seeds"] == [0, 1] and row["setting"] == "my_data.py:load disjoint/10 vit_b16"
+
+
 def test_matrix_cells_round_half_up():
   assert [reporting.format_half_up(v) for v in (87.25, 88.25, 87.35, 100 * 0.8725)] == [
       "87.3", "88.3", "87.4", "87.3"]
