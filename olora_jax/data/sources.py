@@ -34,6 +34,7 @@ import gzip
 import importlib
 import importlib.util
 import os
+import sys
 from collections.abc import Callable, Mapping
 
 import ml_collections
@@ -206,9 +207,11 @@ def resolve_callable(spec: str) -> Callable:
       if not os.path.isfile(path):
         raise FileNotFoundError(f"data.dataset={spec!r}: no file {path}; give an existing"
                                 " .py file (absolute, or relative to the working directory)")
-      import_spec = importlib.util.spec_from_file_location(
-          f"olora_user_dataset_{abs(hash(path))}", path)
+      name = "olora_user_dataset_" + "".join(
+          ch if ch.isalnum() else "_" for ch in os.path.splitext(os.path.basename(path))[0])
+      import_spec = importlib.util.spec_from_file_location(name, path)
       module = importlib.util.module_from_spec(import_spec)
+      sys.modules[name] = module  # dataclasses and pickle look their module up by name
       import_spec.loader.exec_module(module)
     else:
       module = importlib.import_module(module_name)
