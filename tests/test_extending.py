@@ -30,8 +30,9 @@ def load_file(path: Path, name: str):
 
 def test_public_api_exports_documented_building_blocks():
   for name in olora_jax.__all__:
-    obj = getattr(olora_jax, name)
-    assert obj.__doc__ and len(obj.__doc__.strip()) > 20, f"olora_jax.{name} has no docstring"
+    doc = (getattr(olora_jax, name).__doc__ or "").strip()
+    # A dataclass or NamedTuple without a docstring gets its signature as __doc__.
+    assert len(doc) > 40 and not doc.startswith(f"{name}("), f"olora_jax.{name}: no docstring"
 
 
 # ------------------------------------------------------------------------------------------

@@ -50,7 +50,8 @@ ROTATED_MNIST_PARTITION_SEED = 0
 
 @dataclasses.dataclass(frozen=True)
 class Source:
-  """An in-memory split. `images` (N, H, W, C) uint8; `labels` (N,) int64."""
+  """An in-memory split: `images` (N, H, W, C) uint8, `labels` (N,) int64 in [0, num_classes),
+  optional `domains` (N,) int64. `get(ids)` returns (images[ids], labels[ids]); pure."""
 
   name: str
   split: str

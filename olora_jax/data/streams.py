@@ -42,6 +42,9 @@ CLASS_ORDERS = ("label", "seeded")  # or an explicit list of every class
 
 @dataclasses.dataclass(frozen=True)
 class Stream:
+  """A task-free stream: the training example ids of every step, in order (the learner's view),
+  and the true task structure (the evaluator's view). Immutable."""
+
   steps: tuple[np.ndarray, ...]  # example ids of each step's batch, 1 <= len <= batch_size
   step_task: np.ndarray  # (n_steps,) the true task of each step (evaluator only)
   task_classes: tuple[np.ndarray, ...]  # the classes whose samples occur in each task

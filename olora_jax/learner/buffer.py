@@ -20,6 +20,9 @@ import jax.numpy as jnp
 
 @flax.struct.dataclass
 class HardBuffer:
+  """The paper's hard buffer of K single samples, on the device with a static shape: `images`
+  (K, H, W, 3) float32, `labels` (K,) int32, `valid` (K,) bool (empty slots are invalid)."""
+
   images: jax.Array  # (K, H, W, 3)
   labels: jax.Array  # (K,) int32
   valid: jax.Array  # (K,) bool

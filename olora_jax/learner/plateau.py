@@ -27,6 +27,9 @@ import numpy as np
 
 @dataclasses.dataclass(frozen=True)
 class PlateauConfig:
+  """Hyperparameters of the plateau rule, validated on construction: the window length, the
+  mean and variance thresholds, and whether partial windows are checked (`reference`)."""
+
   window: int = 5
   mean_threshold: float = 2.6
   var_threshold: float = 0.03
@@ -42,6 +45,9 @@ class PlateauConfig:
 
 
 class PlateauState(NamedTuple):
+  """The detector's host state: the loss window, the peak flag, the window mean and variance at
+  the last plateau, and the number of plateaus. Immutable; `update` returns a new one."""
+
   values: tuple[float, ...]  # the loss window, oldest first, at most `window` values
   peak_seen: bool
   last_mean: float  # window mean at the last plateau (nan before the first)
