@@ -160,7 +160,9 @@ def test_user_dataset_forms(tmp_path):
       "  x = np.zeros((8, 4, 4, 3), np.uint8)\n"
       "  return {'train': (x, np.arange(8) % 2), 'test': (x[:3], np.array([0, 1, 2]))}\n"
       "def bad():\n"
-      "  return 'images'\n")
+      "  return 'images'\n"
+      "def broken():\n"
+      "  return {}['x']\n")
   train, test = sources.load_sources(data_config(dataset=f"{tmp_path}/ds.py:pool"), 16)
   assert (len(train), len(test)) == (32, 8) and train.num_classes == 4
   assert train.seeded_split and sorted(np.concatenate([train.record_ids, test.record_ids])) == \
@@ -169,6 +171,8 @@ def test_user_dataset_forms(tmp_path):
   assert (len(train), len(test), train.num_classes, test.num_classes) == (8, 3, 3, 3)
   with pytest.raises(ValueError, match="returned str; return"):
     sources.load_sources(data_config(dataset=f"{tmp_path}/ds.py:bad"), 16)
+  with pytest.raises(ValueError, match=r"ds.py:broken' raised KeyError: 'x'; fix the function"):
+    sources.load_sources(data_config(dataset=f"{tmp_path}/ds.py:broken"), 16)
   with pytest.raises(ValueError, match="has no function 'nope'"):
     sources.load_sources(data_config(dataset=f"{tmp_path}/ds.py:nope"), 16)
   with pytest.raises(ValueError, match="cannot import 'no_such_module_xyz'"):

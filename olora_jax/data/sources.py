@@ -219,6 +219,12 @@ def resolve_callable(spec: str) -> Callable:
   except ImportError as e:
     raise ValueError(f"data.dataset={spec!r}: cannot import {module_name!r} ({e}); put it on"
                      " PYTHONPATH or give its file, 'path/to/file.py:function'") from e
+  except (FileNotFoundError, ValueError):
+    raise
+  except Exception as e:  # the user's module failed while it was imported
+    raise ValueError(f"data.dataset={spec!r}: importing {module_name!r} raised"
+                     f" {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}; fix the"
+                     " module (import it on its own to see the traceback)") from e
   fn = getattr(module, attr, None)
   if not callable(fn):
     raise ValueError(f"data.dataset={spec!r}: {module_name!r} has no function {attr!r}")
@@ -255,7 +261,13 @@ def load_user_sources(data_config: ml_collections.ConfigDict) -> tuple[Source, S
   largest label of either split.
   """
   name = data_config.dataset
-  loaded = resolve_callable(name)()
+  fn = resolve_callable(name)
+  try:
+    loaded = fn()
+  except Exception as e:  # the user's function failed: bad input, reported in one line
+    raise ValueError(f"data.dataset={name!r} raised {type(e).__name__}:"
+                     f" {str(e).splitlines()[0] if str(e) else ''}; fix the function (call it"
+                     " on its own to see the traceback)") from e
   if isinstance(loaded, Mapping):
     if set(loaded) != {"train", "test"}:
       raise ValueError(f"data.dataset={name!r} returned a mapping with keys {sorted(loaded)};"
