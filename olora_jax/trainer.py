@@ -526,8 +526,9 @@ def format_results_table(results: dict) -> str:
   lines = ["| metric | value |", "|---|---|"] + [f"| {k} | {v} |" for k, v in rows]
   acc = np.asarray(results["acc_matrix"])
   t = acc.shape[0]
-  lines += ["", "accuracy matrix (%), row = task i, column = after task j:", "",
-            "| task | " + " | ".join(f"after {j}" for j in range(t)) + " |",
+  row = "domain" if "task_domains" in results else "task"  # a stream evaluated by domain
+  lines += ["", f"accuracy matrix (%), row = {row} i, column = after task j:", "",
+            f"| {row} | " + " | ".join(f"after {j}" for j in range(t)) + " |",
             "|---|" + "---|" * t]
   lines += [f"| {i} | " + " | ".join(reporting.format_half_up(100 * a) for a in acc[i]) + " |"
             for i in range(t)]
