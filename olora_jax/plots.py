@@ -205,7 +205,7 @@ def plot_anytime_overlay(groups: Mapping[str, Sequence[tuple[np.ndarray, np.ndar
                          path: str, title: str) -> str:
   """Anytime accuracy (%) of several runs: per group label, its runs (samples, accuracy in
   [0, 1]) thin, their mean bold with a +-1 std band. Returns `path` (a PDF is written too)."""
-  fig = Figure(figsize=(8.5, 4.5), layout="constrained")
+  fig = Figure(figsize=(8, 5), layout="constrained")
   ax = fig.add_subplot()
   colours = [f"C{i % 10}" for i in range(len(groups))]
   for colour, (label, curves) in zip(colours, groups.items(), strict=True):
@@ -222,7 +222,8 @@ def plot_anytime_overlay(groups: Mapping[str, Sequence[tuple[np.ndarray, np.ndar
   ax.set_ylim(0, 100)
   ax.set_title(title, fontsize=10)
   ax.grid(alpha=0.3)
-  ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
+  # Below the axes: the labels (method | setting) are long, the curves keep the full width.
+  ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.13), fontsize=8, frameon=False)
   return _save(fig, path)
 
 
