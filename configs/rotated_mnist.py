@@ -17,7 +17,8 @@ Plain single-LoRA fine-tuning on the same stream:
         --config.learner.incremental_lora=False --config.learner.hard_loss=False \\
         --config.learner.buffer_size=0
 
-Measured numbers (3 seeds) are in the README's settings table.
+Measured (seeds 0-2, mean ± std, %): Online-LoRA A_final 28.70 ± 1.25, Forgetting 17.25 ± 1.69,
+A_auc 37.74 ± 0.34; single LoRA 36.25 ± 3.18, 21.25 ± 2.75, 47.17 ± 1.42 (README).
 """
 
 from configs import demo
