@@ -98,6 +98,8 @@ def get_config() -> ml_collections.ConfigDict:
   config.learner.new_lora_init = config_dict.placeholder(str)  # 'kaiming' | 'zeros'
   config.learner.reset_opt_state_at_merge = config_dict.placeholder(bool)
   config.learner.check_partial_window = config_dict.placeholder(bool)
+  # 'float32' (optax.adam: 1 - b^t from the float32-rounded b) | 'exact' (PyTorch's, float64-exact)
+  config.learner.adam_bias_correction = config_dict.placeholder(str)
   config.learner.allow_dead_lora = False
   config.learner.skip_nonfinite = False  # NaN/Inf loss: False = checkpoint and stop; True = skip
 

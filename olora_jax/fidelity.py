@@ -1,6 +1,6 @@
 """The `fidelity` switch: the paper's method or the authors' released code (DESIGN.md section 2).
 
-The paper and the released PyTorch code disagree in nine places. Each disagreement is its own
+The paper and the released PyTorch code disagree in ten places. Each disagreement is its own
 config key, so an ablation can flip any one of them; the top-level `config.fidelity`
 ('paper' | 'reference') only supplies the default of every key left unset (None):
 
@@ -15,6 +15,9 @@ config key, so an ablation can flip any one of them; the top-level `config.fidel
     learner.reset_opt_state_at_merge  True           False         fresh Adam state for a new LoRA
     learner.check_partial_window      False          True          plateau check before the window
                                                                    is full
+    learner.adam_bias_correction      'float32'      'exact'       Adam's 1 - b^t as optax.adam
+                                                                   (float32) or as PyTorch (exact,
+                                                                   olora_jax/learner/optim.py)
     data.input_scale                  'unit'         'unit'        pixels in [0, 1] ('signed':
                                                                    [-1, 1], big_vision's AugReg)
     data.core50_order                 'sequential'   'shuffled'    CORe50 sessions in order or
@@ -49,6 +52,7 @@ FIDELITY_DEFAULTS: dict[tuple[str, str], dict[str, object]] = {
     ("learner", "new_lora_init"): {"paper": "kaiming", "reference": "zeros"},
     ("learner", "reset_opt_state_at_merge"): {"paper": True, "reference": False},
     ("learner", "check_partial_window"): {"paper": False, "reference": True},
+    ("learner", "adam_bias_correction"): {"paper": "float32", "reference": "exact"},
     ("data", "input_scale"): {"paper": "unit", "reference": "unit"},
     ("data", "core50_order"): {"paper": "sequential", "reference": "shuffled"},
 }
@@ -62,6 +66,7 @@ ALLOWED_VALUES: dict[tuple[str, str], tuple] = {
     ("learner", "new_lora_init"): ("kaiming", "zeros"),
     ("learner", "reset_opt_state_at_merge"): (True, False),
     ("learner", "check_partial_window"): (True, False),
+    ("learner", "adam_bias_correction"): ("float32", "exact"),
     ("data", "input_scale"): ("unit", "signed"),
     ("data", "core50_order"): ("sequential", "shuffled"),
 }

@@ -64,7 +64,8 @@ class Setup:
         window=c.learner.window, mean_threshold=c.learner.mean_threshold,
         var_threshold=c.learner.var_threshold,
         check_partial_window=c.learner.check_partial_window)
-    self.tx = online_lora.make_optimizer(c.learner.learning_rate)
+    self.tx = online_lora.make_optimizer(c.learner.learning_rate,
+                                         bias_correction=c.learner.adam_bias_correction)
     self.learner_config = online_lora.LearnerConfig(
         rank=c.learner.rank, reg_lambda=c.learner.reg_lambda, hard_loss=c.learner.hard_loss,
         reset_opt_state_at_merge=c.learner.reset_opt_state_at_merge,

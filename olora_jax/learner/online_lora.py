@@ -39,6 +39,7 @@ import optax
 
 from olora_jax import fidelity
 from olora_jax.learner import buffer as buffer_lib
+from olora_jax.learner import optim
 from olora_jax.models import lora as lora_lib
 from olora_jax.models.vit import VisionTransformer, ViTSpec
 
@@ -312,9 +313,11 @@ def make_learner(model: VisionTransformer, tx: optax.GradientTransformation,
   )
 
 
-def make_optimizer(learning_rate: float, b1: float = 0.9, b2: float = 0.999,
-                   eps: float = 1e-8) -> optax.GradientTransformation:
-  """Adam with a constant learning rate, no weight decay, no clipping (paper section 4)."""
-  if not learning_rate > 0:
-    raise ValueError(f"learner.learning_rate={learning_rate} must be > 0")
-  return optax.adam(learning_rate, b1=b1, b2=b2, eps=eps)
+def make_optimizer(learning_rate: float, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8,
+                   bias_correction: str = "float32") -> optax.GradientTransformation:
+  """Adam with a constant learning rate, no weight decay, no clipping (paper section 4).
+
+  `bias_correction` ('float32': `optax.adam`; 'exact': PyTorch's, `optim.adam_exact`) is the
+  fidelity key `learner.adam_bias_correction`.
+  """
+  return optim.adam(learning_rate, bias_correction, b1=b1, b2=b2, eps=eps)
