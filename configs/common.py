@@ -59,7 +59,10 @@ def get_config() -> ml_collections.ConfigDict:
 
   config.pretrained = ml_collections.ConfigDict()
   config.pretrained.path = ""
-  config.pretrained.format = "auto"
+  config.pretrained.format = "auto"  # or 'timm' | 'augreg' | 'big_vision' | 'online_lora'
+  # Keep the checkpoint's head (it must have the benchmark's classes) instead of a fresh one:
+  # for replaying another codebase's run from its weights (docs/replay.md).
+  config.pretrained.keep_head = False
 
   config.data = ml_collections.ConfigDict()
   config.data.dataset = "mnist_5k"
@@ -75,6 +78,9 @@ def get_config() -> ml_collections.ConfigDict:
   config.data.num_workers = 8  # host threads decoding images
   config.data.prefetch = 4  # batches prepared ahead of the device
   config.data.cache_test_images = True  # TFDS: keep resized test images in host memory
+  # '' = build the stream from the seed; a path = replay the steps that stream manifest lists
+  # (a run's stream_manifest.json, or the same JSON from elsewhere: docs/replay.md)
+  config.data.stream_manifest = ""
   # Fidelity keys (None = the default of `fidelity`).
   config.data.input_scale = config_dict.placeholder(str)  # 'unit' [0, 1] | 'signed' [-1, 1]
   config.data.core50_order = config_dict.placeholder(str)  # 'sequential' | 'shuffled' (i.i.d.)
@@ -101,6 +107,10 @@ def get_config() -> ml_collections.ConfigDict:
   # 'float32' (optax.adam: 1 - b^t from the float32-rounded b) | 'exact' (PyTorch's, float64-exact)
   config.learner.adam_bias_correction = config_dict.placeholder(str)
   config.learner.allow_dead_lora = False
+  # '' = the first LoRA is drawn from the seed; a path = a safetensors file in the authors' layout
+  # (format 'online_lora'): its linear_new_* factors start the first LoRA and its linear_a/b_*
+  # pair the frozen pair (factor_sum merge; merged into the backbone with the exact merge)
+  config.learner.initial_lora = ""
   config.learner.skip_nonfinite = False  # NaN/Inf loss: False = checkpoint and stop; True = skip
 
   config.eval = ml_collections.ConfigDict()
@@ -108,6 +118,12 @@ def get_config() -> ml_collections.ConfigDict:
   config.eval.batch_size = 256
   config.eval.mask_unseen_logits = False
   config.eval.write_plots = True
+
+  config.trace = ml_collections.ConfigDict()
+  # Write WORKDIR/trace.npz: per step the hard buffer's example ids and scores, the loss-window
+  # value, mean and variance, the regulariser; per plateau Omega and the merged factors
+  # (olora_jax/trace.py). Off: nothing extra is fetched from the device.
+  config.trace.enabled = False
 
   config.log_every = 1  # write a `train` event every this many steps
   config.checkpoint_every = 200  # steps between full-state checkpoints (0: only end / signal)

@@ -102,10 +102,17 @@ def split_params(params: dict) -> tuple[dict, dict]:
   return frozen, params["head"]
 
 
-def init_frozen(backbone: dict, spec: ViTSpec, config: LearnerConfig) -> dict:
-  """The frozen tree of a run: the backbone, plus the zero frozen LoRA pair of `factor_sum`."""
+def init_frozen(backbone: dict, spec: ViTSpec, config: LearnerConfig,
+                frozen_lora: lora_lib.LoRATree | None = None) -> dict:
+  """The frozen tree of a run: the backbone, plus the frozen LoRA pair of `factor_sum` (zeros,
+  or `frozen_lora`, e.g. read from the authors' checkpoint). With the `exact` merge a given
+  `frozen_lora` is merged into the backbone (W += B_old A_old: the same function)."""
   if config.merge == "factor_sum":
-    return {**backbone, FROZEN_LORA: lora_lib.zeros_like_lora(spec, config.rank)}
+    if frozen_lora is None:
+      frozen_lora = lora_lib.zeros_like_lora(spec, config.rank)
+    return {**backbone, FROZEN_LORA: jax.tree.map(jnp.array, frozen_lora)}
+  if frozen_lora is not None:
+    return lora_lib.merge_into_backbone(backbone, frozen_lora)
   return backbone
 
 
@@ -118,9 +125,14 @@ def init_buffer(config: LearnerConfig, size: int, batch_size: int,
 
 
 def init_train_state(key: jax.Array, head: dict, spec: ViTSpec, config: LearnerConfig,
-                     tx: optax.GradientTransformation) -> TrainState:
+                     tx: optax.GradientTransformation,
+                     lora: lora_lib.LoRATree | None = None) -> TrainState:
+  """The state before step 0: the first LoRA drawn from `key`, or the given `lora`
+  (`learner.initial_lora`; the later LoRAs still come from `key`, as without it)."""
   lora_key, key = jax.random.split(key)
-  lora = lora_lib.init_lora(lora_key, spec, config.rank)
+  if lora is None:
+    lora = lora_lib.init_lora(lora_key, spec, config.rank)
+  lora = jax.tree.map(jnp.array, lora)
   # The state owns its arrays (train_step donates it): copy the head instead of aliasing it.
   trainable = {"lora": lora, "head": jax.tree.map(jnp.array, head)}
   return TrainState(
