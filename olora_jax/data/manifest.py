@@ -177,9 +177,9 @@ def replay_stream(manifest: dict, train_source, test_source, batch_size: int,
       raise ManifestError(f"{path}: step {i} has {len(ids)} examples but learner.batch_size is"
                           f" {batch_size}; every step needs 1..batch_size ids (set"
                           " learner.batch_size to the manifest's batch size)")
-  record_ids = record_ids(train_source)
+  train_ids = record_ids(train_source)
   flat = np.concatenate(step_ids)
-  rows, found = _rows_of(flat, record_ids)
+  rows, found = _rows_of(flat, train_ids)
   if not found.all():
     unknown = np.unique(flat[~found])
     raise ManifestError(
