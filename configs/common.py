@@ -125,6 +125,10 @@ def get_config() -> ml_collections.ConfigDict:
   # (olora_jax/trace.py). Off: nothing extra is fetched from the device.
   config.trace.enabled = False
 
+  # Write WORKDIR/online_lora.safetensors at the end: the final model (backbone with every merge,
+  # head, current LoRA, factor_sum frozen pair) in the authors' checkpoint layout (docs/replay.md)
+  config.export_online_lora = False
+
   config.log_every = 1  # write a `train` event every this many steps
   config.checkpoint_every = 200  # steps between full-state checkpoints (0: only end / signal)
   config.max_to_keep = 3  # checkpoints kept; older ones are a fallback if the newest is damaged

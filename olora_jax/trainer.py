@@ -47,6 +47,7 @@ from olora_jax.learner import plateau as plateau_lib
 from olora_jax.models.vit import VisionTransformer, ViTSpec, init_head, spec_from_config
 
 RUN_FILES = ("config.json", "stream_manifest.json", "metrics.jsonl", "results.json")
+EXPORT_FILENAME = "online_lora.safetensors"  # export_online_lora=True
 
 
 class Setup:
@@ -381,6 +382,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
       bar.update(1)
       bar.set_postfix(loss=f"{scalars['loss']:.3f}", plateaus=len(p.plateau_steps))
     save()  # the final state (a no-op if the last periodic save already wrote it)
+  if c.export_online_lora:  # the final model in the authors' layout, for their code to load
+    pretrained_lib.save_online_lora_safetensors(
+        {**{k: v for k, v in frozen.items() if k != online_lora.FROZEN_LORA},
+         "head": state.trainable["head"]}, state.trainable["lora"],
+        os.path.join(workdir, EXPORT_FILENAME), frozen_lora=frozen.get(online_lora.FROZEN_LORA))
 
   acc_matrix = np.array(p.acc_columns).T  # (T, T): acc[i, j] after task j on task i
   class_correct = np.array(p.end_correct)  # (T, C) at each task end

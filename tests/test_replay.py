@@ -21,6 +21,7 @@ from olora_jax import trace as trace_lib
 from olora_jax.data import manifest as manifest_lib
 from olora_jax.data import sources
 from olora_jax.data.streams import Stream
+from olora_jax.evaluate import Evaluator
 from olora_jax.learner import online_lora
 from olora_jax.models import lora as lora_lib
 from olora_jax.models.vit import VisionTransformer, ViTSpec
@@ -41,7 +42,7 @@ def _run(workdir, **overrides):
   config = _small_config()
   for dotted, value in overrides.items():
     section, key = dotted.split("__")
-    config[section][key] = value
+    (config if section == "top" else config[section])[key] = value
   return trainer.train_and_evaluate(config, str(workdir), progress=False)
 
 
@@ -56,7 +57,7 @@ def runs(tmp_path_factory):
   root = tmp_path_factory.mktemp("replay")
   _run(root / "seeded")
   _run(root / "replayed", data__stream_manifest=str(root / "seeded" / "stream_manifest.json"),
-       trace__enabled=True)
+       trace__enabled=True, top__export_online_lora=True)
   return root / "seeded", root / "replayed"
 
 
@@ -95,6 +96,30 @@ def test_trace_contents_agree_with_the_run(runs):
   p = len(results["plateau_steps"])
   assert p >= 1 and z["omega/encoderblock_0/query/lora_a"].shape == (p, 16, 4)
   assert z["merged_lora/encoderblock_0/value/lora_b"].shape == (p, 4, 16)
+
+
+def test_exported_final_model_scores_what_the_run_scored(runs):
+  """export_online_lora writes the final model in the authors' layout; imported back, it makes
+  exactly the run's final test predictions (per-class correct counts)."""
+  _, replayed = runs
+  config = _small_config()
+  config.data.stream_manifest = str(replayed / "stream_manifest.json")
+  setup = trainer.Setup(config)
+  c, spec = setup.config, setup.spec
+  path = str(replayed / trainer.EXPORT_FILENAME)
+  params = pretrained.load_pretrained(path, spec, setup.num_classes, require_head=True)
+  lora, pair = pretrained.load_online_lora(path, spec, c.learner.rank)
+  backbone, head = online_lora.split_params(params)
+  frozen = online_lora.init_frozen(backbone, spec, setup.learner_config, pair)
+  state = online_lora.init_train_state(jax.random.key(0), head, spec, setup.learner_config,
+                                       setup.tx, lora=lora)
+  learner = online_lora.make_learner(setup.model, setup.tx, setup.learner_config)
+  evaluator = Evaluator(setup.test_source, spec.image_size, c.eval.batch_size, setup.num_classes,
+                        learner.predict, False, mesh=setup.mesh, input_scale=c.data.input_scale)
+  counts = evaluator.all_counts(state, frozen, np.arange(setup.num_classes))
+  events = [json.loads(line) for line in (replayed / "metrics.jsonl").read_text().splitlines()]
+  last_end = [e for e in events if e["event"] == "task_end"][-1]
+  assert counts.correct.tolist() == last_end["class_correct"]
 
 
 # --------------------------------------------------------------------------------------------
