@@ -31,9 +31,15 @@ Keys that matter:
                                 the default of every key below left unset (None); see
                                 olora_jax/fidelity.py and DESIGN.md section 2
   learner.buffer_unit, .window_value, .importance, .merge, .new_lora_init,
-  learner.reset_opt_state_at_merge, .check_partial_window, data.input_scale, data.core50_order
+  learner.reset_opt_state_at_merge, .check_partial_window, .adam_bias_correction,
+  data.input_scale, data.core50_order
                                 one key per paper-vs-code difference, None = take it from fidelity
   learner.allow_dead_lora       run new_lora_init='zeros' with the optimizer state reset anyway
+  learner.adam_bias_correction  (fidelity key) 'float32' = optax.adam | 'exact' = PyTorch's
+  data.stream_manifest          replay the steps of a stream manifest (docs/replay.md)
+  pretrained.keep_head, learner.initial_lora, export_online_lora
+                                start from / end with given weights, the authors' layout
+  trace.enabled                 WORKDIR/trace.npz: per-step buffer ids, window, Omega
   checkpoint_every, max_to_keep full-state orbax checkpoints in WORKDIR/checkpoints; the same
                                 --workdir resumes (a different config is refused)
 """

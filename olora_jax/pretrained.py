@@ -532,7 +532,7 @@ def _ours_to_online_lora(params: dict, lora: dict, frozen_lora: dict | None) -> 
     sd[ONLINE_LORA_PREFIX + k] = v
   frozen_lora = frozen_lora if frozen_lora is not None else jax.tree.map(np.zeros_like, lora)
   trees = {"lora": _as_numpy(lora), "frozen": _as_numpy(frozen_lora)}
-  for block, targets in trees["lora"].items():
+  for block in trees["lora"]:
     i = int(block.split("_")[1])
     for target, t in _ONLINE_LORA_TARGETS.items():
       for pattern, (tree, factor) in _ONLINE_LORA_LINEARS.items():

@@ -32,11 +32,11 @@ import numpy as np
 import tqdm
 
 from olora_jax import checkpointing, sharding, tb_writer, validation
-from olora_jax import trace as trace_lib
 from olora_jax import fidelity as fidelity_lib
 from olora_jax import metrics as metrics_lib
 from olora_jax import plots as plots_lib
 from olora_jax import pretrained as pretrained_lib
+from olora_jax import trace as trace_lib
 from olora_jax.data import manifest as manifest_lib
 from olora_jax.data import sources as sources_lib
 from olora_jax.data.pipeline import InputPipeline
