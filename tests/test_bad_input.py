@@ -51,6 +51,8 @@ BAD_VALUES = [
     ("data.scenario", "blurry", r"unknown data.scenario='blurry'"),
     ("data.dataset", "cifar100_missing", r"unknown data.dataset='cifar100_missing'"),
     ("data.n_tasks", 3, r"data.n_tasks=3 must be >= 1 and divide the 10 classes"),
+    ("pretrained.keep_head", True, r"pretrained.keep_head=True needs a checkpoint"),
+    ("learner.adam_bias_correction", "float64", r"unknown learner.adam_bias_correction"),
 ]
 
 

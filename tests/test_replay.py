@@ -7,6 +7,8 @@ seed without a trace, and one replaying the first run's stream manifest with tra
 from __future__ import annotations
 
 import json
+import os
+import shutil
 
 import jax
 import jax.numpy as jnp
@@ -52,13 +54,17 @@ def _outputs(workdir):
   return results, (workdir / "metrics.jsonl").read_text()
 
 
+REPLAYED = {"trace__enabled": True, "top__export_online_lora": True, "top__checkpoint_every": 8}
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
   root = tmp_path_factory.mktemp("replay")
   _run(root / "seeded")
   _run(root / "replayed", data__stream_manifest=str(root / "seeded" / "stream_manifest.json"),
-       trace__enabled=True, top__export_online_lora=True)
+       **REPLAYED)
   return root / "seeded", root / "replayed"
+
 
 
 def test_replaying_a_manifest_with_tracing_on_reproduces_the_run_exactly(runs):
@@ -120,6 +126,23 @@ def test_exported_final_model_scores_what_the_run_scored(runs):
   events = [json.loads(line) for line in (replayed / "metrics.jsonl").read_text().splitlines()]
   last_end = [e for e in events if e["event"] == "task_end"][-1]
   assert counts.correct.tolist() == last_end["class_correct"]
+
+
+def test_a_resumed_run_continues_its_trace(runs, tmp_path):
+  """Back to the checkpoint at step 8 (the later ones and the results removed): the resumed run
+  drops the trace's later steps, restores the buffer ids and writes the same trace again."""
+  _, replayed = runs
+  resumed = tmp_path / "resumed"
+  shutil.copytree(replayed, resumed)
+  (resumed / "results.json").unlink()
+  for step in os.listdir(resumed / "checkpoints"):
+    if step.isdigit() and int(step) > 8:
+      shutil.rmtree(resumed / "checkpoints" / step)
+  _run(resumed, data__stream_manifest=str(replayed / "stream_manifest.json"), **REPLAYED)
+  want, got = np.load(replayed / trace_lib.FILENAME), np.load(resumed / trace_lib.FILENAME)
+  assert sorted(want.files) == sorted(got.files)
+  for k in want.files:
+    np.testing.assert_array_equal(got[k], want[k], err_msg=k)
 
 
 # --------------------------------------------------------------------------------------------
