@@ -29,8 +29,14 @@ Usage (any single key can be flipped on its own, e.g. the released code's merge 
     python launch/run.py --config configs/demo.py --workdir runs/fs \
         --config.learner.merge=factor_sum
 
-In `reference` mode the window value is a sum of K + 1 batch CEs, so the plateau thresholds sit
-on a ~(K + 1)x larger scale than in `paper` mode (DESIGN.md section 2).
+Threshold scale: in `reference` mode the window value is CE(current) + the sum of the K buffer
+entries' CEs; in `paper` mode it is CE(current) + the *mean* buffer CE. On the same state the ratio
+is about (K + 1) / 2, not K + 1: measured on the demo stream (K = 4, `reference` run with
+`trace.enabled=True`, steps with a full buffer), (ce_current + ce_buffer) / (ce_current +
+ce_buffer / K) has median 2.53 (10-90%: 2.46-2.70). Between the two modes' own runs on the demo
+stream the reference window values are 1.49x (median) and 1.96x (mean) the paper ones, lower still
+because the paper's buffer keeps the K hardest samples rather than the K hardest batches. So
+divide reference thresholds by at most ~(K + 1) / 2 for paper mode (docs/replay.md).
 
 `resolve` is the one pure function that turns a config into its resolved copy, validates every
 fidelity key and refuses combinations that cannot learn, all before any compute. The trainer

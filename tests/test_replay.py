@@ -131,14 +131,14 @@ def test_exported_final_model_scores_what_the_run_scored(runs):
 def test_a_resumed_run_continues_its_trace(runs, tmp_path):
   """Back to the checkpoint at step 8 (the later ones and the results removed): the resumed run
   drops the trace's later steps, restores the buffer ids and writes the same trace again."""
-  _, replayed = runs
+  seeded, replayed = runs
   resumed = tmp_path / "resumed"
   shutil.copytree(replayed, resumed)
   (resumed / "results.json").unlink()
   for step in os.listdir(resumed / "checkpoints"):
     if step.isdigit() and int(step) > 8:
       shutil.rmtree(resumed / "checkpoints" / step)
-  _run(resumed, data__stream_manifest=str(replayed / "stream_manifest.json"), **REPLAYED)
+  _run(resumed, data__stream_manifest=str(seeded / "stream_manifest.json"), **REPLAYED)
   want, got = np.load(replayed / trace_lib.FILENAME), np.load(resumed / trace_lib.FILENAME)
   assert sorted(want.files) == sorted(got.files)
   for k in want.files:
