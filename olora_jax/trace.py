@@ -44,6 +44,8 @@ from olora_jax.learner import buffer as buffer_lib
 FILENAME = "trace.npz"
 
 _STEP_SCALARS = ("window_value", "reg", "loss", "ce_current", "ce_buffer")
+_STEP_ARRAYS = (*_STEP_SCALARS, "step", "plateau", "window_mean", "window_var", "buffer_ids",
+                "buffer_scores")
 
 
 class NullTrace:
@@ -105,10 +107,8 @@ class StepTrace:
     if not keep.any() or arrays["step"][keep][-1] != cursor - 1:
       raise ValueError(f"{self.path} does not reach step {cursor - 1}, where the checkpoint"
                        " resumes; start the run in a new --workdir")
-    step_keys = [k for k in arrays if arrays[k].shape[:1] == arrays["step"].shape
-                 and not k.startswith(("omega/", "merged_lora/", "frozen_lora/"))]
     for i in np.flatnonzero(keep):
-      self.steps.append({k: arrays[k][i] for k in step_keys})
+      self.steps.append({k: arrays[k][i] for k in _STEP_ARRAYS})
     plateau_keep = arrays["plateau_step"] < cursor
     plateau_keys = [k for k in arrays if k.startswith(("omega/", "merged_lora/", "frozen_lora/"))]
     for i in np.flatnonzero(plateau_keep):
