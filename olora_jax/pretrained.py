@@ -374,6 +374,11 @@ def _shape_of(raw: dict[str, np.ndarray], key: str, axis: int, ndim: int) -> int
 
 def _timm_validate(raw: dict[str, np.ndarray], spec: ViTSpec, path: str) -> None:
   d, p, m = spec.width, spec.patch_size, spec.mlp_dim
+  if any(k.startswith(ONLINE_LORA_PREFIX) for k in raw):
+    raise CheckpointError(
+        f"checkpoint {path} is in the authors' LoRA-wrapped layout (keys"
+        f" '{ONLINE_LORA_PREFIX}...'), not plain timm; set pretrained.format=online_lora (or"
+        " auto)")
   found = {
       "width": _shape_of(raw, "cls_token", 2, 3) or _shape_of(raw, "patch_embed.proj.weight", 0, 4),
       "depth": _block_depth(list(raw), r"blocks\.(\d+)\."),

@@ -349,6 +349,8 @@ def test_authors_layout_errors(authors_file, tmp_path):
     pretrained.load_online_lora(str(path), SPEC, 2)
   with pytest.raises(pretrained.CheckpointError, match="not the authors' layout"):
     pretrained.load_online_lora(str(FIX / "vit_tiny_timm.safetensors"), SPEC, 4)
+  with pytest.raises(pretrained.CheckpointError, match="set pretrained.format=online_lora"):
+    pretrained.load_pretrained(str(path), SPEC, 10, fmt="timm")
   with pytest.raises(pretrained.CheckpointError, match="keep_head=True but the checkpoint head"):
     pretrained.load_pretrained(str(path), SPEC, 7, require_head=True)
   raw = load_file(str(path))
