@@ -24,6 +24,8 @@ Keys that matter:
   learner.incremental_lora      merge + new LoRA + Omega at plateaus (False: a single LoRA)
   learner.hard_loss             add CE(hard buffer) to the objective
   learner.skip_nonfinite        on a NaN/Inf loss skip the step (else checkpoint and stop)
+  learner.max_skipped_fraction  with skip_nonfinite: stop (exit 3) once more than this fraction of
+                                the stream's steps has been skipped
   eval.eval_every               anytime evaluation period, in samples
   eval.mask_unseen_logits       evaluate with the logits of not-yet-seen classes masked (Si-Blurry)
   eval.write_plots              draw DIR/plots/*.png at the end of the run
@@ -118,6 +120,7 @@ def get_config() -> ml_collections.ConfigDict:
   # pair the frozen pair (factor_sum merge; merged into the backbone with the exact merge)
   config.learner.initial_lora = ""
   config.learner.skip_nonfinite = False  # NaN/Inf loss: False = checkpoint and stop; True = skip
+  config.learner.max_skipped_fraction = 0.05  # skip_nonfinite: stop past this fraction of steps
 
   config.eval = ml_collections.ConfigDict()
   config.eval.eval_every = 1000

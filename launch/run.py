@@ -2,23 +2,39 @@
 
 Any config key can be overridden with `--config.KEY=VALUE` (e.g. `--config.seed=2`); the config
 is locked, so a misspelt key is an error. Writes config.json, metrics.jsonl, results.json and
-plots/*.png (plus tensorboard/ when tensorboardX is installed) and checkpoints/ into DIR and
-prints a table of the results at the end. Running the same command again resumes from DIR's newest
-good checkpoint (a different config is refused). Aggregate several runs with launch/report.py.
+plots/ (plus tensorboard/ when tensorboardX is installed) and checkpoints/ into DIR and prints a
+table of the results at the end. Running the same command again resumes from DIR's newest good
+checkpoint (a different config is refused); on a finished DIR it says so and runs nothing. One
+process at a time holds DIR (an OS lock on DIR/.lock, released when the process ends).
+Aggregate several runs with launch/report.py.
 
-Exit codes:
-  0    finished (or DIR already held the finished run)
-  2    bad input, reported in one line before any compute, nothing written: an unknown config
-       key, an invalid value, a missing or malformed pretrained checkpoint, a dataset that is
-       missing or not prepared, bad images or labels, a DIR made with a different config
-  3    the loss became NaN or Inf (learner.skip_nonfinite=False): the last good state is
+Exit codes (olora_jax/errors.py); every non-zero exit ends stderr with one `error: ...` line that
+names the cause and the fix, and writes the full traceback to DIR/error.log (or, when DIR cannot
+be written, to the system's temp directory; `--traceback` also prints it):
+  0    finished (or DIR already held the finished run: nothing ran, the table is reprinted)
+  1    an unexpected error (a bug; please report it with error.log): the newest checkpoint is kept
+  2    bad input, refused before any compute, nothing written: a missing or broken config file,
+       an unknown config key, an invalid value, a missing or malformed pretrained checkpoint
+       (NaN/Inf weights included), a dataset that is missing or not prepared, bad images or
+       labels, a DIR that is a file, a DIR made with a different config or whose metrics.jsonl
+       no longer matches its checkpoint
+  3    the loss became NaN or Inf (learner.skip_nonfinite=False), or more than
+       learner.max_skipped_fraction of the stream was skipped: the last good state is
        checkpointed and the message names the step
+  4    the environment failed: disk full, file-size limit, read-only or unwritable DIR, or DIR in
+       use by another process (named by pid and host). The newest good checkpoint is intact:
+       remove the cause and run the same command to resume
   128 + signal number (143 for SIGTERM, 130 for SIGINT): stopped by the signal after
        checkpointing the end of the current step; run the same command to resume
 """
 
+import logging as py_logging
+import os
 import pathlib
 import sys
+import tempfile
+import time
+import traceback
 
 # Config files import `configs.common`: make the repository root importable wherever we run from.
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
@@ -27,15 +43,25 @@ from absl import app, flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
 from configs import common  # noqa: E402
-from olora_jax import checkpointing, trainer, validation  # noqa: E402
+from olora_jax import errors, trainer, validation  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a config file (configs/*.py).",
                                           lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for this run's outputs.")
+_TRACEBACK = flags.DEFINE_bool("traceback", False,
+                               "On an error, also print the full traceback to stderr (it is"
+                               " always written to the error log).")
 flags.mark_flags_as_required(["config", "workdir"])
 
-EXIT_BAD_INPUT = 2
-EXIT_NONFINITE = 3
+
+def _reason(text: str) -> str:
+  """The informative line of a library's error text: the last line of an embedded traceback
+  (the exception itself), else the first line that is not a heading ending with ':'."""
+  lines = [line.strip() for line in text.splitlines() if line.strip()]
+  if any(line.startswith("Traceback (most recent call last)") for line in lines):
+    return lines[-1]
+  informative = [line for line in lines if not line.endswith(":")]
+  return (informative or lines or ["(no message)"])[0]
 
 
 def _fail(message: str, code: int) -> None:
@@ -47,33 +73,80 @@ def _parse_flags(argv: list[str]) -> list[str]:
   """absl's parser, but a bad flag or config override is one line and exit code 2."""
   try:
     return flags.FLAGS(argv)
-  except flags.Error as e:
-    _fail(str(e).splitlines()[0], EXIT_BAD_INPUT)
-  except Exception as e:  # a config file that fails to load, or a bad override
+  except Exception as e:  # a config file that fails to load, a bad flag or override
     overrides = [a[len("--config."):].split("=")[0] for a in argv if a.startswith("--config.")]
     known = validation.flat_keys(common.get_config())
     unknown = [k for k in overrides if k not in known]
     if unknown:
       _fail(f"unknown config key(s) {', '.join(unknown)}; fix the spelling (the keys are listed"
-            " in configs/common.py)", EXIT_BAD_INPUT)
-    _fail(f"cannot load --config: {type(e).__name__}: {str(e).splitlines()[0]}", EXIT_BAD_INPUT)
+            " in configs/common.py)", errors.EXIT_BAD_INPUT)
+    _fail(f"{_reason(str(e))}; fix the flag or the config file", errors.EXIT_BAD_INPUT)
+
+
+def _load_config():
+  """The config file is loaded lazily by ml_collections: its errors surface here."""
+  path = flags.FLAGS["config"].serialize().partition("=")[2]
+  try:
+    return _CONFIG.value
+  except Exception as e:
+    file_name = path.split(":")[0]
+    if not os.path.isfile(file_name):
+      raise errors.BadInput(f"config file {file_name!r} does not exist; check the --config path"
+                            " (settings are in configs/)") from e
+    raise errors.BadInput(f"cannot load --config={path}: {_reason(str(e))}") from e
+
+
+def _write_error_log(workdir: str) -> str:
+  """Writes the current exception's traceback to DIR/error.log, or to a temp file when DIR
+  cannot be written; returns the path (empty if neither can be written)."""
+  text = f"{time.strftime('%Y-%m-%d %H:%M:%S %Z')} pid {os.getpid()}\n{traceback.format_exc()}\n"
+  candidates = [os.path.join(workdir, "error.log")] if os.path.isdir(workdir) else []
+  candidates.append(os.path.join(tempfile.gettempdir(), f"olora_jax-error-{os.getpid()}.log"))
+  for path in candidates:
+    try:
+      with open(path, "a") as f:
+        f.write(text)
+      return path
+    except OSError:
+      continue
+  return ""
 
 
 def main(argv):
   if len(argv) > 1:
-    _fail(f"unexpected arguments: {argv[1:]}", EXIT_BAD_INPUT)
+    _fail(f"unexpected arguments: {argv[1:]}; give every setting as --config.KEY=VALUE",
+          errors.EXIT_BAD_INPUT)
   logging.set_verbosity(logging.WARNING)  # orbax and absl log every save at INFO
+  # orbax logs its own failures at length before raising them: the one error line says it all.
+  py_logging.getLogger("orbax").setLevel(py_logging.CRITICAL)
+  workdir = _WORKDIR.value
   try:
-    validation.check_known_keys(_CONFIG.value, common.get_config())
-    results = trainer.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
-  except (ValueError, FileNotFoundError, ModuleNotFoundError) as e:
-    _fail(str(e), EXIT_BAD_INPUT)
-  except checkpointing.NonFiniteLossError as e:
-    _fail(str(e), EXIT_NONFINITE)
-  except checkpointing.Preempted as e:
-    _fail(str(e), 128 + e.signum)
+    config = _load_config()
+    validation.check_known_keys(config, common.get_config())
+    results = trainer.train_and_evaluate(config, workdir)
+  except Exception as e:
+    if isinstance(e, errors.RunError):
+      code, message = e.exit_code, str(e)
+    elif isinstance(e, (ValueError, FileNotFoundError, ModuleNotFoundError)):
+      # The run phase wraps its own errors (trainer.train_and_evaluate): a plain one is from
+      # the checks before any compute.
+      code, message = errors.EXIT_BAD_INPUT, errors.first_line(e).partition(": ")[2] or str(e)
+    else:
+      code = errors.EXIT_INTERNAL
+      message = f"unexpected {errors.first_line(e)}; please report it with the error log"
+    if code != errors.EXIT_BAD_INPUT:  # bad input writes nothing, not even a log
+      log_path = _write_error_log(workdir)
+      if log_path:
+        message += f" (traceback in {log_path})"
+    if _TRACEBACK.value:
+      traceback.print_exc()
+    _fail(" ".join(message.split()), code)
   print(trainer.format_results_table(results))
-  print(f"\nresults written to {_WORKDIR.value}/results.json")
+  if results.get("already_finished"):
+    print(f"\nnothing ran: {workdir} already holds this finished run (results.json written"
+          f" {results['already_finished']}); pass a new --workdir to run it again")
+  else:
+    print(f"\nresults written to {workdir}/results.json")
 
 
 if __name__ == "__main__":

@@ -40,7 +40,7 @@ import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
 
-from olora_jax import validation
+from olora_jax import errors, validation
 from olora_jax.learner import plateau as plateau_lib
 
 CHECKPOINT_DIR = "checkpoints"
@@ -49,20 +49,12 @@ CORRUPT_DIR = "corrupt_checkpoints"
 OPERATIONAL_KEYS = ("checkpoint_every", "max_to_keep")
 
 
-class WorkdirError(ValueError):
-  """A workdir that cannot be resumed with this config."""
+class WorkdirError(errors.BadInput):
+  """A workdir that cannot be resumed with this config (exit code 2)."""
 
 
-class NonFiniteLossError(RuntimeError):
-  """The loss became NaN or Inf; the last good state has been checkpointed."""
-
-
-class Preempted(Exception):  # a signal, not a failure
-  """SIGTERM or SIGINT arrived; the state at the end of the current step has been checkpointed."""
-
-  def __init__(self, signum: int, message: str):
-    super().__init__(message)
-    self.signum = signum
+NonFiniteLossError = errors.NonFiniteLoss
+Preempted = errors.Preempted
 
 
 @dataclasses.dataclass
@@ -85,6 +77,7 @@ class Progress:
   nonfinite_steps: list[int]  # steps skipped for a non-finite loss (learner.skip_nonfinite)
   window: plateau_lib.PlateauState  # the loss window, peak flag and plateau count
   metrics_bytes: int = 0  # length of metrics.jsonl when this record was checkpointed
+  metrics_sha256: str = ""  # SHA-256 of those bytes ("" in checkpoints older than the field)
   wall_seconds: float = 0.0  # compute time before the current process (not part of the result)
 
   @classmethod
@@ -270,9 +263,22 @@ def to_numpy_shapes(tree: Any) -> Any:
   return jax.tree.map(leaf, tree)
 
 
-def has_checkpoint(workdir: str) -> bool:
+def checkpoint_steps(workdir: str) -> list[int]:
+  """The steps of the finished checkpoints in `workdir` (not verified; orbax's temporary
+  directories of interrupted saves are not counted)."""
   directory = os.path.join(workdir, CHECKPOINT_DIR)
-  return os.path.isdir(directory) and any(d.isdigit() for d in os.listdir(directory))
+  if not os.path.isdir(directory):
+    return []
+  return sorted(int(d) for d in os.listdir(directory) if d.isdigit())
+
+
+def has_checkpoint(workdir: str) -> bool:
+  return bool(checkpoint_steps(workdir))
+
+
+def latest_step(workdir: str) -> int | None:
+  steps = checkpoint_steps(workdir)
+  return steps[-1] if steps else None
 
 
 def restore_run(checkpointer: Checkpointer, template: Any, config: ml_collections.ConfigDict,

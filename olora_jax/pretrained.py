@@ -77,6 +77,7 @@ import numpy as np
 import safetensors
 import safetensors.numpy
 
+from olora_jax import errors
 from olora_jax.models.vit import VisionTransformer, ViTSpec
 
 logger = logging.getLogger(__name__)
@@ -115,7 +116,7 @@ _NPZ_IGNORED_PREFIXES = ("pre_logits/",)
 _MAX_LISTED = 12
 
 
-class CheckpointError(ValueError):
+class CheckpointError(errors.BadInput):
   """A checkpoint file that cannot be loaded into the requested model (format, keys, shapes)."""
 
 
@@ -197,6 +198,11 @@ def read_checkpoint(path: str, fmt: str = "auto") -> tuple[dict[str, np.ndarray]
       raise CheckpointError(
           f"checkpoint {path} key {k!r} has dtype {np.asarray(v).dtype}, not a float tensor;"
           " only numeric tensors are supported, strip that entry") from None
+    bad = np.size(out[k]) - int(np.isfinite(out[k]).sum())
+    if bad:  # NaN/Inf weights would only surface as a NaN loss after compute
+      raise CheckpointError(
+          f"checkpoint {path} key {k!r} holds {bad} NaN/Inf value(s) of {np.size(out[k])};"
+          " the file is damaged: fetch or convert it again")
   return out, fmt
 
 
@@ -297,9 +303,10 @@ def _check_arch(found: dict[str, int | None], spec: ViTSpec, path: str) -> None:
     want = getattr(spec, name)
     if value is not None and value != want:
       raise CheckpointError(
-          f"checkpoint {path} has {name}={value} but the model spec has {name}={want};"
-          f" set model.{name}={value} (or pick the preset this checkpoint belongs to) or use a"
-          f" checkpoint with {name}={want}")
+          f"checkpoint {path} has {name}={value} but the model has {name}={want}; pick the"
+          f" model.name preset this checkpoint belongs to, or set model.name=custom with"
+          f" model.{name}={value} (a preset ignores model.{name}), or use a checkpoint with"
+          f" {name}={want}")
 
 
 def _check_keys(raw: dict[str, np.ndarray], fixed: dict[str, tuple[int, ...]],

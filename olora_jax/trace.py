@@ -38,6 +38,7 @@ import os
 import jax
 import numpy as np
 
+from olora_jax import errors
 from olora_jax.data.streams import Stream
 from olora_jax.learner import buffer as buffer_lib
 
@@ -98,15 +99,15 @@ class StepTrace:
 
   def _resume(self, cursor: int) -> None:
     if not os.path.exists(self.path):
-      raise FileNotFoundError(
+      raise errors.BadInput(
           f"resuming at step {cursor} with trace.enabled=True but {self.path} is missing; start"
           " the run in a new --workdir")
     with np.load(self.path, allow_pickle=False) as z:
       arrays = {k: z[k] for k in z.files}
     keep = arrays["step"] < cursor
     if not keep.any() or arrays["step"][keep][-1] != cursor - 1:
-      raise ValueError(f"{self.path} does not reach step {cursor - 1}, where the checkpoint"
-                       " resumes; start the run in a new --workdir")
+      raise errors.BadInput(f"{self.path} does not reach step {cursor - 1}, where the checkpoint"
+                            " resumes; start the run in a new --workdir")
     for i in np.flatnonzero(keep):
       self.steps.append({k: arrays[k][i] for k in _STEP_ARRAYS})
     plateau_keep = arrays["plateau_step"] < cursor

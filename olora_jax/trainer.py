@@ -17,6 +17,7 @@ checkpoint, bit-exactly on CPU.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import logging
 import os
@@ -31,12 +32,13 @@ import ml_collections
 import numpy as np
 import tqdm
 
-from olora_jax import checkpointing, sharding, tb_writer, validation
+from olora_jax import checkpointing, errors, sharding, tb_writer, validation
 from olora_jax import fidelity as fidelity_lib
 from olora_jax import metrics as metrics_lib
 from olora_jax import plots as plots_lib
 from olora_jax import pretrained as pretrained_lib
 from olora_jax import trace as trace_lib
+from olora_jax import workdir as workdir_lib
 from olora_jax.data import manifest as manifest_lib
 from olora_jax.data import sources as sources_lib
 from olora_jax.data.pipeline import InputPipeline
@@ -82,6 +84,10 @@ class Setup:
       sample_images, _ = source.get(np.arange(min(len(source), 8)))
       validation.check_source(source.labels, sample_images, self.num_classes,
                               f"data.dataset={c.data.dataset!r} ({source.split} split)")
+    # learner.initial_lora: (first LoRA, frozen pair) in the authors' layout, else (None, None).
+    self.initial_lora = (
+        pretrained_lib.load_online_lora(c.learner.initial_lora, self.spec, c.learner.rank)
+        if c.learner.initial_lora else (None, None))
     # From the seed, or replayed from data.stream_manifest (data/manifest.py).
     self.stream, self.manifest = manifest_lib.build_stream_and_manifest(
         c.data, c.seed, c.learner.batch_size, self.train_source, self.test_source)
@@ -114,13 +120,21 @@ def initial_params(setup: Setup, config: ml_collections.ConfigDict, key: jax.Arr
 
 class RunLog:
   """Append-only metrics.jsonl; every line has step, samples_seen and event. Numeric scalars are
-  mirrored to TensorBoard when a writer is given (metrics.jsonl stays the source of truth)."""
+  mirrored to TensorBoard when a writer is given (metrics.jsonl stays the source of truth).
+
+  The log keeps the SHA-256 of everything it holds, so a checkpoint can record (size, digest)
+  and a resume can verify the file is still that (`workdir.verify_run_log`).
+  """
 
   def __init__(self, path: str, scalars: tb_writer.ScalarWriter | None = None,
                truncate_to: int = 0):
-    # On resume, drop the lines written after the checkpoint: they will be written again.
+    # On resume, drop the lines written after the checkpoint: they will be written again. The
+    # first `truncate_to` bytes were verified against the checkpoint before this.
+    self._digest = hashlib.sha256()
     if os.path.exists(path):
       os.truncate(path, truncate_to)
+      with open(path, "rb") as f:
+        self._digest.update(f.read())
     self.path = path
     self._file = open(path, "a")
     self._scalars = scalars
@@ -129,11 +143,17 @@ class RunLog:
     """Bytes written so far (every line is flushed)."""
     return os.path.getsize(self.path)
 
+  def sha256(self) -> str:
+    """SHA-256 of everything written so far."""
+    return self._digest.hexdigest()
+
   def write(self, event: str, step: int, samples_seen: int, **values) -> None:
     record = {"step": int(step), "samples_seen": int(samples_seen), "event": event}
     record.update({k: _jsonable(v) for k, v in values.items()})
-    self._file.write(json.dumps(record) + "\n")
+    line = json.dumps(record) + "\n"
+    self._file.write(line)
     self._file.flush()
+    self._digest.update(line.encode())
     if self._scalars is not None:
       self._scalars.write(event, samples_seen, record)
 
@@ -205,16 +225,25 @@ class StopSignal:
     self._previous = {}
 
 
+def _read_json(path: str, fix: str):
+  try:
+    with open(path) as f:
+      return json.load(f)
+  except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    raise errors.BadInput(f"{path} is damaged ({errors.first_line(e)}); {fix}") from None
+
+
 def _check_workdir(workdir: str, config: ml_collections.ConfigDict) -> dict | None:
   """Refuses a workdir made with a different config; returns its results if it is finished."""
+  workdir_lib.check_is_directory(workdir)
   config_path = os.path.join(workdir, "config.json")
   if os.path.exists(config_path):
-    with open(config_path) as f:
-      checkpointing.check_same_config(json.load(f), config, workdir)
+    saved = _read_json(config_path, "restore it, or pass a new --workdir")
+    checkpointing.check_same_config(saved, config, workdir)
     results_path = os.path.join(workdir, "results.json")
     if os.path.exists(results_path):
-      with open(results_path) as f:
-        return json.load(f)
+      return _read_json(results_path, "delete it and rerun to rebuild it from the final"
+                        " checkpoint")
   elif any(os.path.exists(os.path.join(workdir, f)) for f in RUN_FILES) or (
       checkpointing.has_checkpoint(workdir)):
     raise checkpointing.WorkdirError(
@@ -227,29 +256,62 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
                        progress: bool = True) -> dict:
   """Runs one stream end to end and returns (and writes) the results.
 
-  Resumes from the newest good checkpoint in `workdir` if there is one (same config only);
-  returns the stored results of a finished run. Checkpoints every `checkpoint_every` steps, at
-  the end, and on SIGTERM/SIGINT (then raises `Preempted`).
+  Resumes from the newest good checkpoint in `workdir` if there is one (same config only).
+  Checkpoints every `checkpoint_every` steps, at the end, and on SIGTERM/SIGINT (then raises
+  `errors.Preempted`). A finished workdir runs nothing: its stored results come back with
+  `already_finished` (when results.json was written) added, and missing plots are redrawn.
+
+  Every failure is an `errors.RunError` with its exit code: bad input (`BadInput`, before any
+  compute and before anything is written), `NonFiniteLoss`, `EnvironmentFailure` (disk full,
+  read-only or busy workdir: the newest good checkpoint is intact), `InternalError`.
   """
   setup = Setup(config)  # every config or data error surfaces here, before any compute or file
   config = setup.config  # fidelity keys resolved: config.json records what actually ran
-  c, spec, stream = config, setup.spec, setup.stream
-  root = jax.random.key(c.seed)
-  init_key, lora_key = jax.random.split(root)
-  params = initial_params(setup, c, init_key)  # a bad pretrained file fails before any file
-  # learner.initial_lora: the first LoRA (and the factor_sum frozen pair) from a file in the
-  # authors' layout (olora_jax/pretrained.py); else drawn from lora_key.
-  initial_lora, initial_frozen_lora = (
-      pretrained_lib.load_online_lora(c.learner.initial_lora, spec, c.learner.rank)
-      if c.learner.initial_lora else (None, None))
-  finished = _check_workdir(workdir, config)
-  if finished is not None:
-    logging.info("workdir %s holds a finished run: returning its results", workdir)
-    return finished
-  os.makedirs(workdir, exist_ok=True)
+  init_key, lora_key = jax.random.split(jax.random.key(config.seed))
+  params = initial_params(setup, config, init_key)  # a bad pretrained file fails before any file
+  _check_workdir(workdir, config)  # a different config is refused before anything is written
+  with workdir_lib.WorkdirLock(workdir):  # one process per workdir, from here to the end
+    finished = _check_workdir(workdir, config)
+    if finished is not None:
+      missing = workdir_lib.missing_plots(workdir, plots_lib.PLOT_FILES)
+      if config.eval.write_plots and missing:
+        logging.warning("redrawing the missing plot(s) %s of the finished run in %s",
+                        ", ".join(missing), workdir)
+        _guarded(lambda: plots_lib.write_run_plots(workdir), workdir)
+      return {**finished, "already_finished": workdir_lib.finished_at(workdir)}
+    return _guarded(lambda: _train_and_evaluate(setup, params, lora_key, workdir, progress),
+                    workdir)
 
+
+def _guarded(fn: Callable, workdir: str):
+  """Runs `fn`, turning any failure that is not already an `errors.RunError` into one: storage
+  failures (disk full, file-size limit, read-only) into `EnvironmentFailure`, the rest into
+  `InternalError`; both name the checkpoint a rerun resumes from."""
+  try:
+    return fn()
+  except errors.RunError:
+    raise
+  except Exception as e:
+    step = checkpointing.latest_step(workdir)
+    resume = f"from checkpoint {step}" if step is not None else "from the start"
+    cause = errors.storage_cause(e)
+    if cause is not None:
+      raise errors.EnvironmentFailure(
+          f"cannot write to workdir {workdir!r} ({cause}); free space, lift the limit or fix"
+          f" the permissions, then run the same command to resume {resume}") from e
+    raise errors.InternalError(
+        f"unexpected {errors.first_line(e)}; the run can resume {resume}; please report it"
+        " with the error log") from e
+
+
+def _train_and_evaluate(setup: Setup, params: dict, lora_key: jax.Array, workdir: str,
+                        progress: bool) -> dict:
+  """The run itself, in a locked workdir whose config has been checked."""
+  config = c = setup.config
+  spec, stream = setup.spec, setup.stream
   start = time.time()
   backbone, head = online_lora.split_params(params)
+  initial_lora, initial_frozen_lora = setup.initial_lora  # None: the first LoRA from lora_key
   frozen = online_lora.init_frozen(backbone, spec, setup.learner_config, initial_frozen_lora)
   learner = online_lora.make_learner(setup.model, setup.tx, setup.learner_config)
   train_step = make_guarded_step(learner.train_step)
@@ -268,6 +330,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   else:
     arrays, p = restored
     state, frozen, buffer = arrays["state"], arrays["frozen"], arrays["buffer"]
+    workdir_lib.verify_run_log(workdir, p.metrics_bytes, p.metrics_sha256, p.cursor)
     logging.warning("resuming %s at stream step %d of %d", workdir, p.cursor, len(stream.steps))
   frozen, state, buffer = sharding.replicate((frozen, state, buffer), setup.mesh)
   _write_json(os.path.join(workdir, "config.json"), meta["config"])
@@ -287,11 +350,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
                                c.learner.buffer_size, c.learner.batch_size, p.cursor)
 
   def save():
-    p.metrics_bytes, p.wall_seconds = log.size(), wall_before + time.time() - start
+    p.metrics_bytes, p.metrics_sha256 = log.size(), log.sha256()
+    p.wall_seconds = wall_before + time.time() - start
     checkpointer.save({"state": state, "frozen": frozen, "buffer": buffer}, p, meta)
     trace.save()
 
   task_ends = set(stream.task_end_steps().tolist())
+  max_skipped = int(c.learner.max_skipped_fraction * len(stream.steps))
   bar = tqdm.tqdm(total=len(stream.steps), initial=p.cursor, disable=not progress, unit="step",
                   dynamic_ncols=True, mininterval=0.5)
   # The files are closed however the loop ends (finished, preempted, non-finite loss). Host
@@ -305,10 +370,18 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
       finite = bool(np.isfinite(scalars["loss"]))
       if not finite and not c.learner.skip_nonfinite:
         save()  # the state is the one before this step: the last good state
-        raise checkpointing.NonFiniteLossError(
+        raise errors.NonFiniteLoss(
             f"non-finite loss ({scalars['loss']}) at stream step {step}; the last good state"
             f" is checkpointed in {checkpointer.directory}/{step}; lower"
             " learner.learning_rate or set learner.skip_nonfinite=True to skip such steps")
+      if not finite and len(p.nonfinite_steps) + 1 > max_skipped:
+        save()
+        raise errors.NonFiniteLoss(
+            f"{len(p.nonfinite_steps) + 1} stream steps skipped for a non-finite loss (the"
+            f" latest: {step}), more than learner.max_skipped_fraction="
+            f"{c.learner.max_skipped_fraction} of the {len(stream.steps)} steps allow; the last"
+            f" good state is checkpointed in {checkpointer.directory}/{step}; lower"
+            " learner.learning_rate or check the data, or raise learner.max_skipped_fraction")
       mask = host_batch["mask"]
       p.samples_seen += int(mask.sum())
       p.seen_classes = sorted(set(p.seen_classes) | set(
@@ -376,7 +449,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
         save()
       if stop.signum is not None:
         save()
-        raise checkpointing.Preempted(stop.signum, (
+        raise errors.Preempted(stop.signum, (
             f"stopped by signal {stop.signum} after stream step {step}; checkpointed in"
             f" {checkpointer.directory}/{p.cursor}: run the same command to resume"))
       bar.update(1)
@@ -454,6 +527,10 @@ def format_results_table(results: dict) -> str:
           ("plateau mean latency (samples)", _fmt(detection["mean_latency_samples"], ".0f")),
           ("samples", str(results["samples_seen"])),
           ("wall time (s)", f"{results['wall_seconds']:.1f}")]
+  skipped = results.get("nonfinite_steps") or []
+  if skipped:
+    shown = ", ".join(map(str, skipped[:10])) + (", ..." if len(skipped) > 10 else "")
+    rows.append(("steps skipped for a non-finite loss", f"{len(skipped)} ({shown})"))
   lines = ["| metric | value |", "|---|---|"] + [f"| {k} | {v} |" for k, v in rows]
   acc = np.asarray(results["acc_matrix"])
   t = acc.shape[0]

@@ -6,11 +6,11 @@ is created or touched, so a refused run writes and damages nothing.
 
 What is checked (issue 6):
   config keys      a key the reference config does not have (`check_known_keys`)
-  config values    learning rate > 0, 1 <= rank <= model width, window >= 1, plateau thresholds
-                   > 0, batch >= 1, buffer size >= 0, lambda >= 0, positive periods, and the
-                   name of the scenario, pretrained.keep_head only with a checkpoint (fidelity
-                   names: olora_jax/fidelity.resolve; data.stream_manifest:
-                   olora_jax/data/manifest.py)
+  config values    every float finite; seeds in [0, 2**32 - 1]; learning rate > 0,
+                   1 <= rank <= model width, window >= 1, plateau thresholds > 0, batch >= 1,
+                   buffer size >= 0, lambda >= 0, positive periods, the name of the scenario,
+                   pretrained.keep_head only with a checkpoint (fidelity names:
+                   olora_jax/fidelity.resolve; data.stream_manifest: olora_jax/data/manifest.py)
   data             images uint8 (N, H, W, 1|3); integer labels in [0, num_classes)
                    (`check_source`)
 Dataset names and "not prepared" datasets are refused by `olora_jax.data.sources.load_source`,
@@ -19,15 +19,17 @@ missing or malformed pretrained checkpoints by `olora_jax.pretrained`, both befo
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 import ml_collections
 import numpy as np
 
+from olora_jax import errors
 from olora_jax.data.streams import SCENARIOS
 
 
-class InputError(ValueError):
+class InputError(errors.BadInput):
   """A bad config value, config key or dataset, found before any compute."""
 
 
@@ -64,9 +66,24 @@ def _require(ok: bool, message: str) -> None:
     raise InputError(message)
 
 
+# Seeds feed jax.random.key and NumPy's generators: non-negative and within 64 bits there, kept
+# to 32 bits so every consumer (and a C `unsigned int` in other codebases) takes them as they are.
+MAX_SEED = 2**32 - 1
+
+
 def check_config(config: ml_collections.ConfigDict, width: int) -> None:
   """Checks every value the run depends on; `width` is the model width (bounds the rank)."""
   c, lr = config, config.learner
+  for key, value in flatten(c).items():
+    if isinstance(value, float) and not math.isfinite(value):
+      raise InputError(f"{key}={value} must be a finite number; give a real value")
+  for key in ("seed", "data.split_seed"):
+    value = flatten(c)[key]
+    _require(isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_SEED,
+             f"{key}={value!r} must be an integer in [0, {MAX_SEED}]; seeds are 0, 1, 2, ...")
+  _require(0 <= lr.max_skipped_fraction <= 1,
+           f"learner.max_skipped_fraction={lr.max_skipped_fraction} must be in [0, 1] (a"
+           " fraction of the stream's steps)")
   _require(lr.learning_rate > 0,
            f"learner.learning_rate={lr.learning_rate} must be > 0 (the paper uses 2e-4)")
   _require(1 <= lr.rank <= width,

@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from numerics import assert_close
 
 from configs import tiny
 from olora_jax import fidelity
@@ -163,7 +164,7 @@ def test_reference_merge_sums_factors_and_jumps_at_the_second_merge():
   before1 = learner.predict(state, frozen, images)
   state, frozen = learner.consolidate(state, frozen, buf)
   after1 = learner.predict(state, frozen, images)
-  np.testing.assert_allclose(after1, before1, atol=1e-5)  # A = B = 0 now: no jump yet
+  assert_close(after1, before1)  # A = B = 0 now: no jump yet
   jax.tree.map(np.testing.assert_array_equal, frozen[online_lora.FROZEN_LORA], lora1)
 
   state = _with_lora(state, _copy(lora2))
@@ -172,7 +173,7 @@ def test_reference_merge_sums_factors_and_jumps_at_the_second_merge():
   after2 = learner.predict(state, frozen, images)
 
   summed = jax.tree.map(jnp.add, lora1, lora2)
-  jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, atol=1e-6),
+  jax.tree.map(assert_close,
                frozen[online_lora.FROZEN_LORA], summed)
   # The frozen delta is (A1 + A2)(B1 + B2) in our (in, out) layout, i.e. (B1+B2)(A1+A2).
   _, params = _model_and_params()
@@ -180,7 +181,7 @@ def test_reference_merge_sums_factors_and_jumps_at_the_second_merge():
   expected_frozen = lora_lib.merge_into_backbone(backbone, summed)
   expected = jax.jit(model.apply)(
       {"params": {**expected_frozen, "head": state.trainable["head"]}}, images)
-  np.testing.assert_allclose(after2, expected, atol=1e-5)
+  assert_close(after2, expected)
   # ... which is not B1 A1 + B2 A2: the function jumps at the second merge.
   assert float(jnp.max(jnp.abs(after2 - before2))) > 1e-2
 
@@ -198,13 +199,13 @@ def test_paper_merge_folds_exactly_and_never_jumps():
     before = learner.predict(state, frozen, images)
     state, frozen = learner.consolidate(state, frozen, buf)
     after = learner.predict(state, frozen, images)
-    np.testing.assert_allclose(after, before, atol=1e-5)
+    assert_close(after, before)
   q1 = lora1["encoderblock_0"]["query"]
   q2 = lora2["encoderblock_0"]["query"]
-  np.testing.assert_allclose(
+  assert_close(
       frozen["encoderblock_0"]["attn"]["query"]["kernel"],
       backbone["encoderblock_0"]["attn"]["query"]["kernel"]
-      + q1["lora_a"] @ q1["lora_b"] + q2["lora_a"] @ q2["lora_b"], atol=1e-5)
+      + q1["lora_a"] @ q1["lora_b"] + q2["lora_a"] @ q2["lora_b"])
 
 
 # --- new LoRA init and optimizer state ------------------------------------------------------------
@@ -333,10 +334,10 @@ def test_window_value_and_one_concatenated_pass_equal_separate_passes(window_val
   expected_scores = [jax.jit(ce)(trainable, b)[1] for b in [current, *entries]]
   old = _copy(trainable)
   new_state, scalars, scores = learner.train_step(state, frozen, buf, current)
-  np.testing.assert_allclose(scalars["window_value"], expected_value, atol=1e-5)
-  np.testing.assert_allclose(scores[:3], expected_scores, atol=1e-5)  # (1 + K,) batch means
+  assert_close(scalars["window_value"], expected_value)
+  assert_close(scores[:3], expected_scores)  # (1 + K,) batch means
   step = jax.tree.map(lambda a, b: a - b, old, new_state.trainable)
-  jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, atol=1e-5), step, expected_grad)
+  jax.tree.map(assert_close, step, expected_grad)
 
 
 def test_batch_buffer_keeps_the_hardest_batches_later_wins_ties():

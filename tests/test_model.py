@@ -4,6 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from numerics import assert_close
 
 from olora_jax.models import lora as lora_lib
 from olora_jax.models.vit import PRESETS, VisionTransformer, ViTSpec
@@ -48,7 +49,7 @@ def test_exact_merge_keeps_the_function(model_and_params):
   merged = {**lora_lib.merge_into_backbone(frozen, lora), "head": params["head"]}
   fresh = lora_lib.init_lora(jax.random.key(6), SPEC, rank=4)
   after = model.apply({"params": merged}, images, lora=fresh)  # new LoRA has B = 0
-  np.testing.assert_allclose(np.asarray(after), np.asarray(before), atol=1e-5)
+  assert_close(after, before)
   # The merge touched only the q and v kernels.
   changed = jax.tree.map(lambda a, b: bool(jnp.any(a != b)), frozen,
                          {k: v for k, v in merged.items() if k != "head"})

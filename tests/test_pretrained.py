@@ -11,6 +11,7 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
+from numerics import assert_close
 from safetensors.numpy import load_file, save_file
 
 from olora_jax.models.vit import VisionTransformer, ViTSpec
@@ -35,8 +36,8 @@ SPEC = ViTSpec(width=48, depth=2, num_heads=3, mlp_dim=192, patch_size=4, image_
 SPEC48 = ViTSpec(width=48, depth=2, num_heads=3, mlp_dim=192, patch_size=4, image_size=48)
 TINY = ViTSpec(width=16, depth=1, num_heads=2, mlp_dim=32, patch_size=4, image_size=16)
 
-# Measured: logits 3.6e-7, pre_logits 1.2e-6, 48x48 logits 3.3e-7 (timm) / 2.8e-7 (npz).
-TOL = 1e-5
+# Measured against timm: logits 3.6e-7, pre_logits 1.2e-6, 48x48 logits 3.3e-7 (timm) /
+# 2.8e-7 (npz); `assert_close` allows 1e-5 of each array's largest magnitude.
 NPZ = {
     "augreg": {"pre": "", "mha": "MultiHeadDotProductAttention_1", "ln2": "LayerNorm_2",
                "mlp": "MlpBlock_3", "pos": "Transformer/posembed_input/pos_embedding"},
@@ -209,10 +210,9 @@ def test_fixture_matches_timm_logits(fmt):
   x = np.load(FIX / "inputs_nhwc.npy")
   for f in ("auto", fmt):
     params = load_pretrained(str(path), SPEC, 10, fmt=f)
-    np.testing.assert_allclose(apply(SPEC, 10, params, x), np.load(FIX / "logits.npy"),
-                               atol=TOL, rtol=0)
-    np.testing.assert_allclose(apply(SPEC, 10, params, x, pre_logits=True),
-                               np.load(FIX / "pre_logits.npy"), atol=TOL, rtol=0)
+    assert_close(apply(SPEC, 10, params, x), np.load(FIX / "logits.npy"))
+    assert_close(apply(SPEC, 10, params, x, pre_logits=True),
+                               np.load(FIX / "pre_logits.npy"))
 
 
 @pytest.mark.parametrize("fmt,expected", [
@@ -227,7 +227,7 @@ def test_pos_embedding_resampling_matches_timm(fmt, expected, caplog):
   assert "8x8 to a 12x12" in caplog.text
   assert params["pos_embedding"].shape == (1, 145, 48)
   logits = apply(SPEC48, 10, params, x)
-  np.testing.assert_allclose(logits, np.load(FIX / expected), atol=TOL, rtol=0)
+  assert_close(logits, np.load(FIX / expected))
   # The fixtures do tell the two resamplers apart (by ~9e-4), so the check above has teeth.
   other = ("logits48_npz_bilinear.npy" if fmt == "timm"
            else "logits48_timm_bicubic_antialias.npy")
@@ -262,7 +262,7 @@ def test_resize_agrees_with_jax_image_resize(method, jax_method, antialias, new)
   grid = np.random.default_rng(0).normal(size=(10, 10, 3)).astype(np.float32)
   ours = resize_grid(grid, (new, new), method, antialias)
   ref = np.asarray(jax.image.resize(grid, (new, new, 3), jax_method, antialias=antialias))
-  np.testing.assert_allclose(ours, ref, atol=1e-5, rtol=0)
+  assert_close(ours, ref)
 
 
 # --------------------------------------------------------------------------------------------
@@ -277,8 +277,8 @@ def test_random_checkpoint_matches_numpy_vit(fmt, tmp_path):
   feats, logits = (np_vit_timm(raw, x, TINY.num_heads) if fmt == "timm"
                    else np_vit_npz(raw, x, fmt))
   params = load_pretrained(str(path), TINY, 5)
-  np.testing.assert_allclose(apply(TINY, 5, params, x), logits, atol=TOL, rtol=0)
-  np.testing.assert_allclose(apply(TINY, 5, params, x, pre_logits=True), feats, atol=TOL, rtol=0)
+  assert_close(apply(TINY, 5, params, x), logits)
+  assert_close(apply(TINY, 5, params, x, pre_logits=True), feats)
 
 
 @pytest.mark.parametrize("fmt", ["timm", "augreg"])
@@ -292,7 +292,7 @@ def test_fresh_zero_head_when_classes_differ(fmt, tmp_path, caplog):
   assert params["head"]["kernel"].shape == (16, 7)
   assert not np.any(params["head"]["kernel"]) and not np.any(params["head"]["bias"])
   feats = np_vit_timm(raw, x, 2)[0] if fmt == "timm" else np_vit_npz(raw, x, fmt)[0]
-  np.testing.assert_allclose(apply(TINY, 7, params, x, pre_logits=True), feats, atol=TOL, rtol=0)
+  assert_close(apply(TINY, 7, params, x, pre_logits=True), feats)
   # A checkpoint without any head gets the fresh head too.
   no_head = {k: v for k, v in raw.items() if not k.startswith("head")}
   _, notes = convert_checkpoint(no_head, TINY, 5, fmt)
@@ -421,6 +421,7 @@ def test_architecture_mismatch(fmt, field, value, found):
            "image_size": 32}
   sizes[field] = value
   _raises(CheckpointError,
-          rf"has {field}={found} but the model spec has {field}={value};"
-          rf" set model\.{field}={found}",
+          rf"has {field}={found} but the model has {field}={value}; pick the model\.name"
+          rf" preset this checkpoint belongs to, or set model\.name=custom with"
+          rf" model\.{field}={found} \(a preset ignores model\.{field}\)",
           load_pretrained, str(FIXTURE_FILES[fmt]), ViTSpec(**sizes), 10)

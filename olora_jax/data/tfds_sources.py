@@ -109,7 +109,8 @@ def open_data_source(tfds_name: str, split: str, data_dir: str):
     from olora_jax.data import core50  # noqa: F401  (registers the builder with TFDS)
   try:
     return tfds.data_source(tfds_name, split=split, data_dir=data_dir or None, download=False)
-  except (AssertionError, FileNotFoundError, NotImplementedError, ValueError) as e:
+  # A folder without a generated dataset gives a KeyError about empty splits.
+  except (AssertionError, FileNotFoundError, KeyError, NotImplementedError, ValueError) as e:
     where = data_dir or "the TFDS default (~/tensorflow_datasets)"
     raise FileNotFoundError(
         f"TFDS dataset {tfds_name!r} (split {split!r}) is not prepared as array_record in"

@@ -1,0 +1,110 @@
+"""Why a run stopped: one exception class per exit code, so the CLI, the docs and the tests share
+one table.
+
+  code  class               meaning                                          what is kept
+  0     -                   finished (or the workdir held the finished run)  everything
+  1     InternalError       an unexpected error (a bug): please report it    the newest checkpoint
+  2     BadInput            bad input, refused before any compute            nothing was written
+  3     NonFiniteLoss       the loss became NaN/Inf (or too many steps were  the last good state,
+                            skipped with learner.skip_nonfinite)             checkpointed
+  4     EnvironmentFailure  disk full, file-size limit, read-only or         the newest good
+                            unwritable workdir, workdir busy (another        checkpoint: rerun the
+                            process holds it)                                command to resume
+  128+s Preempted           stopped by signal s (SIGTERM 143, SIGINT 130)    the state after the
+                                                                             current step
+
+Every message is one line that names the cause and the fix. `launch/run.py` prints it as the last
+line of stderr and writes the full traceback to a log file (`error.log` in the workdir when it can
+be written, else in the system's temp directory).
+"""
+
+from __future__ import annotations
+
+import errno
+
+EXIT_OK = 0
+EXIT_INTERNAL = 1
+EXIT_BAD_INPUT = 2
+EXIT_NONFINITE = 3
+EXIT_ENVIRONMENT = 4
+EXIT_SIGNAL_BASE = 128
+
+# errno values that mean "the machine cannot store what the run writes", not a bug in the run.
+STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES,
+                            errno.EPERM, errno.EIO})
+# The same causes as they appear in the text of errors that lost their errno on the way (orbax
+# and tensorstore re-raise OS errors as ValueError / RuntimeError with the strerror inside).
+STORAGE_MESSAGES = ("No space left on device", "Disk quota exceeded", "File too large",
+                    "Read-only file system", "Permission denied", "Operation not permitted",
+                    "Input/output error")
+
+
+class RunError(Exception):
+  """Base of every error with a documented exit code."""
+
+  exit_code = EXIT_INTERNAL
+
+
+class InternalError(RunError):
+  """An unexpected error during the run (a bug): the newest checkpoint is intact."""
+
+  exit_code = EXIT_INTERNAL
+
+
+class BadInput(RunError, ValueError):
+  """A bad config value or key, dataset, checkpoint or workdir, found before any compute."""
+
+  exit_code = EXIT_BAD_INPUT
+
+
+class NonFiniteLoss(RunError):
+  """The loss became NaN or Inf; the last good state has been checkpointed."""
+
+  exit_code = EXIT_NONFINITE
+
+
+class EnvironmentFailure(RunError):
+  """The machine, not the run, failed: disk full, file-size limit, read-only or unwritable
+  workdir, or a workdir held by another process. The newest good checkpoint is intact."""
+
+  exit_code = EXIT_ENVIRONMENT
+
+
+class WorkdirBusy(EnvironmentFailure):
+  """Another live process holds the workdir's lock."""
+
+
+class Preempted(RunError):  # a signal, not a failure
+  """SIGTERM or SIGINT arrived; the state at the end of the current step has been checkpointed."""
+
+  def __init__(self, signum: int, message: str):
+    super().__init__(message)
+    self.signum = signum
+    self.exit_code = EXIT_SIGNAL_BASE + signum
+
+
+def storage_cause(e: BaseException) -> str | None:
+  """The storage failure behind `e` (disk full, read-only, ...) as its OS text, or None.
+
+  Follows `__cause__` / `__context__`, since libraries re-raise OS errors under other types.
+  """
+  seen = set()
+  while e is not None and id(e) not in seen:
+    seen.add(id(e))
+    if isinstance(e, OSError) and e.errno in STORAGE_ERRNOS:
+      return e.strerror or errno.errorcode.get(e.errno, str(e.errno))
+    text = str(e)
+    for message in STORAGE_MESSAGES:
+      if message in text:
+        return message
+    e = e.__cause__ or e.__context__
+  return None
+
+
+def first_line(e: BaseException) -> str:
+  """`TypeName: first line of the message` (some libraries put the reason on a later line:
+  the first non-empty line that is not only a heading ending with ':' is taken)."""
+  lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+  informative = [line for line in lines if not line.endswith(":")]
+  text = (informative or lines or [""])[0]
+  return f"{type(e).__name__}: {text}" if text else type(e).__name__

@@ -1,0 +1,129 @@
+"""The workdir as one run's property: an exclusive lock, a verified run log, a finished state.
+
+- `WorkdirLock`: an OS advisory lock (`flock`) on `DIR/.lock`, held for the whole run. The
+  kernel releases it when the process ends, however it ends (SIGKILL included), so a stale lock
+  never blocks a rerun; a second process on the same DIR is refused at once, naming the holder's
+  pid and host. (`flock` on network file systems is only as good as the file system's support.)
+- `verify_run_log`: before a resume, metrics.jsonl must still be what the checkpoint recorded
+  (its first `n` bytes and their SHA-256): a truncated, edited or deleted log is refused rather
+  than silently padded or continued with steps missing.
+- `missing_plots`: a run killed after results.json but before its figures gets them on rerun.
+"""
+
+from __future__ import annotations
+
+import datetime
+import errno
+import fcntl
+import hashlib
+import os
+import socket
+
+from olora_jax import errors
+
+LOCK_FILE = ".lock"
+RUN_LOG = "metrics.jsonl"
+
+
+def _not_writable(workdir: str, e: OSError) -> errors.EnvironmentFailure:
+  return errors.EnvironmentFailure(
+      f"workdir {workdir!r} cannot be written ({e.strerror or e}); free space or fix its"
+      " permissions (or pass another --workdir), then run the same command")
+
+
+def check_is_directory(workdir: str) -> None:
+  """Refuses a workdir path that exists but is not a directory (before anything is written)."""
+  if os.path.exists(workdir) and not os.path.isdir(workdir):
+    raise errors.BadInput(f"--workdir={workdir!r} is a file, not a directory; pass a directory"
+                          " path (it is created if missing)")
+
+
+class WorkdirLock:
+  """`with WorkdirLock(workdir):` creates `workdir` if needed and holds its lock.
+
+  Raises `errors.WorkdirBusy` when another live process holds it, `errors.EnvironmentFailure`
+  when the directory or its lock file cannot be created or written.
+  """
+
+  def __init__(self, workdir: str):
+    self.workdir = workdir
+    self.path = os.path.join(workdir, LOCK_FILE)
+    self._fd: int | None = None
+
+  def __enter__(self) -> WorkdirLock:
+    check_is_directory(self.workdir)
+    try:
+      os.makedirs(self.workdir, exist_ok=True)
+      fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+      raise _not_writable(self.workdir, e) from e
+    try:
+      fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+      holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "an unknown process"
+      os.close(fd)
+      if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+        raise errors.WorkdirBusy(
+            f"workdir {self.workdir!r} is in use by {holder}; wait for that run to end (or stop"
+            " it), or pass another --workdir") from e
+      raise _not_writable(self.workdir, e) from e
+    started = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
+    try:
+      os.ftruncate(fd, 0)
+      os.pwrite(fd, f"pid {os.getpid()} on host {socket.gethostname()} (since {started})\n"
+                .encode(), 0)
+    except OSError as e:
+      os.close(fd)
+      raise _not_writable(self.workdir, e) from e
+    self._fd = fd
+    return self
+
+  def __exit__(self, *exc) -> None:
+    if self._fd is not None:
+      os.close(self._fd)  # closing the descriptor releases the lock
+      self._fd = None
+
+
+def file_digest(path: str, nbytes: int) -> str:
+  """SHA-256 of the first `nbytes` bytes of `path`."""
+  h = hashlib.sha256()
+  with open(path, "rb") as f:
+    left = nbytes
+    while left > 0:
+      chunk = f.read(min(left, 1 << 20))
+      if not chunk:
+        break
+      h.update(chunk)
+      left -= len(chunk)
+  return h.hexdigest()
+
+
+def verify_run_log(workdir: str, nbytes: int, sha256: str, checkpoint_step: int) -> None:
+  """Refuses a resume whose metrics.jsonl is not what checkpoint `checkpoint_step` recorded:
+  missing (while the checkpoint recorded lines), shorter, or with different first `nbytes` bytes
+  (`sha256` is empty for checkpoints written before the digest was recorded)."""
+  path = os.path.join(workdir, RUN_LOG)
+  ways_out = (f"restore {path} as it was, or start over: pass a new --workdir (or delete"
+              f" {os.path.join(workdir, 'checkpoints')})")
+  if not os.path.exists(path):
+    if nbytes:
+      raise errors.BadInput(f"{path} is missing but checkpoint {checkpoint_step} recorded"
+                            f" {nbytes} bytes of it, so the early steps would be lost; {ways_out}")
+    return
+  size = os.path.getsize(path)
+  if size < nbytes:
+    raise errors.BadInput(f"{path} has {size} bytes but checkpoint {checkpoint_step} recorded"
+                          f" {nbytes} (truncated?); {ways_out}")
+  if sha256 and file_digest(path, nbytes) != sha256:
+    raise errors.BadInput(f"the first {nbytes} bytes of {path} differ from what checkpoint"
+                          f" {checkpoint_step} recorded (edited?); {ways_out}")
+
+
+def finished_at(workdir: str) -> str:
+  """When results.json was written, as local ISO time."""
+  mtime = os.path.getmtime(os.path.join(workdir, "results.json"))
+  return datetime.datetime.fromtimestamp(mtime).astimezone().isoformat(timespec="seconds")
+
+
+def missing_plots(workdir: str, plot_files: tuple[str, ...]) -> list[str]:
+  return [f for f in plot_files if not os.path.exists(os.path.join(workdir, "plots", f))]
