@@ -132,10 +132,12 @@ def read_manifest(path: str) -> dict:
 
 
 def _int_list(value, what: str, path: str) -> np.ndarray:
-  arr = np.asarray(value) if isinstance(value, list) else None
-  if arr is None or (arr.size and (arr.ndim != 1 or not np.issubdtype(arr.dtype, np.integer))):
+  """`value` as an (n,) int64 array; ManifestError unless it is a flat JSON list of integers."""
+  ok = isinstance(value, list) and all(
+      isinstance(x, int) and not isinstance(x, bool) for x in value)
+  if not ok:
     raise ManifestError(f"{path}: {what} must be a list of integers")
-  return arr.astype(np.int64)
+  return np.asarray(value, np.int64).reshape(-1)
 
 
 def _rows_of(ids: np.ndarray, record_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -219,6 +221,9 @@ def replay_stream(manifest: dict, train_source, test_source, batch_size: int,
                           f" task_classes[{t}] does not list; add them to the task's classes")
   extra = {}
   if "si_blurry" in manifest:
+    if not isinstance(manifest["si_blurry"], dict):
+      raise ManifestError(f"{path}: si_blurry must be an object with disjoint_classes and"
+                          " home_task")
     extra = {"disjoint_classes": _int_list(manifest["si_blurry"].get("disjoint_classes"),
                                            "si_blurry.disjoint_classes", path),
              "home_task": _int_list(manifest["si_blurry"].get("home_task"),
