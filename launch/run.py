@@ -33,6 +33,7 @@ import os
 import pathlib
 import sys
 import tempfile
+import threading
 import time
 import traceback
 
@@ -65,8 +66,11 @@ def _reason(text: str) -> str:
 
 
 def _fail(message: str, code: int) -> None:
-  print(f"error: {message}", file=sys.stderr)
-  sys.exit(code)
+  """Prints the one error line last and exits at once: background threads of the libraries
+  (orbax's writers after a failed save) must not print their own noise after it."""
+  sys.stdout.flush()
+  print(f"error: {message}", file=sys.stderr, flush=True)
+  os._exit(code)
 
 
 def _parse_flags(argv: list[str]) -> list[str]:
@@ -83,11 +87,24 @@ def _parse_flags(argv: list[str]) -> list[str]:
     _fail(f"{_reason(str(e))}; fix the flag or the config file", errors.EXIT_BAD_INPUT)
 
 
+def _config_argument() -> str:
+  """The --config value as given on the command line."""
+  args = sys.argv[1:]
+  for i, arg in enumerate(args):
+    if arg.startswith("--config="):
+      return arg.partition("=")[2]
+    if arg == "--config" and i + 1 < len(args):
+      return args[i + 1]
+  return ""
+
+
 def _load_config():
   """The config file is loaded lazily by ml_collections: its errors surface here."""
-  path = flags.FLAGS["config"].serialize().partition("=")[2]
+  path = _config_argument()
   try:
-    return _CONFIG.value
+    config = _CONFIG.value
+    config.keys()  # a config that failed to load is a proxy that raises on first use
+    return config
   except Exception as e:
     file_name = path.split(":")[0]
     if not os.path.isfile(file_name):
@@ -98,46 +115,65 @@ def _load_config():
 
 def _write_error_log(workdir: str) -> str:
   """Writes the current exception's traceback to DIR/error.log, or to a temp file when DIR
-  cannot be written; returns the path (empty if neither can be written)."""
+  cannot be written; returns where, for the error line (empty if nothing could be written)."""
   text = f"{time.strftime('%Y-%m-%d %H:%M:%S %Z')} pid {os.getpid()}\n{traceback.format_exc()}\n"
+  if _BACKGROUND_ERRORS:
+    text += "errors raised in library threads meanwhile:\n" + "\n".join(_BACKGROUND_ERRORS)
   candidates = [os.path.join(workdir, "error.log")] if os.path.isdir(workdir) else []
   candidates.append(os.path.join(tempfile.gettempdir(), f"olora_jax-error-{os.getpid()}.log"))
   for path in candidates:
     try:
       with open(path, "a") as f:
         f.write(text)
-      return path
-    except OSError:
-      continue
+      return f"traceback in {path}"
+    except OSError:  # e.g. the file-size limit that stopped the run: keep what was written
+      if os.path.isfile(path) and os.path.getsize(path):
+        return f"traceback, cut short, in {path}"
   return ""
+
+
+# Tracebacks that library threads print on their own (orbax's and tensorstore's callbacks after a
+# failed save) are kept for the error log instead of being printed over the one error line.
+_BACKGROUND_ERRORS: list[str] = []
+
+
+def _keep_background_error(*args) -> None:
+  if len(args) == 1:  # threading.excepthook / sys.unraisablehook: one record
+    record = args[0]
+    args = (record.exc_type, record.exc_value, record.exc_traceback)
+  _BACKGROUND_ERRORS.append("".join(traceback.format_exception(*args)))
 
 
 def main(argv):
   if len(argv) > 1:
     _fail(f"unexpected arguments: {argv[1:]}; give every setting as --config.KEY=VALUE",
           errors.EXIT_BAD_INPUT)
-  logging.set_verbosity(logging.WARNING)  # orbax and absl log every save at INFO
-  # orbax logs its own failures at length before raising them: the one error line says it all.
-  py_logging.getLogger("orbax").setLevel(py_logging.CRITICAL)
+  # Libraries log through absl (orbax: every save at INFO, and each failure of a save at length
+  # before raising it): the run's own warnings go through Python's root logger and the one error
+  # line says what failed.
+  logging.get_absl_logger().setLevel(py_logging.CRITICAL)
+  py_logging.getLogger().setLevel(py_logging.WARNING)
+  sys.excepthook = threading.excepthook = sys.unraisablehook = _keep_background_error
   workdir = _WORKDIR.value
   try:
     config = _load_config()
     validation.check_known_keys(config, common.get_config())
     results = trainer.train_and_evaluate(config, workdir)
   except Exception as e:
+    write_log = True
     if isinstance(e, errors.RunError):
-      code, message = e.exit_code, str(e)
+      code, message, write_log = e.exit_code, str(e), e.write_log
     elif isinstance(e, (ValueError, FileNotFoundError, ModuleNotFoundError)):
       # The run phase wraps its own errors (trainer.train_and_evaluate): a plain one is from
-      # the checks before any compute.
-      code, message = errors.EXIT_BAD_INPUT, errors.first_line(e).partition(": ")[2] or str(e)
+      # the checks before any compute, which write nothing.
+      code, message, write_log = errors.EXIT_BAD_INPUT, str(e), False
     else:
       code = errors.EXIT_INTERNAL
       message = f"unexpected {errors.first_line(e)}; please report it with the error log"
-    if code != errors.EXIT_BAD_INPUT:  # bad input writes nothing, not even a log
-      log_path = _write_error_log(workdir)
-      if log_path:
-        message += f" (traceback in {log_path})"
+    if write_log:
+      where = _write_error_log(workdir)
+      if where:
+        message += f" ({where})"
     if _TRACEBACK.value:
       traceback.print_exc()
     _fail(" ".join(message.split()), code)

@@ -43,6 +43,9 @@ class RunError(Exception):
   """Base of every error with a documented exit code."""
 
   exit_code = EXIT_INTERNAL
+  # Whether the CLI writes the traceback to the workdir's error log: not for bad input (nothing is
+  # written) nor for a busy workdir (it belongs to another process).
+  write_log = True
 
 
 class InternalError(RunError):
@@ -55,6 +58,7 @@ class BadInput(RunError, ValueError):
   """A bad config value or key, dataset, checkpoint or workdir, found before any compute."""
 
   exit_code = EXIT_BAD_INPUT
+  write_log = False
 
 
 class NonFiniteLoss(RunError):
@@ -73,9 +77,13 @@ class EnvironmentFailure(RunError):
 class WorkdirBusy(EnvironmentFailure):
   """Another live process holds the workdir's lock."""
 
+  write_log = False
+
 
 class Preempted(RunError):  # a signal, not a failure
   """SIGTERM or SIGINT arrived; the state at the end of the current step has been checkpointed."""
+
+  write_log = False
 
   def __init__(self, signum: int, message: str):
     super().__init__(message)

@@ -98,11 +98,22 @@ def manifest_sha256(manifest: dict) -> str:
   return hashlib.sha256(canonical_bytes(manifest)).hexdigest()
 
 
+def _holds(path: str, data: bytes) -> bool:
+  if not (os.path.isfile(path) and os.path.getsize(path) == len(data)):
+    return False
+  with open(path, "rb") as f:
+    return f.read() == data
+
+
 def write_manifest(path: str, manifest: dict) -> str:
-  """Writes the canonical bytes to `path` and returns their SHA-256."""
+  """Writes the canonical bytes to `path` (atomically; not at all when the file already holds
+  them, as on every resume) and returns their SHA-256."""
   data = canonical_bytes(manifest)
-  with open(path, "wb") as f:
-    f.write(data)
+  if not _holds(path, data):
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as f:
+      f.write(data)
+    os.replace(tmp, path)  # a reader never sees half a manifest
   return hashlib.sha256(data).hexdigest()
 
 

@@ -1,0 +1,385 @@
+"""Every failure a user can cause or suffer: the documented exit code, one line at the end of
+stderr, nothing good lost, never a hang; after the fault is removed, the same command completes
+exactly like an uninterrupted run (tiny_run.assert_same_run)."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import re
+import resource
+import shutil
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+import tiny_run
+from tiny_run import ROOT, assert_same_run, last_line, snapshot, steps
+
+from configs import tiny
+from olora_jax import errors, tb_writer, trainer
+from olora_jax import workdir as workdir_lib
+from olora_jax.data import tfds_sources
+from olora_jax.models.vit import VisionTransformer, spec_from_config
+from olora_jax.pretrained import save_timm_safetensors
+
+
+def _limit_file_size(nbytes: int):
+  """preexec_fn: files may not grow past `nbytes` (writes fail with EFBIG, SIGXFSZ ignored)."""
+
+  def limit():
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (nbytes, nbytes))
+
+  return limit
+
+
+@contextlib.contextmanager
+def _read_only(path: Path):
+  """`path` read-only for this test's subprocesses: permission bits for a normal user, a
+  read-only bind mount for root (whom permission bits do not stop)."""
+  if os.geteuid() != 0:
+    modes = {p: p.stat().st_mode for p in [path, *path.rglob("*")]}
+    for p in modes:
+      p.chmod(modes[p] & ~(stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH))
+    try:
+      yield
+    finally:
+      for p, mode in modes.items():
+        p.chmod(mode)
+    return
+  bind = subprocess.run(["mount", "--bind", str(path), str(path)], capture_output=True)
+  if bind.returncode != 0:
+    pytest.skip(f"root cannot make a read-only bind mount here: {bind.stderr!r}")
+  try:
+    subprocess.run(["mount", "-o", "remount,ro,bind", str(path)], check=True,
+                   capture_output=True)
+    yield
+  finally:
+    subprocess.run(["umount", str(path)], check=True, capture_output=True)
+
+
+def _checkpoint_files(workdir: Path) -> dict:
+  """The finished checkpoints' files (not orbax's temporary directory of a failed save)."""
+  return {k: v for k, v in snapshot(workdir / "checkpoints").items() if k.split("/")[0].isdigit()}
+
+
+def test_file_size_limit_then_read_only_workdir_exit_4_and_the_rerun_is_exact(
+    tmp_path, tiny_reference, compilation_cache):
+  workdir = tmp_path / "run"
+  stopped = tiny_run.stop_after_checkpoint(workdir, 8, signal.SIGTERM, compilation_cache)
+  assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr[-2000:]
+  good = steps(workdir)
+  kept = _checkpoint_files(workdir)
+  largest = max(p.stat().st_size for p in (workdir / "checkpoints").rglob("*") if p.is_file())
+  log_size = (workdir / "metrics.jsonl").stat().st_size
+  limit = log_size + 4096  # the log can grow a little; the next checkpoint's files cannot
+  assert largest > limit
+
+  # 1. The next checkpoint save hits the file-size limit.
+  done = tiny_run.run(workdir, compilation_cache, preexec_fn=_limit_file_size(limit))
+  assert done.returncode == errors.EXIT_ENVIRONMENT, done.stderr[-3000:]
+  line = last_line(done.stderr)
+  assert line.startswith(f"error: cannot write to workdir '{workdir}' (File too large); free"), line
+  assert f"resume from checkpoint {good[-1]}" in line
+  log = re.search(r"\(traceback(?:, cut short,)? in (.+)\)$", line)  # the limit holds for it too
+  assert log and "Traceback" in Path(log.group(1)).read_text()
+  assert "Traceback" not in done.stderr  # only in the log, which the line names
+  assert steps(workdir) == good and _checkpoint_files(workdir) == kept
+
+  # 2. A read-only workdir: refused at once, nothing changes.
+  with _read_only(workdir):
+    before = snapshot(workdir)
+    done = tiny_run.run(workdir, compilation_cache)
+    assert done.returncode == errors.EXIT_ENVIRONMENT, done.stderr[-3000:]
+    line = last_line(done.stderr)
+    assert line.startswith(f"error: workdir '{workdir}' cannot be written ("), line
+    assert snapshot(workdir) == before
+
+  # 3. The fault removed, the same command resumes and ends exactly like an uninterrupted run.
+  done = tiny_run.run(workdir, compilation_cache)
+  assert done.returncode == 0, done.stderr[-3000:]
+  assert_same_run(workdir, tiny_reference)
+
+
+def test_a_second_process_on_a_held_workdir_is_refused_at_once(tmp_path, compilation_cache):
+  workdir = tmp_path / "run"
+  with workdir_lib.WorkdirLock(str(workdir)):  # this test process holds it
+    done = tiny_run.run(workdir, compilation_cache)
+  assert done.returncode == errors.EXIT_ENVIRONMENT, done.stderr[-3000:]
+  line = last_line(done.stderr)
+  assert line.startswith(f"error: workdir '{workdir}' is in use by pid {os.getpid()} on host"
+                         f" {socket.gethostname()} (since "), line
+  assert "wait for that run to end" in line
+  assert sorted(p.name for p in workdir.iterdir()) == [".lock"]  # nothing else was written
+
+
+def test_a_killed_holder_releases_the_lock(tmp_path):
+  workdir = tmp_path / "run"
+  holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+      import sys, time
+      sys.path.insert(0, {str(ROOT)!r})
+      from olora_jax import workdir
+      with workdir.WorkdirLock({str(workdir)!r}):
+        print("locked", flush=True)
+        time.sleep(300)
+      """)], stdout=subprocess.PIPE, text=True)
+  try:
+    assert holder.stdout.readline().strip() == "locked"
+    with pytest.raises(errors.WorkdirBusy, match=rf"in use by pid {holder.pid} on host"):
+      with workdir_lib.WorkdirLock(str(workdir)):
+        pass
+  finally:
+    holder.kill()  # SIGKILL: no cleanup code runs in the holder
+    holder.wait()
+  with workdir_lib.WorkdirLock(str(workdir)):
+    fd = os.open(workdir / ".lock", os.O_RDONLY)
+    with pytest.raises(BlockingIOError):  # held now by this process
+      fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    os.close(fd)
+
+
+# --- the run log against the checkpoint ----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def stopped_run(tmp_path_factory, compilation_cache) -> Path:
+  """A run stopped by SIGTERM after checkpoint 20: metrics.jsonl holds 20 steps of events."""
+  workdir = tmp_path_factory.mktemp("stopped") / "run"
+  stopped = tiny_run.stop_after_checkpoint(workdir, 20, signal.SIGTERM, compilation_cache)
+  assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr[-2000:]
+  return workdir
+
+
+def _truncate(log: Path) -> None:
+  log.write_bytes(log.read_bytes()[: log.stat().st_size // 2])
+
+
+def _edit(log: Path) -> None:
+  log.write_text(log.read_text().replace('"event": "train"', '"event": "trian"', 1))
+
+
+@pytest.mark.parametrize("damage,match", [
+    (_truncate, r"metrics.jsonl has \d+ bytes but checkpoint \d+ recorded \d+ \(truncated\?\)"),
+    (_edit, r"the first \d+ bytes of .*metrics.jsonl differ from what checkpoint \d+ recorded"),
+    (Path.unlink, r"metrics.jsonl is missing but checkpoint \d+ recorded \d+ bytes of it"),
+], ids=["truncated", "edited", "deleted"])
+def test_a_damaged_run_log_is_refused_at_resume(tmp_path, stopped_run, tiny_reference, damage,
+                                                match):
+  workdir = tmp_path / "run"
+  shutil.copytree(stopped_run, workdir)
+  log = workdir / "metrics.jsonl"
+  original = log.read_bytes()
+  damage(log)
+  before = snapshot(workdir, skip=(".lock",))
+  with pytest.raises(errors.BadInput, match=match) as info:
+    trainer.train_and_evaluate(tiny_run.config(), str(workdir), progress=False)
+  message = str(info.value)
+  assert "\n" not in message and "restore" in message and "pass a new --workdir" in message
+  assert snapshot(workdir, skip=(".lock",)) == before
+  log.write_bytes(original)  # the way out: the file as it was
+  trainer.train_and_evaluate(tiny_run.config(), str(workdir), progress=False)
+  assert_same_run(workdir, tiny_reference)
+
+
+def test_a_damaged_run_log_through_the_command_line(tmp_path, stopped_run, compilation_cache):
+  workdir = tmp_path / "run"
+  shutil.copytree(stopped_run, workdir)
+  _truncate(workdir / "metrics.jsonl")
+  done = tiny_run.run(workdir, compilation_cache)
+  assert done.returncode == errors.EXIT_BAD_INPUT
+  assert "(truncated?)" in last_line(done.stderr) and last_line(done.stderr).startswith("error:")
+  assert not (workdir / "error.log").exists()  # bad input writes nothing
+
+
+# --- a finished workdir ---------------------------------------------------------------------------
+
+
+def test_a_finished_workdir_says_nothing_ran_and_redraws_missing_plots(tmp_path, tiny_reference,
+                                                                       compilation_cache):
+  workdir = tmp_path / "run"
+  shutil.copytree(tiny_reference, workdir)
+  shutil.rmtree(workdir / "plots")  # as if killed between results.json and the plots
+  done = tiny_run.run(workdir, compilation_cache)
+  assert done.returncode == 0, done.stderr[-2000:]
+  assert "nothing ran" in done.stdout and "already holds this finished run" in done.stdout
+  assert "results written" not in done.stdout
+  assert sorted(os.listdir(workdir / "plots"))  # redrawn
+  assert tiny_run.results(workdir) == tiny_run.results(tiny_reference)
+
+
+# --- the TensorBoard mirror -----------------------------------------------------------------------
+
+
+def test_the_tensorboard_mirror_switches_off_on_a_file_size_limit(tmp_path):
+  """A real process whose event file hits RLIMIT_FSIZE: one warning, no exception, no hang."""
+  script = textwrap.dedent(f"""
+      import sys
+      sys.path.insert(0, {str(ROOT)!r})
+      from olora_jax import tb_writer
+      tb_writer.FLUSH_SECONDS = 0.0  # flush every record, so the limit is hit at once
+      w = tb_writer.make_scalar_writer({str(tmp_path / "tb")!r})
+      for i in range(2000):
+        w.write("train", i, {{"loss": 1.0 / (i + 1), "reg": 0.5}})
+      print("active" if w.active else "off")
+      w.close()
+      """)
+  done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                        timeout=120, preexec_fn=_limit_file_size(4096))
+  assert done.returncode == 0, done.stderr[-2000:]
+  assert done.stdout.strip() == "off"
+  assert done.stderr.count("TensorBoard mirror switched off") == 1
+  assert "File too large" in done.stderr
+
+
+def _read_events(path: Path) -> list:
+  """TFRecord frames of an event file, each checked against its two masked CRCs."""
+  from tensorboardX.proto import event_pb2
+  from tensorboardX.record_writer import masked_crc32c
+
+  data, events, at = path.read_bytes(), [], 0
+  while at < len(data):
+    header = data[at:at + 8]
+    (n,) = np.frombuffer(header, "<u8")
+    assert int(np.frombuffer(data[at + 8:at + 12], "<u4")[0]) == masked_crc32c(header)
+    body = data[at + 12:at + 12 + int(n)]
+    assert int(np.frombuffer(data[at + 12 + int(n):at + 16 + int(n)], "<u4")[0]) == (
+        masked_crc32c(body))
+    events.append(event_pb2.Event.FromString(body))
+    at += 16 + int(n)
+  return events
+
+
+def test_the_tensorboard_events_are_valid_records(tmp_path):
+  w = tb_writer.ScalarWriter(str(tmp_path))
+  w.write("eval", 1000, {"anytime_accuracy": 0.5, "n": 3, "flag": True, "none": None})
+  w.write("train", 1016, {"loss": float("nan")})  # nothing finite: no record
+  w.close()
+  (path,) = list(tmp_path.iterdir())
+  events = _read_events(path)
+  assert events[0].file_version == "brain.Event:2"
+  assert [(e.step, [(v.tag, v.simple_value) for v in e.summary.value]) for e in events[1:]] == [
+      (1000, [("eval/anytime_accuracy", 0.5), ("eval/n", 3.0)])]
+
+
+def test_a_failing_tensorboard_mirror_does_not_change_the_run(tmp_path, tiny_reference,
+                                                             monkeypatch, caplog):
+  def failing_append(self, event):
+    raise OSError(28, "No space left on device")
+
+  monkeypatch.setattr(tb_writer.ScalarWriter, "_append", failing_append)
+  workdir = tmp_path / "run"
+  trainer.train_and_evaluate(tiny_run.config(), str(workdir), progress=False)
+  assert caplog.text.count("TensorBoard mirror switched off") == 1
+  assert_same_run(workdir, tiny_reference)
+
+
+# --- bad input through the command line ----------------------------------------------------------
+
+
+def _cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+  return subprocess.run([sys.executable, str(ROOT / "launch" / "run.py"), *args], cwd=cwd,
+                        capture_output=True, text=True, timeout=300)
+
+
+def _tiny(workdir: Path, *overrides: str) -> subprocess.CompletedProcess:
+  return _cli("--config", str(ROOT / "configs" / "tiny.py"), "--workdir", str(workdir),
+              *overrides)
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--config", "configs/absent.py"], "error: config file 'configs/absent.py' does not exist;"),
+    (["--config", "configs/split_cifar100.py:vit_l16"],
+     "error: ValueError: unknown backbone 'vit_l16' after the config file's ':'"),
+    (["--config", "configs/tiny.py", "--config.seed=99999999999999999999"],
+     "error: seed=99999999999999999999 must be an integer in [0, 4294967295]"),
+    (["--config", "configs/tiny.py", "--config.seed=-1"],
+     "error: seed=-1 must be an integer in [0, 4294967295]"),
+    (["--config", "configs/tiny.py", "--config.learner.learning_rate=inf"],
+     "error: learner.learning_rate=inf must be a finite number"),
+    (["--config", "configs/tiny.py", "--config.learner.reg_lambda=inf"],
+     "error: learner.reg_lambda=inf must be a finite number"),
+    (["--config", "configs/tiny.py", "--config.learner.mean_threshold=nan"],
+     "error: learner.mean_threshold=nan must be a finite number"),
+], ids=["missing_config", "bad_backbone", "seed_too_large", "negative_seed", "inf_lr",
+        "inf_lambda", "nan_threshold"])
+def test_bad_command_lines_exit_2_with_one_line(tmp_path, args, message):
+  workdir = tmp_path / "run"
+  done = _cli(*args, "--workdir", str(workdir))
+  assert done.returncode == errors.EXIT_BAD_INPUT, done.stderr[-2000:]
+  assert last_line(done.stderr).startswith(message), done.stderr[-2000:]
+  assert "Traceback" not in done.stderr
+  assert not workdir.exists()
+
+
+def test_a_workdir_that_is_a_file_or_a_corrupt_config_json(tmp_path, tiny_reference):
+  path = tmp_path / "a_file"
+  path.write_text("keep me")
+  done = _tiny(path)
+  assert done.returncode == errors.EXIT_BAD_INPUT
+  assert last_line(done.stderr).startswith(f"error: --workdir='{path}' is a file, not a directory")
+  assert path.read_text() == "keep me"
+
+  workdir = tmp_path / "run"
+  shutil.copytree(tiny_reference, workdir)
+  (workdir / "config.json").write_text("{not json")
+  with pytest.raises(errors.BadInput, match=r"run/config.json is damaged \(JSONDecodeError: "):
+    trainer.train_and_evaluate(tiny_run.config(), str(workdir), progress=False)
+
+
+def test_nan_pretrained_weights_are_refused_naming_the_tensor(tmp_path):
+  config = tiny.get_config()
+  spec = spec_from_config(config.model)
+  params = jax.jit(VisionTransformer(spec, 10).init)(
+      jax.random.key(0), np.zeros((1, 16, 16, 3), np.float32))["params"]
+  params = jax.tree.map(np.array, params)
+  params["encoderblock_0"]["mlp"]["fc1"]["kernel"][3, 5] = np.nan
+  path = tmp_path / "nan.safetensors"
+  save_timm_safetensors(params, str(path))
+  workdir = tmp_path / "run"
+  done = _tiny(workdir, f"--config.pretrained.path={path}")
+  assert done.returncode == errors.EXIT_BAD_INPUT, done.stderr[-2000:]
+  assert last_line(done.stderr) == (
+      f"error: checkpoint {path} key 'blocks.0.mlp.fc1.weight' holds 1 NaN/Inf value(s) of 512;"
+      " the file is damaged: fetch or convert it again")
+  assert not workdir.exists()
+
+
+def test_a_tfds_dataset_that_was_never_built(tmp_path):
+  with pytest.raises(FileNotFoundError, match=r"TFDS dataset 'cifar100' \(split 'train'\) is not"
+                     r" prepared as array_record in data_dir=.*; prepare it with `tfds build"):
+    tfds_sources.open_data_source("cifar100", "train", str(tmp_path))
+
+
+# --- skipping non-finite steps has a bound ---------------------------------------------------
+
+
+def test_skipping_non_finite_steps_stops_past_the_bound(tmp_path):
+  config = tiny.get_config()
+  config.learner.learning_rate = 1e38  # the loss is NaN from the second step on
+  config.learner.skip_nonfinite = True
+  config.learner.max_skipped_fraction = 0.1  # 46 steps: at most 4 skipped
+  workdir = tmp_path / "run"
+  with pytest.raises(errors.NonFiniteLoss,
+                     match=r"5 stream steps skipped for a non-finite loss \(the latest: 5\), more"
+                     r" than learner.max_skipped_fraction=0.1 of the 46 steps allow"):
+    trainer.train_and_evaluate(config, str(workdir), progress=False)
+  events = [json.loads(x) for x in (workdir / "metrics.jsonl").read_text().splitlines()]
+  assert [e["step"] for e in events if e["event"] == "nonfinite_skipped"] == [1, 2, 3, 4]
+
+
+def test_the_closing_table_lists_skipped_steps(tiny_reference):
+  results = json.loads((tiny_reference / "results.json").read_text())
+  assert "skipped" not in trainer.format_results_table(results)
+  results["nonfinite_steps"] = [7, 19]
+  assert "| steps skipped for a non-finite loss | 2 (7, 19) |" in (
+      trainer.format_results_table(results))

@@ -1,0 +1,96 @@
+"""The tiny stream shared by the resume and failure tests: its config, its command line, and
+comparisons with an uninterrupted run of it (the `tiny_reference` fixture in conftest.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from configs import tiny
+
+ROOT = Path(__file__).resolve().parents[1]
+# 46 steps; checkpoints at 4, 8, ..., 44, 46; these thresholds make plateaus (merges, Omega, the
+# peak rule) fire at steps 4, 13, 20 and 30, so the kills below land between merges.
+OVERRIDES = {"checkpoint_every": 4, "max_to_keep": 2, "learner.mean_threshold": 6.0,
+             "learner.var_threshold": 1.0}
+N_STEPS = 46
+
+
+def config():
+  c = tiny.get_config()
+  for key, value in OVERRIDES.items():
+    section, _, leaf = key.rpartition(".")
+    setattr(c[section] if section else c, leaf, value)
+  return c
+
+
+def command(workdir: Path, *extra: str) -> list[str]:
+  return [sys.executable, str(ROOT / "launch" / "run.py"), "--config",
+          str(ROOT / "configs" / "tiny.py"), "--workdir", str(workdir),
+          *(f"--config.{k}={v}" for k, v in OVERRIDES.items()), *extra]
+
+
+def env(cache: Path) -> dict:
+  """A persistent compilation cache shared by the subprocesses: only the first one compiles."""
+  return {**os.environ, "JAX_COMPILATION_CACHE_DIR": str(cache),
+          "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+          "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
+
+
+def run(workdir: Path, cache: Path, *extra: str, **kwargs) -> subprocess.CompletedProcess:
+  return subprocess.run(command(workdir, *extra), cwd=ROOT, capture_output=True, text=True,
+                        timeout=300, env=env(cache), **kwargs)
+
+
+def steps(workdir: Path) -> list[int]:
+  d = workdir / "checkpoints"
+  return sorted(int(x) for x in os.listdir(d) if x.isdigit()) if d.is_dir() else []
+
+
+def stop_after_checkpoint(workdir: Path, at_least: int, sig: int,
+                          cache: Path) -> subprocess.CompletedProcess:
+  """Starts the run, sends `sig` once checkpoint `at_least` (or later) exists, waits for it."""
+  proc = subprocess.Popen(command(workdir), cwd=ROOT, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.PIPE, text=True, env=env(cache))
+  deadline = time.time() + 300
+  while proc.poll() is None and not (steps(workdir) and steps(workdir)[-1] >= at_least):
+    assert time.time() < deadline, "the run made no checkpoint in time"
+    time.sleep(0.005)
+  assert proc.poll() is None, f"the run ended before it could be killed: {proc.stderr.read()}"
+  proc.send_signal(sig)
+  _, stderr = proc.communicate(timeout=300)
+  assert not (workdir / "results.json").exists()
+  return subprocess.CompletedProcess(proc.args, proc.returncode, "", stderr)
+
+
+def final_checksums(workdir: Path) -> dict:
+  """SHA-256 of every array of the final checkpoint: params, optimizer state, Omega, buffer."""
+  path = workdir / "checkpoints" / str(N_STEPS) / "checksums" / "metadata"
+  return json.loads(path.read_text())["arrays"]
+
+
+def results(workdir: Path) -> dict:
+  out = json.loads((workdir / "results.json").read_text())
+  del out["wall_seconds"]
+  return out
+
+
+def assert_same_run(workdir: Path, reference: Path) -> None:
+  assert results(workdir) == results(reference)
+  assert (workdir / "metrics.jsonl").read_bytes() == (reference / "metrics.jsonl").read_bytes()
+  assert final_checksums(workdir) == final_checksums(reference)
+
+
+def snapshot(workdir: Path, skip: tuple[str, ...] = ()) -> dict:
+  """Every file's (mtime, bytes), but those named in `skip` (e.g. the lock file)."""
+  return {str(p.relative_to(workdir)): (p.stat().st_mtime_ns, p.read_bytes())
+          for p in workdir.rglob("*") if p.is_file() and p.name not in skip}
+
+
+def last_line(stderr: str) -> str:
+  lines = [line for line in stderr.splitlines() if line.strip()]
+  return lines[-1] if lines else ""
