@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 
 import ml_collections
@@ -269,6 +270,9 @@ def build_stream_and_manifest(data_config: ml_collections.ConfigDict, seed: int,
                                    test_source)
   given = read_manifest(path)
   stream = replay_stream(given, train_source, test_source, batch_size, path)
-  params = given.get("params", {})
-  return stream, stream_manifest(data_config, seed, batch_size, stream, train_source, test_source,
-                                 params=params)
+  manifest = stream_manifest(data_config, seed, batch_size, stream, train_source, test_source,
+                             params=given.get("params", {}))
+  logging.info("replaying %s: %d steps, %d tasks; the complete manifest's SHA-256 is %s%s", path,
+               len(stream.steps), stream.n_tasks, manifest_sha256(manifest),
+               " (the file's own canonical hash)" if manifest == given else "")
+  return stream, manifest
