@@ -106,9 +106,9 @@ def initial_params(setup: Setup, config: ml_collections.ConfigDict, key: jax.Arr
     params = pretrained_lib.load_pretrained(config.pretrained.path, setup.spec,
                                             setup.num_classes, config.pretrained.format,
                                             require_head=keep_head)
-    # The C-way head is created fresh for the benchmark (DESIGN.md section 1), even when the
-    # checkpoint's head happens to have C outputs: the stream must teach every class. Replaying
-    # another codebase's run keeps the checkpoint's head instead (pretrained.keep_head).
+    # The C-way head is created fresh for the benchmark, even when the checkpoint's head happens
+    # to have C outputs: the stream must teach every class. Replaying another codebase's run
+    # keeps the checkpoint's head instead (pretrained.keep_head).
     if not keep_head:
       params["head"] = init_head(key, setup.spec.width, setup.num_classes)
     return params
