@@ -116,7 +116,8 @@ class StepTrace:
       self.plateaus.append({"plateau_step": arrays["plateau_step"][i],
                             **{k: arrays[k][i] for k in plateau_keys}})
     self.ids = self.steps[-1]["buffer_ids"].copy()
-    self.valid = (self.ids >= 0).reshape(len(self.valid), -1).any(axis=1)
+    if len(self.valid):  # an entry is valid iff it holds an example (padding is never valid)
+      self.valid = (self.ids >= 0).reshape(len(self.valid), -1).any(axis=1)
 
   def fetch(self, tree):
     """A host copy of `tree` (e.g. the LoRA about to be merged; consolidate donates it)."""
