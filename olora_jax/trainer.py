@@ -45,10 +45,10 @@ from olora_jax import fidelity as fidelity_lib
 from olora_jax import metrics as metrics_lib
 from olora_jax import plots as plots_lib
 from olora_jax import pretrained as pretrained_lib
+from olora_jax import trace as trace_lib
 from olora_jax import workdir as workdir_lib
 from olora_jax.data import manifest as manifest_lib
 from olora_jax.data import sources as sources_lib
-from olora_jax.data import streams as streams_lib
 from olora_jax.data.pipeline import InputPipeline
 from olora_jax.evaluate import Evaluator
 from olora_jax.learner import buffer as buffer_lib
@@ -57,6 +57,7 @@ from olora_jax.learner import plateau as plateau_lib
 from olora_jax.models.vit import VisionTransformer, ViTSpec, init_head, spec_from_config
 
 RUN_FILES = ("config.json", "stream_manifest.json", "metrics.jsonl", "results.json")
+EXPORT_FILENAME = "online_lora.safetensors"  # export_online_lora=True
 
 
 class Setup:
@@ -67,14 +68,16 @@ class Setup:
     c = self.config = fidelity_lib.resolve(config)
     self.spec: ViTSpec = spec_from_config(c.model)
     validation.check_config(c, self.spec.width)
-    if c.pretrained.path and not os.path.isfile(c.pretrained.path):
-      raise FileNotFoundError(
-          f"pretrained.path={c.pretrained.path!r} does not exist; give a local checkpoint file")
+    for key, path in (("pretrained.path", c.pretrained.path),
+                      ("learner.initial_lora", c.learner.initial_lora)):
+      if path and not os.path.isfile(path):
+        raise FileNotFoundError(f"{key}={path!r} does not exist; give a local checkpoint file")
     self.plateau_config = plateau_lib.PlateauConfig(
         window=c.learner.window, mean_threshold=c.learner.mean_threshold,
         var_threshold=c.learner.var_threshold,
         check_partial_window=c.learner.check_partial_window)
-    self.tx = online_lora.make_optimizer(c.learner.learning_rate)
+    self.tx = online_lora.make_optimizer(c.learner.learning_rate,
+                                         bias_correction=c.learner.adam_bias_correction)
     self.learner_config = online_lora.LearnerConfig(
         rank=c.learner.rank, reg_lambda=c.learner.reg_lambda, hard_loss=c.learner.hard_loss,
         reset_opt_state_at_merge=c.learner.reset_opt_state_at_merge,
@@ -89,9 +92,13 @@ class Setup:
       sample_images, _ = source.get(np.arange(min(len(source), 8)))
       validation.check_source(source.labels, sample_images, self.num_classes,
                               f"data.dataset={c.data.dataset!r} ({source.split} split)")
-    self.stream = streams_lib.build_stream(c.data, self.train_source, c.learner.batch_size, c.seed)
-    self.manifest = manifest_lib.stream_manifest(c.data, c.seed, c.learner.batch_size, self.stream,
-                                                 self.train_source, self.test_source)
+    # learner.initial_lora: (first LoRA, frozen pair) in the authors' layout, else (None, None).
+    self.initial_lora = (
+        pretrained_lib.load_online_lora(c.learner.initial_lora, self.spec, c.learner.rank)
+        if c.learner.initial_lora else (None, None))
+    # From the seed, or replayed from data.stream_manifest (data/manifest.py).
+    self.stream, self.manifest = manifest_lib.build_stream_and_manifest(
+        c.data, c.seed, c.learner.batch_size, self.train_source, self.test_source)
     self.pipeline = InputPipeline(self.train_source, self.stream, c.learner.batch_size,
                                   self.spec.image_size, c.data.augment, c.seed, c.data.prefetch,
                                   c.data.input_scale)
@@ -103,11 +110,15 @@ class Setup:
 
 def initial_params(setup: Setup, config: ml_collections.ConfigDict, key: jax.Array) -> dict:
   if config.pretrained.path:
+    keep_head = config.pretrained.keep_head
     params = pretrained_lib.load_pretrained(config.pretrained.path, setup.spec,
-                                            setup.num_classes, config.pretrained.format)
-    # The C-way head is always created fresh for the benchmark (docs/method.md), even when
-    # the checkpoint's head happens to have C outputs: the stream must teach every class.
-    params["head"] = init_head(key, setup.spec.width, setup.num_classes)
+                                            setup.num_classes, config.pretrained.format,
+                                            require_head=keep_head)
+    # The C-way head is created fresh for the benchmark (docs/method.md), even when the
+    # checkpoint's head happens to have C outputs: the stream must teach every class. Replaying
+    # another codebase's run keeps the checkpoint's head instead (pretrained.keep_head).
+    if not keep_head:
+      params["head"] = init_head(key, setup.spec.width, setup.num_classes)
     return params
   logging.warning("pretrained.path is empty: the backbone is randomly initialised")
   size = setup.spec.image_size
@@ -308,10 +319,12 @@ def _train_and_evaluate(setup: Setup, params: dict, lora_key: jax.Array, workdir
   spec, stream = setup.spec, setup.stream
   start = time.time()
   backbone, head = online_lora.split_params(params)
-  frozen = online_lora.init_frozen(backbone, spec, setup.learner_config)
+  initial_lora, initial_frozen_lora = setup.initial_lora  # None: the first LoRA from lora_key
+  frozen = online_lora.init_frozen(backbone, spec, setup.learner_config, initial_frozen_lora)
   learner = online_lora.make_learner(setup.model, setup.tx, setup.learner_config)
   train_step = make_guarded_step(learner.train_step)
-  state = online_lora.init_train_state(lora_key, head, spec, setup.learner_config, setup.tx)
+  state = online_lora.init_train_state(lora_key, head, spec, setup.learner_config, setup.tx,
+                                       lora=initial_lora)
   buffer = online_lora.init_buffer(setup.learner_config, c.learner.buffer_size,
                                    c.learner.batch_size, (spec.image_size, spec.image_size, 3))
 
@@ -339,11 +352,16 @@ def _train_and_evaluate(setup: Setup, params: dict, lora_key: jax.Array, workdir
                tb_writer.make_scalar_writer(os.path.join(workdir, "tensorboard")),
                truncate_to=p.metrics_bytes)
   wall_before = p.wall_seconds  # compute time of earlier processes of this run
+  # Per-step records into WORKDIR/trace.npz when trace.enabled (olora_jax/trace.py), else no-ops.
+  trace = trace_lib.make_trace(c.trace.enabled, workdir, stream,
+                               manifest_lib.record_ids(setup.train_source), c.learner.buffer_unit,
+                               c.learner.buffer_size, c.learner.batch_size, p.cursor)
 
   def save():
     p.metrics_bytes, p.metrics_sha256 = log.size(), log.sha256()
     p.wall_seconds = wall_before + time.time() - start
     checkpointer.save({"state": state, "frozen": frozen, "buffer": buffer}, p, meta)
+    trace.save()
 
   task_ends = set(stream.task_end_steps().tolist())
   # Which test examples are "task i's test data": by class, or by domain (docs/streams.md).
@@ -388,13 +406,16 @@ def _train_and_evaluate(setup: Setup, params: dict, lora_key: jax.Array, workdir
                                              setup.plateau_config)
         if stats.fired:
           # Importance on the buffer used in this step, then merge (paper steps 4a-4d).
+          merged_lora = trace.fetch(state.trainable["lora"])  # consolidate donates the state
           state, frozen = learner.consolidate(state, frozen, buffer)
+          trace.record_plateau(step, merged_lora, state.omega, frozen.get(online_lora.FROZEN_LORA))
           p.plateau_steps.append(step)
           p.plateau_samples.append(p.samples_seen)
           log.write("plateau", step, p.samples_seen, n_plateaus=p.window.n_plateaus,
                     window_mean=stats.mean, window_var=stats.var)
       if finite:
         buffer = learner.update_buffer(buffer, batch, scores)
+      trace.record_step(step, scalars, stats, scores, buffer_updated=finite)
 
       if step % c.log_every == 0:
         window_stats = {} if stats is None else dict(window_mean=stats.mean,
@@ -447,6 +468,11 @@ def _train_and_evaluate(setup: Setup, params: dict, lora_key: jax.Array, workdir
       bar.update(1)
       bar.set_postfix(loss=f"{scalars['loss']:.3f}", plateaus=len(p.plateau_steps))
     save()  # the final state (a no-op if the last periodic save already wrote it)
+  if c.export_online_lora:  # the final model in the authors' layout, for their code to load
+    pretrained_lib.save_online_lora_safetensors(
+        {**{k: v for k, v in frozen.items() if k != online_lora.FROZEN_LORA},
+         "head": state.trainable["head"]}, state.trainable["lora"],
+        os.path.join(workdir, EXPORT_FILENAME), frozen_lora=frozen.get(online_lora.FROZEN_LORA))
 
   acc_matrix = np.array(p.acc_columns).T  # (T, T): acc[i, j] after task j on task i
   class_correct = np.array(p.end_correct)  # (T, C) at each task end

@@ -8,10 +8,11 @@ What is checked (issue 6):
   config keys      a key the reference config does not have (`check_known_keys`)
   config values    every float finite; seeds in [0, 2**32 - 1]; learning rate > 0,
                    1 <= rank <= model width, window >= 1, plateau thresholds > 0, batch >= 1,
-                   buffer size >= 0, lambda >= 0, positive periods, the name of the scenario
-                   and the type of data.class_order (fidelity names: olora_jax/fidelity.resolve;
-                   an explicit class order is checked against the dataset's classes by
-                   olora_jax.data.streams)
+                   buffer size >= 0, lambda >= 0, positive periods, the name of the scenario,
+                   the type of data.class_order, pretrained.keep_head only with a checkpoint
+                   (fidelity names: olora_jax/fidelity.resolve; data.stream_manifest:
+                   olora_jax/data/manifest.py; an explicit class order is checked against the
+                   dataset's classes by olora_jax.data.streams)
   data             images uint8 (N, H, W, 1|3); integer labels in [0, num_classes)
                    (`check_source`)
 Dataset names and "not prepared" datasets are refused by `olora_jax.data.sources.load_source`,
@@ -104,6 +105,8 @@ def check_config(config: ml_collections.ConfigDict, width: int) -> None:
            " SIGTERM/SIGINT)")
   _require(c.max_to_keep >= 1,
            f"max_to_keep={c.max_to_keep} must be >= 1 (keep 2 or more to survive a damaged one)")
+  _require(not c.pretrained.keep_head or bool(c.pretrained.path),
+           "pretrained.keep_head=True needs a checkpoint: set pretrained.path (or keep_head=False)")
   _require(c.data.scenario in SCENARIOS,
            f"unknown data.scenario={c.data.scenario!r}; use one of {SCENARIOS}")
   order = c.data.class_order

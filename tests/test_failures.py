@@ -383,3 +383,44 @@ def test_the_closing_table_lists_skipped_steps(tiny_reference):
   results["nonfinite_steps"] = [7, 19]
   assert "| steps skipped for a non-finite loss | 2 (7, 19) |" in (
       trainer.format_results_table(results))
+
+
+# --- what each failure becomes -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("error,cause", [
+    (OSError(28, "No space left on device"), "No space left on device"),
+    (OSError(30, "Read-only file system"), "Read-only file system"),
+    (ValueError('OUT_OF_RANGE: Error writing "x": Failed to write 10 bytes to file 16: File too'
+                " large [os_error_code='27']"), "File too large"),
+], ids=["enospc", "erofs", "orbax_efbig"])
+def test_storage_failures_become_exit_4_naming_the_checkpoint_to_resume(tmp_path, error, cause):
+  (tmp_path / "checkpoints" / "12").mkdir(parents=True)
+  (tmp_path / "checkpoints" / "16.orbax-checkpoint-tmp").mkdir()  # a failed save: not counted
+
+  def fail():
+    try:
+      raise RuntimeError("while saving")
+    except RuntimeError as context:
+      raise error from context
+
+  with pytest.raises(errors.EnvironmentFailure, match=re.escape(
+      f"cannot write to workdir '{tmp_path}' ({cause}); free space, lift the limit or fix the"
+      " permissions, then run the same command to resume from checkpoint 12")):
+    trainer._guarded(fail, str(tmp_path))
+
+
+def test_other_failures_become_exit_1_and_typed_ones_pass_through(tmp_path):
+  def bug():
+    raise KeyError("oops")
+
+  with pytest.raises(errors.InternalError, match=r"unexpected KeyError: 'oops'; the run can"
+                     r" resume from the start; please report it") as info:
+    trainer._guarded(bug, str(tmp_path))
+  assert info.value.exit_code == errors.EXIT_INTERNAL
+
+  def refused():
+    raise errors.BadInput("bad")
+
+  with pytest.raises(errors.BadInput):
+    trainer._guarded(refused, str(tmp_path))
