@@ -132,6 +132,22 @@ def test_forgetting_per_task_by_hand():
   assert metrics.forgetting_per_task(acc[:1, :1]).shape == (0,)
 
 
+def test_a_domain_stream_manifest_replays_with_its_domains():
+  from olora_jax.data import manifest as manifest_lib
+
+  rng = np.random.default_rng(0)
+  labels, domains = np.arange(60) % 3, np.arange(60) // 20
+  images = rng.integers(0, 256, (60, 4, 4, 1)).astype(np.uint8)
+  train, test = sources.split_arrays("toy", images, labels, domains, 0.25, 0)
+  config = data_config(dataset="toy", scenario="domain")
+  stream = streams.build_stream(config, train, 4, 0)
+  manifest = manifest_lib.stream_manifest(config, 0, 4, stream, train, test)
+  assert manifest["task_domains"] == [0, 1, 2] and len(manifest["test"]["domains"]) == len(test)
+  replayed = manifest_lib.replay_stream(manifest, train, test, 4)
+  assert replayed.task_domains.tolist() == [0, 1, 2] and replayed.sha256() == stream.sha256()
+  assert replayed.evaluation_groups(test.domains).by_domain
+
+
 def test_core50_style_test_domains_fall_back_to_class_groups():
   stream = streams.domain_incremental(np.array([0, 1, 0, 1]), np.array([1, 1, 2, 2]), [1, 2],
                                       2, 0)

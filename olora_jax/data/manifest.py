@@ -172,7 +172,8 @@ def replay_stream(manifest: dict, train_source, test_source, batch_size: int,
   """The Stream a manifest lists over `train_source` (rows of the source, not record ids).
 
   Required fields: `format`, `steps` (record ids per step), `step_task`, `task_classes`.
-  Checked when present: `source`, `num_classes`, `step_labels`, `task_end_steps`, `test`.
+  Checked when present: `source`, `num_classes`, `step_labels`, `task_end_steps`, `test`; kept
+  when present: `si_blurry`, `task_domains` (a domain stream, evaluated per domain).
   Raises ManifestError (one line) on anything that does not fit the data or the batch size.
   """
   if manifest.get("format") != FORMAT:
@@ -247,6 +248,11 @@ def replay_stream(manifest: dict, train_source, test_source, batch_size: int,
                                            "si_blurry.disjoint_classes", path),
              "home_task": _int_list(manifest["si_blurry"].get("home_task"),
                                     "si_blurry.home_task", path)}
+  if "task_domains" in manifest:  # a domain stream: evaluated per domain (docs/streams.md)
+    extra["task_domains"] = _int_list(manifest["task_domains"], "task_domains", path)
+    if len(extra["task_domains"]) != n_tasks:
+      raise ManifestError(f"{path}: task_domains has {len(extra['task_domains'])} entries for"
+                          f" {n_tasks} tasks; give one domain id per task")
   stream = Stream(steps=tuple(rows[offsets[i]:offsets[i + 1]] for i in range(len(step_ids))),
                   step_task=step_task, task_classes=task_classes, **extra)
   if "task_end_steps" in manifest and _int_list(
