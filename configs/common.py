@@ -1,4 +1,4 @@
-"""Shared defaults of every setting: Online-LoRA, paper fidelity (DESIGN.md sections 1-2).
+"""Shared defaults of every setting: Online-LoRA, paper fidelity (docs/method.md, docs/fidelity.md).
 
 Settings import `get_config()` from here and override only what differs. The returned ConfigDict
 is locked: a misspelt key given on the command line is an error, not a silently new key.
@@ -10,12 +10,16 @@ Keys that matter:
   model.image_size              input resolution; pretrained position embeddings are resampled
   pretrained.path, .format      local checkpoint ('' = random init, for tests only);
                                 format 'auto' | 'timm' | 'augreg' | 'big_vision'
-  data.dataset                  embedded 'mnist_5k' | 'sklearn_digits', or TFDS 'cifar100' |
-                                'imagenet_r' | 'imagenet_sketch' | 'caltech_birds2011' | 'core50'
+  data.dataset                  embedded 'mnist_5k' | 'sklearn_digits' | 'rotated_mnist_5k', TFDS
+                                'cifar100' | 'imagenet_r' | 'imagenet_sketch' |
+                                'caltech_birds2011' | 'core50', or a user dataset
+                                'module:function' | 'path/to/file.py:function'
+                                (docs/extending.md)
+  data.class_order              'label' | 'seeded' | an explicit list of every class id
   data.data_dir                 TFDS data_dir holding the prepared array_record datasets
   data.scenario, data.n_tasks   'disjoint' | 'si_blurry' (data.si_blurry_n, .si_blurry_m, in %) |
-                                'domain' (CORe50: one task per session, so data.n_tasks is not
-                                used; data.core50_order)
+                                'domain' (one task per domain of a dataset with domain ids,
+                                so data.n_tasks is not used; CORe50: data.core50_order)
   data.augment                  training augmentation: 'none' | 'crop_flip' (random resized crop
                                 + horizontal flip, as the released code)
   learner.batch_size (B), learner.buffer_size (K), learner.rank (r), learner.reg_lambda
@@ -31,7 +35,7 @@ Keys that matter:
   eval.write_plots              draw DIR/plots/*.png at the end of the run
   fidelity                      'paper' (default) | 'reference' (the authors' released code):
                                 the default of every key below left unset (None); see
-                                olora_jax/fidelity.py and DESIGN.md section 2
+                                olora_jax/fidelity.py and docs/fidelity.md
   learner.buffer_unit, .window_value, .importance, .merge, .new_lora_init,
   learner.reset_opt_state_at_merge, .check_partial_window, .adam_bias_correction,
   data.input_scale, data.core50_order
@@ -76,7 +80,9 @@ def get_config() -> ml_collections.ConfigDict:
   config.data.dataset = "mnist_5k"
   config.data.scenario = "disjoint"
   config.data.n_tasks = 5
-  config.data.class_order = "label"  # or 'seeded' (a permutation from `seed`)
+  # 'label', 'seeded' (a permutation from `seed`) or an explicit order listing every class once,
+  # e.g. [3, 1, 0, 2] in a config file or --config.data.class_order=3,1,0,2 (any type accepted).
+  config.data.class_order = config_dict.FieldReference("label", field_type=object)
   config.data.test_fraction = 0.2  # datasets without a test split: seeded per-class test split
   config.data.split_seed = 0
   config.data.data_dir = ""  # TFDS data_dir ('' = TFDS default, ~/tensorflow_datasets)

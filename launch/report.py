@@ -1,10 +1,13 @@
 """Aggregates finished runs into a paper-style table of mean ± std over seeds.
 
-    python launch/report.py RUN_DIR [RUN_DIR ...] [--csv report.csv] [--metrics A_final,forgetting]
+    .venv/bin/python launch/report.py RUN_DIR [RUN_DIR ...] [--csv report.csv] \
+        [--metrics A_final,forgetting] [--plots DIR]
 
 Runs are grouped by their whole config.json except `seed` (give seeds with `--config.seed=N` to
 launch/run.py). Rows are methods, column groups are settings (dataset, scenario/tasks, backbone),
-as in the paper's tables. Prints Markdown and writes the same numbers as CSV.
+as in the paper's tables. Prints Markdown and writes the same numbers as CSV. With `--plots DIR`,
+also draws DIR/anytime_overlay.png and .pdf: every run's anytime-accuracy curve, with the mean
+and a +-1 std band per (method, setting) group.
 """
 
 import pathlib
@@ -14,11 +17,12 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from absl import app, flags  # noqa: E402
 
-from olora_jax import reporting  # noqa: E402
+from olora_jax import plots, reporting  # noqa: E402
 
 _CSV = flags.DEFINE_string("csv", "report.csv", "Where to write the table as CSV.")
 _METRICS = flags.DEFINE_list("metrics", list(reporting.DEFAULT_METRICS),
                              "results.json metrics to tabulate, comma separated.")
+_PLOTS = flags.DEFINE_string("plots", "", "Directory for the overlay figure ('' = no figure).")
 
 
 def main(argv):
@@ -33,6 +37,9 @@ def main(argv):
   print(reporting.markdown_table(rows, _METRICS.value))
   reporting.write_csv(rows, _CSV.value, _METRICS.value)
   print(f"\nCSV written to {_CSV.value}")
+  if _PLOTS.value:
+    path = plots.write_overlay_plot(rows, _PLOTS.value)
+    print(f"overlay figure written to {path} (and .pdf)")
 
 
 if __name__ == "__main__":

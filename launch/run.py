@@ -1,4 +1,6 @@
-"""Runs one Online-LoRA stream: `python launch/run.py --config configs/demo.py --workdir DIR`.
+"""Runs one Online-LoRA stream:
+
+    .venv/bin/python launch/run.py --config configs/demo.py --workdir DIR
 
 Any config key can be overridden with `--config.KEY=VALUE` (e.g. `--config.seed=2`); the config
 is locked, so a misspelt key is an error. Writes config.json, metrics.jsonl, results.json and

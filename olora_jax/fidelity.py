@@ -1,4 +1,4 @@
-"""The `fidelity` switch: the paper's method or the authors' released code (DESIGN.md section 2).
+"""The `fidelity` switch: the paper's method or the authors' released code (docs/fidelity.md).
 
 The paper and the released PyTorch code disagree in ten places. Each disagreement is its own
 config key, so an ablation can flip any one of them; the top-level `config.fidelity`
@@ -25,8 +25,9 @@ config key, so an ablation can flip any one of them; the top-level `config.fidel
 
 Usage (any single key can be flipped on its own, e.g. the released code's merge alone):
 
-    python launch/run.py --config configs/demo.py --workdir runs/ref --config.fidelity=reference
-    python launch/run.py --config configs/demo.py --workdir runs/fs \
+    .venv/bin/python launch/run.py --config configs/demo.py --workdir runs/ref \
+        --config.fidelity=reference
+    .venv/bin/python launch/run.py --config configs/demo.py --workdir runs/fs \
         --config.learner.merge=factor_sum
 
 Threshold scale: in `reference` mode the window value is CE(current) + the sum of the K buffer
@@ -79,7 +80,7 @@ ALLOWED_VALUES: dict[tuple[str, str], tuple] = {
 
 
 def fidelity_keys() -> tuple[str, ...]:
-  """Dotted names of every key the fidelity switch sets, in DESIGN.md's row order."""
+  """Dotted names of every key the fidelity switch sets, in docs/fidelity.md's row order."""
   return tuple(f"{section}.{key}" for section, key in FIDELITY_DEFAULTS)
 
 

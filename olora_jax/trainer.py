@@ -32,7 +32,15 @@ import ml_collections
 import numpy as np
 import tqdm
 
-from olora_jax import checkpointing, errors, sharding, tb_writer, validation
+from olora_jax import (
+    checkpointing,
+    errors,
+    evaluate,
+    reporting,
+    sharding,
+    tb_writer,
+    validation,
+)
 from olora_jax import fidelity as fidelity_lib
 from olora_jax import metrics as metrics_lib
 from olora_jax import plots as plots_lib
@@ -106,9 +114,9 @@ def initial_params(setup: Setup, config: ml_collections.ConfigDict, key: jax.Arr
     params = pretrained_lib.load_pretrained(config.pretrained.path, setup.spec,
                                             setup.num_classes, config.pretrained.format,
                                             require_head=keep_head)
-    # The C-way head is created fresh for the benchmark, even when the checkpoint's head happens
-    # to have C outputs: the stream must teach every class. Replaying another codebase's run
-    # keeps the checkpoint's head instead (pretrained.keep_head).
+    # The C-way head is created fresh for the benchmark (docs/method.md), even when the
+    # checkpoint's head happens to have C outputs: the stream must teach every class. Replaying
+    # another codebase's run keeps the checkpoint's head instead (pretrained.keep_head).
     if not keep_head:
       params["head"] = init_head(key, setup.spec.width, setup.num_classes)
     return params
@@ -356,6 +364,8 @@ def _train_and_evaluate(setup: Setup, params: dict, lora_key: jax.Array, workdir
     trace.save()
 
   task_ends = set(stream.task_end_steps().tolist())
+  # Which test examples are "task i's test data": by class, or by domain (docs/streams.md).
+  groups = stream.evaluation_groups(sources_lib.domains_of(setup.test_source))
   max_skipped = int(c.learner.max_skipped_fraction * len(stream.steps))
   bar = tqdm.tqdm(total=len(stream.steps), initial=p.cursor, disable=not progress, unit="step",
                   dynamic_ncols=True, mininterval=0.5)
@@ -415,24 +425,27 @@ def _train_and_evaluate(setup: Setup, params: dict, lora_key: jax.Array, workdir
       anytime_due, at_task_end = p.samples_seen >= p.next_eval, step in task_ends
       if anytime_due or at_task_end:
         seen = np.array(p.seen_classes)
+        # Domain streams evaluated by domain: the test data of the domains seen so far.
+        seen_domains = (groups.domains[: stream.step_task[step] + 1] if groups.by_domain
+                        else None)
         # One pass serves both evaluations when they coincide: the whole test set at a task
         # end, the seen classes' test data otherwise (same class mask, same predictions).
-        counts = (evaluator.all_counts if at_task_end else evaluator.seen_counts)(
-            state, frozen, seen)
+        counts = (evaluator.all_counts(state, frozen, seen) if at_task_end
+                  else evaluator.seen_counts(state, frozen, seen, seen_domains))
         seen_mask = np.isin(np.arange(setup.num_classes), seen)
       if anytime_due:
         p.next_eval += c.eval.eval_every * (
             (p.samples_seen - p.next_eval) // c.eval.eval_every + 1)
-        acc = counts.accuracy(seen)
+        acc = counts.accuracy(seen, seen_domains)
         p.anytime.append(acc)
         p.anytime_samples.append(p.samples_seen)
-        balanced = metrics_lib.task_balanced_accuracy(metrics_lib.task_accuracies(
-            counts.correct * seen_mask, counts.total * seen_mask, stream.task_classes))
+        balanced = metrics_lib.task_balanced_accuracy(
+            evaluate.group_accuracies(counts, groups, seen, seen_domains))
         log.write("eval", step, p.samples_seen, anytime_accuracy=acc,
                   anytime_accuracy_task_balanced=balanced, n_seen_classes=len(seen))
 
       if at_task_end:
-        column = counts.task_accuracies(stream.task_classes)
+        column = evaluate.group_accuracies(counts, groups)
         p.acc_columns.append(column.tolist())
         p.end_correct.append(counts.correct.tolist())
         p.end_total.append(counts.total.tolist())
@@ -497,6 +510,11 @@ def _train_and_evaluate(setup: Setup, params: dict, lora_key: jax.Array, workdir
       "wall_seconds": wall_before + time.time() - start,
       "metric_notes": notes,
   }
+  if groups.by_domain:  # rows of acc_matrix are domains: forgetting of each one
+    notes["acc_matrix"] += "; task i = domain task_domains[i], its test examples of every class"
+    notes["forgetting_per_domain"] = metrics_lib.FORGETTING_PER_DOMAIN
+    results["task_domains"] = groups.domains
+    results["forgetting_per_domain"] = metrics_lib.forgetting_per_task(acc_matrix)
   results = {k: _jsonable(v) if not isinstance(v, dict) else v for k, v in results.items()}
   _write_json(os.path.join(workdir, "results.json"), results)
   if c.eval.write_plots:
@@ -534,8 +552,10 @@ def format_results_table(results: dict) -> str:
   lines = ["| metric | value |", "|---|---|"] + [f"| {k} | {v} |" for k, v in rows]
   acc = np.asarray(results["acc_matrix"])
   t = acc.shape[0]
-  lines += ["", "accuracy matrix (%), row = task i, column = after task j:", "",
-            "| task | " + " | ".join(f"after {j}" for j in range(t)) + " |",
+  row = "domain" if "task_domains" in results else "task"  # a stream evaluated by domain
+  lines += ["", f"accuracy matrix (%), row = {row} i, column = after task j:", "",
+            f"| {row} | " + " | ".join(f"after {j}" for j in range(t)) + " |",
             "|---|" + "---|" * t]
-  lines += [f"| {i} | " + " | ".join(f"{100 * a:.1f}" for a in acc[i]) + " |" for i in range(t)]
+  lines += [f"| {i} | " + " | ".join(reporting.format_half_up(100 * a) for a in acc[i]) + " |"
+            for i in range(t)]
   return "\n".join(lines)

@@ -9,8 +9,10 @@ What is checked (issue 6):
   config values    every float finite; seeds in [0, 2**32 - 1]; learning rate > 0,
                    1 <= rank <= model width, window >= 1, plateau thresholds > 0, batch >= 1,
                    buffer size >= 0, lambda >= 0, positive periods, the name of the scenario,
-                   pretrained.keep_head only with a checkpoint (fidelity names:
-                   olora_jax/fidelity.resolve; data.stream_manifest: olora_jax/data/manifest.py)
+                   the type of data.class_order, pretrained.keep_head only with a checkpoint
+                   (fidelity names: olora_jax/fidelity.resolve; data.stream_manifest:
+                   olora_jax/data/manifest.py; an explicit class order is checked against the
+                   dataset's classes by olora_jax.data.streams)
   data             images uint8 (N, H, W, 1|3); integer labels in [0, num_classes)
                    (`check_source`)
 Dataset names and "not prepared" datasets are refused by `olora_jax.data.sources.load_source`,
@@ -107,6 +109,11 @@ def check_config(config: ml_collections.ConfigDict, width: int) -> None:
            "pretrained.keep_head=True needs a checkpoint: set pretrained.path (or keep_head=False)")
   _require(c.data.scenario in SCENARIOS,
            f"unknown data.scenario={c.data.scenario!r}; use one of {SCENARIOS}")
+  order = c.data.class_order
+  _require(isinstance(order, (str, list, tuple)),
+           f"data.class_order={order!r} must be 'label', 'seeded' or a list of class ids")
+  _require(isinstance(c.data.dataset, str) and c.data.dataset != "",
+           f"data.dataset={c.data.dataset!r} must name a dataset or a 'module:function'")
 
 
 def check_source(labels: np.ndarray, images: np.ndarray, num_classes: int, what: str) -> None:

@@ -51,6 +51,9 @@ BAD_VALUES = [
     ("data.scenario", "blurry", r"unknown data.scenario='blurry'"),
     ("data.dataset", "cifar100_missing", r"unknown data.dataset='cifar100_missing'"),
     ("data.n_tasks", 3, r"data.n_tasks=3 must be >= 1 and divide the 10 classes"),
+    ("data.class_order", [0, 1, 2], r"data.class_order lists 3 ids .* list every class exactly"),
+    ("data.dataset", "no_such_module_xyz:load", r"cannot import 'no_such_module_xyz'"),
+    ("data.scenario", "domain", r"data.scenario='domain' needs a dataset with per-sample domain"),
     ("pretrained.keep_head", True, r"pretrained.keep_head=True needs a checkpoint"),
     ("learner.adam_bias_correction", "float64", r"unknown learner.adam_bias_correction"),
 ]

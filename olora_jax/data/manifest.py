@@ -3,7 +3,8 @@
 A manifest lists the example ids of every step (ids are each example's index in the original
 dataset split: the TFDS record index, or the row of an embedded dataset), their labels, the true
 task of every step and the task boundaries (evaluator only), each task's classes, Si-Blurry's
-disjoint classes and home tasks, and the test set's ids and labels, together with the parameters
+disjoint classes and home tasks, a domain stream's task domains, and the test set's ids and labels
+(and domains, when the dataset has them), together with the parameters
 that produced them. It holds integers and strings only, so its canonical JSON encoding (sorted
 keys, no spaces) is the same bytes on any machine; `manifest_sha256` is the SHA-256 of those bytes,
 and `write_manifest` writes exactly those bytes, so `sha256sum stream_manifest.json` prints the
@@ -41,10 +42,11 @@ def stream_params(data_config: ml_collections.ConfigDict, seed: int, batch_size:
   c = data_config
   params = {"dataset": c.dataset, "scenario": c.scenario, "seed": seed, "batch_size": batch_size}
   if c.scenario == "disjoint":
-    params.update(n_tasks=c.n_tasks, class_order=c.class_order)
+    order = c.class_order
+    params.update(n_tasks=c.n_tasks, class_order=order if isinstance(order, str) else _ints(order))
   elif c.scenario == "si_blurry":
     params.update(n_tasks=c.n_tasks, si_blurry_n=c.si_blurry_n, si_blurry_m=c.si_blurry_m)
-  elif c.scenario == "domain":
+  elif c.scenario == "domain" and c.dataset == "core50":  # other domain streams: sequential
     params.update(core50_order=c.core50_order)
   if not has_test_split:
     params.update(test_fraction=c.test_fraction, split_seed=c.split_seed)
@@ -84,6 +86,11 @@ def stream_manifest(data_config: ml_collections.ConfigDict, seed: int, batch_siz
       "task_classes": [_ints(c) for c in stream.task_classes],
       "test": {"ids": _ints(test_ids), "labels": _ints(test_source.labels)},
   }
+  if stream.task_domains is not None:  # domain streams: each task's domain, each test domain
+    manifest["task_domains"] = _ints(stream.task_domains)
+  test_domains = getattr(test_source, "domains", None)
+  if test_domains is not None:
+    manifest["test"]["domains"] = _ints(test_domains)
   if stream.disjoint_classes is not None:
     manifest["si_blurry"] = {"disjoint_classes": _ints(stream.disjoint_classes),
                              "home_task": _ints(stream.home_task)}
@@ -165,7 +172,8 @@ def replay_stream(manifest: dict, train_source, test_source, batch_size: int,
   """The Stream a manifest lists over `train_source` (rows of the source, not record ids).
 
   Required fields: `format`, `steps` (record ids per step), `step_task`, `task_classes`.
-  Checked when present: `source`, `num_classes`, `step_labels`, `task_end_steps`, `test`.
+  Checked when present: `source`, `num_classes`, `step_labels`, `task_end_steps`, `test`; kept
+  when present: `si_blurry`, `task_domains` (a domain stream, evaluated per domain).
   Raises ManifestError (one line) on anything that does not fit the data or the batch size.
   """
   if manifest.get("format") != FORMAT:
@@ -240,6 +248,11 @@ def replay_stream(manifest: dict, train_source, test_source, batch_size: int,
                                            "si_blurry.disjoint_classes", path),
              "home_task": _int_list(manifest["si_blurry"].get("home_task"),
                                     "si_blurry.home_task", path)}
+  if "task_domains" in manifest:  # a domain stream: evaluated per domain (docs/streams.md)
+    extra["task_domains"] = _int_list(manifest["task_domains"], "task_domains", path)
+    if len(extra["task_domains"]) != n_tasks:
+      raise ManifestError(f"{path}: task_domains has {len(extra['task_domains'])} entries for"
+                          f" {n_tasks} tasks; give one domain id per task")
   stream = Stream(steps=tuple(rows[offsets[i]:offsets[i + 1]] for i in range(len(step_ids))),
                   step_task=step_task, task_classes=task_classes, **extra)
   if "task_end_steps" in manifest and _int_list(

@@ -12,7 +12,7 @@ measured at every plateau so far. Only the LoRA factors and the classifier head 
 the backbone, with every previous LoRA merged into it, is `frozen` and is an argument of every
 function (it changes at each merge), never a closure constant.
 
-Where the paper and the authors' released code differ (DESIGN.md section 2), `LearnerConfig`
+Where the paper and the authors' released code differ (docs/fidelity.md), `LearnerConfig`
 has one field per difference (set from `config.fidelity` by `olora_jax.fidelity.resolve`):
 `buffer_unit` (K samples or K whole batches), `window_value` (CE(buffer) as a mean over valid
 samples or a sum over the K entries), `importance` (empirical Fisher or one squared gradient of a
@@ -21,7 +21,7 @@ flattened softmax), `merge` (exact W += BA, or factor sums into a frozen pair ke
 
 The hard-buffer update (paper step 5) is its own jitted function, `update_buffer`, called by the
 host after the plateau decision: at a plateau, `consolidate` measures importance on the buffer
-this very step trained on (step 4 before step 5, DESIGN.md section 1), and only then does the
+this very step trained on (step 4 before step 5, docs/method.md), and only then does the
 buffer take in the step's hardest items. The buffer never leaves the device.
 """
 
@@ -127,8 +127,11 @@ def init_buffer(config: LearnerConfig, size: int, batch_size: int,
 def init_train_state(key: jax.Array, head: dict, spec: ViTSpec, config: LearnerConfig,
                      tx: optax.GradientTransformation,
                      lora: lora_lib.LoRATree | None = None) -> TrainState:
-  """The state before step 0: the first LoRA drawn from `key`, or the given `lora`
-  (`learner.initial_lora`; the later LoRAs still come from `key`, as without it)."""
+  """The learner's state before step 0: the first LoRA drawn from `key` (kaiming `lora_a`
+  (D, r), zero `lora_b` (r, D) for q and v of every block), or the given `lora`
+  (`learner.initial_lora`; the later LoRAs still come from `key`, as without it); a copy of
+  `head` ({"kernel" (D, C), "bias" (C,)}), `tx`'s state for both, Omega = 0, k = 0, step 0.
+  Pure."""
   lora_key, key = jax.random.split(key)
   if lora is None:
     lora = lora_lib.init_lora(lora_key, spec, config.rank)
@@ -186,6 +189,20 @@ def _check_batch(batch: dict) -> None:
 
 def make_learner(model: VisionTransformer, tx: optax.GradientTransformation,
                  config: LearnerConfig) -> Learner:
+  """Online-LoRA's four jitted, pure functions for `model`, optimizer `tx` and `config`.
+
+  With B the batch size, K the buffer size, C the classes, (H, W) the image size:
+    train_step(state, frozen, buffer, batch) -> (state, scalars, scores): one Adam step on
+      CE(batch) + CE(buffer) + L_LoRA (eq. 6); `batch` = {"images" (B, H, W, 3) float32,
+      "labels" (B,) int32, "mask" (B,) bool}; `scalars` = {loss, window_value, ce_current,
+      ce_buffer, reg} (float32 ()); `scores` the pre-update losses of the buffer candidates,
+      (B + K,) for the sample unit or (1 + K,) for the batch unit. Donates `state`.
+    update_buffer(buffer, batch, scores) -> buffer: keeps the K highest-scoring candidates.
+    consolidate(state, frozen, buffer) -> (state, frozen): at a plateau, importance on the
+      buffer (eqs. 4-5), Omega running mean over plateaus, merge, new LoRA. Donates both.
+    predict(state, frozen, images (N, H, W, 3)) -> logits (N, C). Reads only.
+  Each is traced once per run (shapes are static); none takes a task id.
+  """
   spec = model.spec
   buffer_type = buffer_lib.BatchBuffer if config.buffer_unit == "batch" else buffer_lib.HardBuffer
 
