@@ -33,9 +33,15 @@ Keys that matter:
                                 the default of every key below left unset (None); see
                                 olora_jax/fidelity.py and DESIGN.md section 2
   learner.buffer_unit, .window_value, .importance, .merge, .new_lora_init,
-  learner.reset_opt_state_at_merge, .check_partial_window, data.input_scale, data.core50_order
+  learner.reset_opt_state_at_merge, .check_partial_window, .adam_bias_correction,
+  data.input_scale, data.core50_order
                                 one key per paper-vs-code difference, None = take it from fidelity
   learner.allow_dead_lora       run new_lora_init='zeros' with the optimizer state reset anyway
+  learner.adam_bias_correction  (fidelity key) 'float32' = optax.adam | 'exact' = PyTorch's
+  data.stream_manifest          replay the steps of a stream manifest (docs/replay.md)
+  pretrained.keep_head, learner.initial_lora, export_online_lora
+                                start from / end with given weights, the authors' layout
+  trace.enabled                 WORKDIR/trace.npz: per-step buffer ids, window, Omega
   method                        'online_lora' (configured by `learner`) | 'finetune' | 'iid' |
                                 'er' | 'der_pp' | 'ewc_pp' | 'agem' | 'mir' | 'gdumb', each
                                 configured by the block of its name (docs/methods.md)
@@ -72,7 +78,10 @@ def get_config() -> ml_collections.ConfigDict:
 
   config.pretrained = ml_collections.ConfigDict()
   config.pretrained.path = ""
-  config.pretrained.format = "auto"
+  config.pretrained.format = "auto"  # or 'timm' | 'augreg' | 'big_vision' | 'online_lora'
+  # Keep the checkpoint's head (it must have the benchmark's classes) instead of a fresh one:
+  # for replaying another codebase's run from its weights (docs/replay.md).
+  config.pretrained.keep_head = False
 
   config.data = ml_collections.ConfigDict()
   config.data.dataset = "mnist_5k"
@@ -88,6 +97,9 @@ def get_config() -> ml_collections.ConfigDict:
   config.data.num_workers = 8  # host threads decoding images
   config.data.prefetch = 4  # batches prepared ahead of the device
   config.data.cache_test_images = True  # TFDS: keep resized test images in host memory
+  # '' = build the stream from the seed; a path = replay the steps that stream manifest lists
+  # (a run's stream_manifest.json, or the same JSON from elsewhere: docs/replay.md)
+  config.data.stream_manifest = ""
   # Fidelity keys (None = the default of `fidelity`).
   config.data.input_scale = config_dict.placeholder(str)  # 'unit' [0, 1] | 'signed' [-1, 1]
   config.data.core50_order = config_dict.placeholder(str)  # 'sequential' | 'shuffled' (i.i.d.)
@@ -111,7 +123,13 @@ def get_config() -> ml_collections.ConfigDict:
   config.learner.new_lora_init = config_dict.placeholder(str)  # 'kaiming' | 'zeros'
   config.learner.reset_opt_state_at_merge = config_dict.placeholder(bool)
   config.learner.check_partial_window = config_dict.placeholder(bool)
+  # 'float32' (optax.adam: 1 - b^t from the float32-rounded b) | 'exact' (PyTorch's, float64-exact)
+  config.learner.adam_bias_correction = config_dict.placeholder(str)
   config.learner.allow_dead_lora = False
+  # '' = the first LoRA is drawn from the seed; a path = a safetensors file in the authors' layout
+  # (format 'online_lora'): its linear_new_* factors start the first LoRA and its linear_a/b_*
+  # pair the frozen pair (factor_sum merge; merged into the backbone with the exact merge)
+  config.learner.initial_lora = ""
   config.learner.skip_nonfinite = False  # NaN/Inf loss: False = checkpoint and stop; True = skip
   config.learner.max_skipped_fraction = 0.05  # skip_nonfinite: stop past this fraction of steps
 
@@ -150,6 +168,16 @@ def get_config() -> ml_collections.ConfigDict:
   config.eval.batch_size = 256
   config.eval.mask_unseen_logits = False
   config.eval.write_plots = True
+
+  config.trace = ml_collections.ConfigDict()
+  # Write WORKDIR/trace.npz: per step the hard buffer's example ids and scores, the loss-window
+  # value, mean and variance, the regulariser; per plateau Omega and the merged factors
+  # (olora_jax/trace.py). Off: nothing extra is fetched from the device.
+  config.trace.enabled = False
+
+  # Write WORKDIR/online_lora.safetensors at the end: the final model (backbone with every merge,
+  # head, current LoRA, factor_sum frozen pair) in the authors' checkpoint layout (docs/replay.md)
+  config.export_online_lora = False
 
   config.log_every = 1  # write a `train` event every this many steps
   config.checkpoint_every = 200  # steps between full-state checkpoints (0: only end / signal)

@@ -40,6 +40,7 @@ from olora_jax import methods as methods_lib
 from olora_jax import metrics as metrics_lib
 from olora_jax import plots as plots_lib
 from olora_jax import pretrained as pretrained_lib
+from olora_jax import trace as trace_lib
 from olora_jax import workdir as workdir_lib
 from olora_jax.data import manifest as manifest_lib
 from olora_jax.data import sources as sources_lib
@@ -50,6 +51,7 @@ from olora_jax.methods import base as methods_base
 from olora_jax.models.vit import VisionTransformer, ViTSpec, init_head, spec_from_config
 
 RUN_FILES = ("config.json", "stream_manifest.json", "metrics.jsonl", "results.json")
+EXPORT_FILENAME = methods_lib.online_lora.EXPORT_FILENAME  # export_online_lora=True
 
 
 class Setup:
@@ -60,9 +62,10 @@ class Setup:
     c = self.config = fidelity_lib.resolve(config)
     self.spec: ViTSpec = spec_from_config(c.model)
     validation.check_config(c, self.spec.width)
-    if c.pretrained.path and not os.path.isfile(c.pretrained.path):
-      raise FileNotFoundError(
-          f"pretrained.path={c.pretrained.path!r} does not exist; give a local checkpoint file")
+    for key, path in (("pretrained.path", c.pretrained.path),
+                      ("learner.initial_lora", c.learner.initial_lora)):
+      if path and not os.path.isfile(path):
+        raise FileNotFoundError(f"{key}={path!r} does not exist; give a local checkpoint file")
     self.train_source, self.test_source = sources_lib.load_sources(c.data, self.spec.image_size)
     self.num_classes = self.train_source.num_classes
     for source in (self.train_source, self.test_source):
@@ -75,9 +78,9 @@ class Setup:
         config=c, model=self.model, spec=self.spec, num_classes=self.num_classes,
         batch_size=c.learner.batch_size,
         image_shape=(self.spec.image_size, self.spec.image_size, 3)))
-    self.stream = streams_lib.build_stream(c.data, self.train_source, c.learner.batch_size, c.seed)
-    self.manifest = manifest_lib.stream_manifest(c.data, c.seed, c.learner.batch_size, self.stream,
-                                                 self.train_source, self.test_source)
+    # From the seed, or replayed from data.stream_manifest (data/manifest.py).
+    self.stream, self.manifest = manifest_lib.build_stream_and_manifest(
+        c.data, c.seed, c.learner.batch_size, self.train_source, self.test_source)
     self.benchmark_manifest_sha256 = None  # set when the method trains on another order
     if self.method.iid_stream:  # the upper bound: the stream's samples in an i.i.d. order
       self.benchmark_manifest_sha256 = manifest_lib.manifest_sha256(self.manifest)
@@ -96,11 +99,15 @@ class Setup:
 
 def initial_params(setup: Setup, config: ml_collections.ConfigDict, key: jax.Array) -> dict:
   if config.pretrained.path:
+    keep_head = config.pretrained.keep_head
     params = pretrained_lib.load_pretrained(config.pretrained.path, setup.spec,
-                                            setup.num_classes, config.pretrained.format)
-    # The C-way head is always created fresh for the benchmark (DESIGN.md section 1), even when
-    # the checkpoint's head happens to have C outputs: the stream must teach every class.
-    params["head"] = init_head(key, setup.spec.width, setup.num_classes)
+                                            setup.num_classes, config.pretrained.format,
+                                            require_head=keep_head)
+    # The C-way head is created fresh for the benchmark, even when the checkpoint's head happens
+    # to have C outputs: the stream must teach every class. Replaying another codebase's run
+    # keeps the checkpoint's head instead (pretrained.keep_head).
+    if not keep_head:
+      params["head"] = init_head(key, setup.spec.width, setup.num_classes)
     return params
   logging.warning("pretrained.path is empty: the backbone is randomly initialised")
   size = setup.spec.image_size
@@ -325,11 +332,16 @@ def _train_and_evaluate(setup: Setup, params: dict, method_key: jax.Array, workd
                tb_writer.make_scalar_writer(os.path.join(workdir, "tensorboard")),
                truncate_to=p.metrics_bytes)
   wall_before = p.wall_seconds  # compute time of earlier processes of this run
+  # Per-step records into WORKDIR/trace.npz when trace.enabled (olora_jax/trace.py), else no-ops.
+  trace = trace_lib.make_trace(c.trace.enabled, workdir, stream,
+                               manifest_lib.record_ids(setup.train_source), c.learner.buffer_unit,
+                               c.learner.buffer_size, c.learner.batch_size, p.cursor)
 
   def save():
     p.metrics_bytes, p.metrics_sha256 = log.size(), log.sha256()
     p.wall_seconds = wall_before + time.time() - start
     checkpointer.save(state, p, meta)
+    trace.save()
 
   task_ends = set(stream.task_end_steps().tolist())
   max_skipped = int(c.learner.max_skipped_fraction * len(stream.steps))
@@ -367,9 +379,9 @@ def _train_and_evaluate(setup: Setup, params: dict, method_key: jax.Array, workd
       if not finite:  # learner.skip_nonfinite: the step left the state as it was
         p.nonfinite_steps.append(step)
         log.write("nonfinite_skipped", step, samples_seen=p.samples_seen, loss=scalars["loss"])
-      elif method.after_step is not None:
+      if method.after_step is not None:  # also told of a skipped step (finite=False)
         state, p.method_host, report = method.after_step(state, p.method_host, step, batch,
-                                                         scalars, extras)
+                                                         scalars, extras, finite, trace)
       for event, values in report.events:
         if event == "plateau":
           p.plateau_steps.append(step)
@@ -423,6 +435,8 @@ def _train_and_evaluate(setup: Setup, params: dict, method_key: jax.Array, workd
       bar.update(1)
       bar.set_postfix(loss=f"{scalars['loss']:.3f}", plateaus=len(p.plateau_steps))
     save()  # the final state (a no-op if the last periodic save already wrote it)
+  if method.finish is not None:  # e.g. Online-LoRA's export in the authors' layout
+    method.finish(state, workdir)
 
   acc_matrix = np.array(p.acc_columns).T  # (T, T): acc[i, j] after task j on task i
   class_correct = np.array(p.end_correct)  # (T, C) at each task end

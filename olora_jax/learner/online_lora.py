@@ -39,6 +39,7 @@ import optax
 
 from olora_jax import fidelity
 from olora_jax.learner import buffer as buffer_lib
+from olora_jax.learner import optim
 from olora_jax.models import lora as lora_lib
 from olora_jax.models.vit import VisionTransformer, ViTSpec
 
@@ -101,10 +102,17 @@ def split_params(params: dict) -> tuple[dict, dict]:
   return frozen, params["head"]
 
 
-def init_frozen(backbone: dict, spec: ViTSpec, config: LearnerConfig) -> dict:
-  """The frozen tree of a run: the backbone, plus the zero frozen LoRA pair of `factor_sum`."""
+def init_frozen(backbone: dict, spec: ViTSpec, config: LearnerConfig,
+                frozen_lora: lora_lib.LoRATree | None = None) -> dict:
+  """The frozen tree of a run: the backbone, plus the frozen LoRA pair of `factor_sum` (zeros,
+  or `frozen_lora`, e.g. read from the authors' checkpoint). With the `exact` merge a given
+  `frozen_lora` is merged into the backbone (W += B_old A_old: the same function)."""
   if config.merge == "factor_sum":
-    return {**backbone, FROZEN_LORA: lora_lib.zeros_like_lora(spec, config.rank)}
+    if frozen_lora is None:
+      frozen_lora = lora_lib.zeros_like_lora(spec, config.rank)
+    return {**backbone, FROZEN_LORA: jax.tree.map(jnp.array, frozen_lora)}
+  if frozen_lora is not None:
+    return lora_lib.merge_into_backbone(backbone, frozen_lora)
   return backbone
 
 
@@ -117,9 +125,14 @@ def init_buffer(config: LearnerConfig, size: int, batch_size: int,
 
 
 def init_train_state(key: jax.Array, head: dict, spec: ViTSpec, config: LearnerConfig,
-                     tx: optax.GradientTransformation) -> TrainState:
+                     tx: optax.GradientTransformation,
+                     lora: lora_lib.LoRATree | None = None) -> TrainState:
+  """The state before step 0: the first LoRA drawn from `key`, or the given `lora`
+  (`learner.initial_lora`; the later LoRAs still come from `key`, as without it)."""
   lora_key, key = jax.random.split(key)
-  lora = lora_lib.init_lora(lora_key, spec, config.rank)
+  if lora is None:
+    lora = lora_lib.init_lora(lora_key, spec, config.rank)
+  lora = jax.tree.map(jnp.array, lora)
   # The state owns its arrays (train_step donates it): copy the head instead of aliasing it.
   trainable = {"lora": lora, "head": jax.tree.map(jnp.array, head)}
   return TrainState(
@@ -312,9 +325,11 @@ def make_learner(model: VisionTransformer, tx: optax.GradientTransformation,
   )
 
 
-def make_optimizer(learning_rate: float, b1: float = 0.9, b2: float = 0.999,
-                   eps: float = 1e-8) -> optax.GradientTransformation:
-  """Adam with a constant learning rate, no weight decay, no clipping (paper section 4)."""
-  if not learning_rate > 0:
-    raise ValueError(f"learner.learning_rate={learning_rate} must be > 0")
-  return optax.adam(learning_rate, b1=b1, b2=b2, eps=eps)
+def make_optimizer(learning_rate: float, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8,
+                   bias_correction: str = "float32") -> optax.GradientTransformation:
+  """Adam with a constant learning rate, no weight decay, no clipping (paper section 4).
+
+  `bias_correction` ('float32': `optax.adam`; 'exact': PyTorch's, `optim.adam_exact`) is the
+  fidelity key `learner.adam_bias_correction`.
+  """
+  return optim.adam(learning_rate, bias_correction, b1=b1, b2=b2, eps=eps)
