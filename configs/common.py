@@ -46,6 +46,9 @@ Keys that matter:
   pretrained.keep_head, learner.initial_lora, export_online_lora
                                 start from / end with given weights, the authors' layout
   trace.enabled                 WORKDIR/trace.npz: per-step buffer ids, window, Omega
+  method                        'online_lora' (configured by `learner`) | 'finetune' | 'iid' |
+                                'er' | 'der_pp' | 'ewc_pp' | 'agem' | 'mir' | 'gdumb', each
+                                configured by the block of its name (docs/methods.md)
   checkpoint_every, max_to_keep full-state orbax checkpoints in WORKDIR/checkpoints; the same
                                 --workdir resumes (a different config is refused)
 """
@@ -54,10 +57,18 @@ import ml_collections
 from ml_collections import config_dict
 
 
+def _baseline(**values) -> ml_collections.ConfigDict:
+  """A baseline's config block: `trainable` ('all' unless given), then `values`."""
+  return ml_collections.ConfigDict({"trainable": "all", **values})
+
+
 def get_config() -> ml_collections.ConfigDict:
   config = ml_collections.ConfigDict()
   config.seed = 0
   config.fidelity = "paper"
+  # The continual-learning method (olora_jax/methods, docs/methods.md): 'online_lora' (the paper's
+  # method, configured by the `learner` block) or a baseline, configured by its own block below.
+  config.method = "online_lora"
 
   config.model = ml_collections.ConfigDict()
   config.model.name = "vit_b16"
@@ -127,6 +138,36 @@ def get_config() -> ml_collections.ConfigDict:
   config.learner.initial_lora = ""
   config.learner.skip_nonfinite = False  # NaN/Inf loss: False = checkpoint and stop; True = skip
   config.learner.max_skipped_fraction = 0.05  # skip_nonfinite: stop past this fraction of steps
+
+  # One block per baseline (docs/methods.md), read only when `method` names it. Defaults are the
+  # paper's (appendix, hyperparameter table for ViT-B/16; buffer 500, Adam, batch 64 shared).
+  # `trainable`: what the method trains: 'all' (the whole ViT with its fresh head, as the
+  # original code does), 'head' (the head only) or 'lora' (a LoRA of rank learner.rank on q and
+  # v, plus the head: Online-LoRA's budget). `weight_decay` is L2 added to the gradient before
+  # Adam (PyTorch's Adam(weight_decay=...)).
+  # no protection (not in the paper's table: the baselines' shared LR and WD)
+  config.finetune = _baseline(learning_rate=1e-4, weight_decay=1e-4)
+  # the upper bound, one pass over an i.i.d. shuffle (as finetune)
+  config.iid = _baseline(learning_rate=1e-4, weight_decay=1e-4)
+  # replay_batch: "episode memory per batch"
+  config.er = _baseline(learning_rate=1e-4, weight_decay=1e-4, buffer_size=500, replay_batch=10)
+  # replay_batch: each of the two replay draws (the original code: the batch size); alpha: the
+  # logit (MSE) term's weight; beta: the replayed labels' CE weight
+  config.der_pp = _baseline(learning_rate=3e-4, weight_decay=0.0, buffer_size=500,
+                            replay_batch=64, alpha=0.2, beta=0.5)
+  # alpha: weight of the newest Fisher estimate in the running average; fisher_every: train
+  # batches between Fisher (and anchor) updates
+  config.ewc_pp = _baseline(learning_rate=1e-4, weight_decay=1e-4, reg_lambda=100.0, alpha=0.9,
+                            fisher_every=50)
+  # replay_batch: memory samples of the reference gradient
+  config.agem = _baseline(learning_rate=1e-4, weight_decay=1e-4, buffer_size=500,
+                          replay_batch=10)
+  # n_candidates: "number of subsample"; replay_batch: most interfered samples replayed
+  config.mir = _baseline(learning_rate=1e-4, weight_decay=1e-4, buffer_size=500,
+                         n_candidates=50, replay_batch=10)
+  # min_learning_rate: end of the cosine; epochs: over the buffer at each evaluation
+  config.gdumb = _baseline(learning_rate=1e-3, min_learning_rate=5e-4, weight_decay=1e-4,
+                           clip_norm=10.0, epochs=30, buffer_size=500)
 
   config.eval = ml_collections.ConfigDict()
   config.eval.eval_every = 1000

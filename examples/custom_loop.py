@@ -71,7 +71,10 @@ def run(images: np.ndarray, labels: np.ndarray, n_tasks: int = 5, batch_size: in
                                     var_threshold=var_threshold)
   window = ol.init_plateau()
 
-  evaluator = ol.Evaluator(test, image_size, 128, num_classes, learner.predict)
+  # The evaluator calls `predict(model, images)` on whatever model it is given: here the pair
+  # (state, frozen) of the learner's functions.
+  evaluator = ol.Evaluator(test, image_size, 128, num_classes,
+                           lambda model, images: learner.predict(*model, images))
   groups = stream.evaluation_groups(ol.domains_of(test))  # by class here (no domains)
   task_ends = set(stream.task_end_steps().tolist())
   seen, columns = set(), []
@@ -88,7 +91,7 @@ def run(images: np.ndarray, labels: np.ndarray, n_tasks: int = 5, batch_size: in
     # 5: the hard buffer keeps the K highest pre-update losses.
     buffer = learner.update_buffer(buffer, batch, scores)
     if step in task_ends:  # the evaluator alone knows where tasks end
-      counts = evaluator.all_counts(state, frozen, np.array(sorted(seen)))
+      counts = evaluator.all_counts((state, frozen), np.array(sorted(seen)))
       columns.append(ol.group_accuracies(counts, groups))
       log(f"task {len(columns) - 1} ends at step {step}: accuracy per task "
           + " ".join(f"{100 * a:.1f}" for a in columns[-1]))

@@ -4,10 +4,14 @@
         [--metrics A_final,forgetting] [--plots DIR]
 
 Runs are grouped by their whole config.json except `seed` (give seeds with `--config.seed=N` to
-launch/run.py). Rows are methods, column groups are settings (dataset, scenario/tasks, backbone),
-as in the paper's tables. Prints Markdown and writes the same numbers as CSV. With `--plots DIR`,
-also draws DIR/anytime_overlay.png and .pdf: every run's anytime-accuracy curve, with the mean
-and a +-1 std band per (method, setting) group.
+launch/run.py). Rows are methods in the order of the paper's Table 1 (`--config.method=NAME`
+runs: AGEM, ER, EWC++, MIR, GDumb, DER++, fine-tuning, Online-LoRA, the i.i.d. upper bound),
+column groups are settings (dataset, scenario/tasks, backbone), each with its metrics, mean ± std
+over seeds. Runs of one setting and seed made on different streams (their stream manifests
+differ) are refused with exit code 2. Add `wall_seconds` to --metrics for the wall time per
+method. Prints Markdown and writes the same numbers as CSV. With `--plots DIR`, also draws
+DIR/anytime_overlay.png and .pdf: every run's anytime-accuracy curve, with the mean and a +-1 std
+band per (method, setting) group.
 """
 
 import pathlib

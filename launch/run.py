@@ -1,7 +1,8 @@
-"""Runs one Online-LoRA stream:
+"""Runs one stream:
 
     .venv/bin/python launch/run.py --config configs/demo.py --workdir DIR
 
+The learner is Online-LoRA unless `--config.method=NAME` picks a baseline (docs/methods.md).
 Any config key can be overridden with `--config.KEY=VALUE` (e.g. `--config.seed=2`); the config
 is locked, so a misspelt key is an error. Writes config.json, metrics.jsonl, results.json and
 plots/ (plus tensorboard/ when tensorboardX is installed) and checkpoints/ into DIR and prints a

@@ -22,6 +22,11 @@ Data
   Stream, EvaluationGroups, build_stream, disjoint_class_incremental, si_blurry,
   domain_incremental              task-free streams (ids per step; tasks for the evaluator only)
   make_batch, to_model_input     uint8 images -> padded float batches
+Methods (one loop drives every method; docs/methods.md)
+  Method, Context, StepReport    the interface: pure jitted init / train_step / predict over a
+                                 state pytree, plus an optional host hook after each step
+  methods                        the package; methods.REGISTRY maps the `method` config key to
+                                 each method's builder
 Evaluation and metrics
   Evaluator, ClassCounts, group_accuracies          per-(domain, class) counts of `predict`
   metrics                        every metric as a pure function (a_final, forgetting, ...)
@@ -29,7 +34,7 @@ Whole runs
   train_and_evaluate(config, workdir)               what launch/run.py calls
 """
 
-from olora_jax import metrics
+from olora_jax import methods, metrics
 from olora_jax.data.preprocess import make_batch, to_model_input
 from olora_jax.data.sources import Source, domains_of, load_sources, split_arrays
 from olora_jax.data.streams import (
@@ -57,18 +62,20 @@ from olora_jax.learner.online_lora import (
 from olora_jax.learner.plateau import PlateauConfig, PlateauState
 from olora_jax.learner.plateau import init as init_plateau
 from olora_jax.learner.plateau import update as update_plateau
+from olora_jax.methods.base import Context, Method, StepReport
 from olora_jax.models.lora import init_lora, merge_into_backbone
 from olora_jax.models.vit import VisionTransformer, ViTSpec, spec_from_config
 from olora_jax.pretrained import load_pretrained
 from olora_jax.trainer import train_and_evaluate
 
 __all__ = [
-    "BatchBuffer", "ClassCounts", "EvaluationGroups", "Evaluator", "HardBuffer", "Learner",
-    "LearnerConfig", "PlateauConfig", "PlateauState", "Source", "Stream", "TrainState",
+    "BatchBuffer", "ClassCounts", "Context", "EvaluationGroups", "Evaluator", "HardBuffer",
+    "Learner", "LearnerConfig", "Method", "PlateauConfig", "PlateauState", "Source",
+    "StepReport", "Stream", "TrainState",
     "ViTSpec", "VisionTransformer", "build_stream", "disjoint_class_incremental",
     "domain_incremental", "domains_of", "group_accuracies", "init_buffer", "init_frozen",
     "init_lora", "init_plateau", "init_train_state", "load_pretrained", "load_sources",
     "lora_regulariser", "make_batch", "make_learner", "make_optimizer", "merge_into_backbone",
-    "metrics", "si_blurry", "split_arrays", "split_params", "spec_from_config",
+    "methods", "metrics", "si_blurry", "split_arrays", "split_params", "spec_from_config",
     "to_model_input", "train_and_evaluate", "update_plateau",
 ]

@@ -1,17 +1,20 @@
 """Full-state checkpoints with orbax, verified on restore, so a run resumes bit-exactly.
 
-An online learner's state is more than its weights: what it does next also depends on the hard
-buffer, the loss window and peak flag, the plateau count, Omega, the optimizer state, the RNG key
+An online learner's state is more than its weights: what it does next also depends on its
+buffers, the loss window and peak flag, the plateau count, Omega, the optimizer state, the RNG key
 and where the stream stands. A checkpoint therefore holds the whole run (docs/checkpoints.md):
 
-  arrays   (orbax StandardSave)  {"state": TrainState (LoRA, head, optimizer state, Omega,
-                                  plateau count k, step, PRNG key), "frozen": the backbone with
-                                  every merged LoRA, "buffer": the hard buffer}
+  arrays   (orbax StandardSave)  the method's whole state pytree (olora_jax/methods/base.py);
+                                  for Online-LoRA {"state": TrainState (LoRA, head, optimizer
+                                  state, Omega, plateau count k, step, PRNG key), "frozen": the
+                                  backbone with every merged LoRA, "buffer": the hard buffer};
+                                  for the replay baselines their replay buffers too
   host     (orbax JsonSave)      `Progress`: the stream cursor, samples seen, the next anytime
                                   evaluation point, seen classes, the evaluation log (accuracy
-                                  columns, anytime accuracies, plateau steps), the loss window
-                                  (`PlateauState`), the length of metrics.jsonl, elapsed time;
-                                  plus the config and the stream's content hash
+                                  columns, anytime accuracies, plateau steps), the method's host
+                                  record (Online-LoRA: the loss window, `PlateauState`), the
+                                  length of metrics.jsonl, elapsed time; plus the config and the
+                                  stream's content hash
   checksums (orbax JsonSave)     SHA-256 of every array (dtype, shape, bytes) and of the host
                                   record, taken before the save
 
@@ -41,7 +44,6 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from olora_jax import errors, validation
-from olora_jax.learner import plateau as plateau_lib
 
 CHECKPOINT_DIR = "checkpoints"
 CORRUPT_DIR = "corrupt_checkpoints"
@@ -75,31 +77,25 @@ class Progress:
   end_total: list[list[int]]  # per-class test counts at each task end (T, C)
   end_seen: list[list[bool]]  # classes seen by each task end (T, C)
   nonfinite_steps: list[int]  # steps skipped for a non-finite loss (learner.skip_nonfinite)
-  window: plateau_lib.PlateauState  # the loss window, peak flag and plateau count
+  method_host: dict  # the method's host-side record (Online-LoRA: its loss window)
   metrics_bytes: int = 0  # length of metrics.jsonl when this record was checkpointed
   metrics_sha256: str = ""  # SHA-256 of those bytes ("" in checkpoints older than the field)
   wall_seconds: float = 0.0  # compute time before the current process (not part of the result)
 
   @classmethod
-  def initial(cls, eval_every: int) -> Progress:
+  def initial(cls, eval_every: int, method_host: dict | None = None) -> Progress:
     return cls(cursor=0, samples_seen=0, next_eval=eval_every, seen_classes=[], acc_columns=[],
                anytime=[], anytime_samples=[], plateau_steps=[], plateau_samples=[],
                task_end_samples=[], end_correct=[], end_total=[], end_seen=[],
-               nonfinite_steps=[], window=plateau_lib.init())
+               nonfinite_steps=[], method_host=dict(method_host or {}))
 
   def to_json(self) -> dict:
     d = dataclasses.asdict(self)
-    d["window"] = self.window._asdict()
-    d["window"]["values"] = list(self.window.values)
     d["acc_columns"] = [[float(a) for a in col] for col in self.acc_columns]
     return d
 
   @classmethod
   def from_json(cls, d: dict) -> Progress:
-    d = dict(d)
-    w = dict(d["window"])
-    w["values"] = tuple(float(v) for v in w["values"])
-    d["window"] = plateau_lib.PlateauState(**w)
     return cls(**d)
 
 

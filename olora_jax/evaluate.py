@@ -1,7 +1,8 @@
 """The evaluator: per-class correct/total counts of the current model on chosen test examples.
 
-One evaluator serves every method: it only needs a pure `predict(state, frozen, images) ->
-logits` and never changes the learner's state (nothing is donated, nothing is written back).
+One evaluator serves every method: it only needs a pure `predict(state, images) -> logits` (the
+method's, olora_jax/methods/base.py) and never changes the learner's state (nothing is donated,
+nothing is written back).
 Counting runs inside one jitted function that takes a padded batch, its validity mask and a
 boolean class mask, and adds the batch's per-class counts to running (C,) accumulators on the
 device; the host fetches the two count vectors once per evaluation. Batches are padded to
@@ -100,13 +101,13 @@ def group_accuracies(counts: ClassCounts, groups: EvaluationGroups,
 
 def make_count_fn(predict_fn: Callable[..., jax.Array], num_classes: int,
                   num_domains: int = 1) -> Callable:
-  """Jitted `(state, frozen, images, labels, domains, mask, class_mask, correct, total) ->
+  """Jitted `(state, images, labels, domains, mask, class_mask, correct, total) ->
   (correct, total)`: adds one padded batch's per-(domain, class) counts to the (D, C)
   accumulators; `domains` (B,) are row indices 0..D-1."""
 
-  def count(state, frozen, images, labels, domains, mask, class_mask, correct, total):
+  def count(state, images, labels, domains, mask, class_mask, correct, total):
     TRACE_COUNTS["count"] += 1
-    logits = predict_fn(state, frozen, images)  # (B, C)
+    logits = predict_fn(state, images)  # (B, C)
     logits = jnp.where(class_mask[None, :], logits, -jnp.inf)
     hits = (jnp.argmax(logits, axis=-1) == labels) & mask  # (B,)
     cells = jnp.zeros((num_domains, num_classes), jnp.int32)
@@ -178,10 +179,9 @@ class Evaluator:
       keep &= np.isin(self.domain_ids[self._domain_row], domains)
     return np.flatnonzero(keep)
 
-  def counts(self, state: Any, frozen: Any, ids: np.ndarray,
-             seen_classes: np.ndarray) -> ClassCounts:
-    """Per-class (and per-domain) correct/total over test `ids` with the model (state, frozen).
-    Reads the state, never changes it."""
+  def counts(self, state: Any, ids: np.ndarray, seen_classes: np.ndarray) -> ClassCounts:
+    """Per-class (and per-domain) correct/total over test `ids` with the model given by the
+    method's `state`. Reads the state, never changes it."""
     ids = np.asarray(ids, np.int64)
     shape = (len(self.domain_ids), self.num_classes)
     # Accumulators and the class mask are replicated like the state: one placement, one compile.
@@ -190,19 +190,18 @@ class Evaluator:
         self.mesh)
     for start in range(0, len(ids), self.batch_size):
       batch = sharding.shard_batch(self._batch(ids[start:start + self.batch_size]), self.mesh)
-      correct, total = self._count(state, frozen, batch["images"], batch["labels"],
-                                   batch["domains"], batch["mask"], class_mask, correct, total)
+      correct, total = self._count(state, batch["images"], batch["labels"], batch["domains"],
+                                   batch["mask"], class_mask, correct, total)
     correct, total = jax.device_get((correct, total))  # one transfer per evaluation
     correct, total = np.asarray(correct, np.int64), np.asarray(total, np.int64)
     return ClassCounts(correct.sum(0), total.sum(0), correct, total, self.domain_ids)
 
-  def seen_counts(self, state: Any, frozen: Any, seen_classes: np.ndarray,
+  def seen_counts(self, state: Any, seen_classes: np.ndarray,
                   seen_domains: np.ndarray | None = None) -> ClassCounts:
     """Counts on the test data of the classes (and domains, when given) seen so far: the
     anytime evaluation."""
-    return self.counts(state, frozen, self.ids_of_classes(seen_classes, seen_domains),
-                       seen_classes)
+    return self.counts(state, self.ids_of_classes(seen_classes, seen_domains), seen_classes)
 
-  def all_counts(self, state: Any, frozen: Any, seen_classes: np.ndarray) -> ClassCounts:
+  def all_counts(self, state: Any, seen_classes: np.ndarray) -> ClassCounts:
     """Counts on the whole test set (the task-end evaluation filling a column of a_{i,j})."""
-    return self.counts(state, frozen, np.arange(len(self.source)), seen_classes)
+    return self.counts(state, np.arange(len(self.source)), seen_classes)

@@ -83,11 +83,11 @@ def _mark_boundaries(ax, boundary_samples, label: bool = True) -> None:
 def plot_loss_surface(samples: np.ndarray, window_value: np.ndarray,
                       window_mean: np.ndarray | None, plateau_samples, boundary_samples,
                       path: str, mean_threshold: float | None = None,
-                      run_name: str = "") -> str:
+                      run_name: str = "", value_label: str = "loss-window value") -> str:
   """The loss surface with detected plateaus (red) and true task boundaries (grey, dashed)."""
   fig = Figure(figsize=(10.5, 4), layout="constrained")
   ax = fig.add_subplot()
-  ax.plot(samples, window_value, color="tab:blue", linewidth=0.8, label="loss-window value")
+  ax.plot(samples, window_value, color="tab:blue", linewidth=0.8, label=value_label)
   if window_mean is not None and np.isfinite(window_mean).any():
     ax.plot(samples, window_mean, color="tab:orange", linewidth=1.2, label="window mean")
   if mean_threshold is not None:
@@ -164,14 +164,17 @@ def write_run_plots(workdir: str) -> list[str]:
   boundaries = detection["boundary_samples"]
   train = events.get("train", [])
   samples = np.array([e["samples_seen"] for e in train])
-  value = np.array([np.nan if e.get("window_value") is None else e["window_value"]
-                    for e in train], np.float64)
+  # Online-LoRA logs its loss-window value; the baselines (olora_jax/methods) their loss.
+  online_lora = config.get("method", "online_lora") == "online_lora"
+  key = "window_value" if online_lora else "loss"
+  value = np.array([np.nan if e.get(key) is None else e[key] for e in train], np.float64)
   mean = np.array([np.nan if e.get("window_mean") is None else e["window_mean"]
                    for e in train], np.float64)
-  threshold = config.get("learner", {}).get("mean_threshold")
+  threshold = config.get("learner", {}).get("mean_threshold") if online_lora else None
   name = run_name(workdir, config)
   paths = [plot_loss_surface(samples, value, mean, detection["plateau_samples"], boundaries,
-                             os.path.join(out, PLOT_FILES[0]), threshold, name)]
+                             os.path.join(out, PLOT_FILES[0]), threshold, name,
+                             "loss-window value" if online_lora else "training loss")]
   evals = events.get("eval", [])
   paths.append(plot_anytime_accuracy(np.array([e["samples_seen"] for e in evals]),
                                      np.array([np.nan if e["anytime_accuracy"] is None

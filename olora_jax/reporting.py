@@ -7,9 +7,15 @@ method: which Online-LoRA components are on, plus any config key that tells apar
 would otherwise share a label) and a column group (the setting: dataset, scenario, number of
 tasks, backbone), like the paper's tables: methods down, datasets across, a few metrics each.
 
-Numbers are percentages: mean ± sample standard deviation (ddof = 1) over the seeds of a group;
-a group of one seed shows the mean alone. Runs whose metric is null (e.g. Forgetting with one
-task) are left out of that metric's mean, and the count says so.
+Numbers are percentages (wall time in seconds): mean ± sample standard deviation (ddof = 1) over
+the seeds of a group; a group of one seed shows the mean alone. Runs whose metric is null (e.g.
+Forgetting with one task, A_auc of GDumb, evaluated at task ends only) are left out of that
+metric's mean, and the count says so.
+
+Rows are ordered as the paper's Table 1 (baselines, then Online-LoRA, then the upper bound).
+Runs of one setting and one seed must share their stream manifest (results.json
+`stream_manifest_sha256`; for the i.i.d. upper bound, `benchmark_manifest_sha256`, the stream it
+shuffles): `aggregate` refuses to put runs made on different streams side by side.
 """
 
 from __future__ import annotations
@@ -28,11 +34,18 @@ from olora_jax import validation
 # Keys that never change a run's numbers; runs differing only in these are one group.
 IGNORED_KEYS = frozenset({"seed", "log_every", "eval.write_plots"})
 DEFAULT_METRICS = ("A_final", "forgetting", "A_auc")
+NOT_PERCENT = frozenset({"wall_seconds"})  # shown as they are, not x 100
+# The `method` config key -> the paper's name, in the row order of its Table 1.
+METHOD_NAMES = {
+    "agem": "AGEM", "er": "ER", "ewc_pp": "EWC++", "mir": "MIR", "gdumb": "GDumb",
+    "der_pp": "DER++", "finetune": "Fine-tuning", "online_lora": "Online-LoRA",
+    "iid": "Upper bound (i.i.d.)",
+}
 # How the paper prints each metric's header; an arrow says which direction is better.
 METRIC_LABELS = {
     "A_final": "A_final ↑", "forgetting": "Forgetting ↓", "A_auc": "A_auc ↑",
     "A_last": "A_last ↑", "F_last": "F_last ↓", "backward_transfer": "BWT ↑",
-    "task_balanced_accuracy_final": "task-balanced acc ↑",
+    "task_balanced_accuracy_final": "task-balanced acc ↑", "wall_seconds": "wall time (s)",
 }
 
 
@@ -56,6 +69,12 @@ class Run:
   def seed(self):
     return self.config.get("seed")
 
+  @property
+  def manifest_sha256(self) -> str | None:
+    """The stream the run is compared on (the shuffled stream's source for the upper bound)."""
+    return self.results.get("benchmark_manifest_sha256",
+                            self.results.get("stream_manifest_sha256"))
+
   def group_key(self) -> str:
     return json.dumps(comparable_config(self.config), sort_keys=True)
 
@@ -64,7 +83,10 @@ def comparable_config(config: dict) -> dict:
   """The config keys that can change a run's numbers: all but the seed and output switches; a
   checkpoint, and a user dataset's file, are compared by file name, since checkouts keep them at
   different absolute paths."""
-  out = {k: v for k, v in config.items() if k not in IGNORED_KEYS}
+  method = config.get("method", "online_lora")
+  # Blocks of the baselines that did not run are never read.
+  unused = tuple(f"{m}." for m in METHOD_NAMES if m not in (method, "online_lora"))
+  out = {k: v for k, v in config.items() if k not in IGNORED_KEYS and not k.startswith(unused)}
   if out.get("pretrained.path"):
     out["pretrained.path"] = os.path.basename(out["pretrained.path"])
   if "data.dataset" in out:
@@ -82,9 +104,13 @@ def dataset_name(dataset) -> str:
 
 
 def method_label(config: dict) -> str:
-  """The method a config runs, named by its Online-LoRA components (paper's ablation table)."""
-  if "method" in config:  # a config that names its method (baselines) is taken at its word
-    return str(config["method"])
+  """The method a config runs: a baseline by the paper's name (with what it trains unless it is
+  the whole network), Online-LoRA by its components (the paper's ablation table)."""
+  method = config.get("method", "online_lora")
+  if method != "online_lora":
+    name = METHOD_NAMES.get(method, str(method))
+    trainable = config.get(f"{method}.trainable", "all")
+    return name if trainable == "all" else f"{name} ({trainable})"
   incremental = config.get("learner.incremental_lora", True)
   hard = config.get("learner.hard_loss", True)
   if incremental and hard:
@@ -119,6 +145,7 @@ def aggregate(run_dirs: Sequence[str], metrics: Sequence[str] = DEFAULT_METRICS)
   groups: dict[str, list[Run]] = {}
   for r in runs:
     groups.setdefault(r.group_key(), []).append(r)
+  check_same_streams(runs)
 
   # Config keys that differ between groups sharing a (method, setting) label join the method.
   labels = {k: (method_label(g[0].config), setting_label(g[0].config)) for k, g in groups.items()}
@@ -143,12 +170,13 @@ def aggregate(run_dirs: Sequence[str], metrics: Sequence[str] = DEFAULT_METRICS)
     row = {"method": labels[key][0] + (f" [{variant}]" if variant else ""),
            "setting": labels[key][1], "seeds": seeds, "runs": [r.run_dir for r in group]}
     for m in metrics:
-      values = [100 * r.results[m] for r in group if r.results[m] is not None]
+      scale = 1 if m in NOT_PERCENT else 100
+      values = [scale * r.results[m] for r in group if r.results[m] is not None]
       row[m] = {"mean": float(np.mean(values)) if values else math.nan,
                 "std": float(np.std(values, ddof=1)) if len(values) > 1 else math.nan,
                 "n": len(values)}
     rows.append(row)
-  rows.sort(key=lambda r: (r["setting"], r["method"]))
+  rows.sort(key=lambda r: (r["setting"], _row_order(r["method"]), r["method"]))
   return rows
 
 
@@ -160,6 +188,34 @@ def format_half_up(value: float | None, decimals: int = 1) -> str:
   # repr(round(., 9)) drops float noise (87.24999999999999 is printed as 87.25).
   exact = decimal.Decimal(repr(round(float(value), 9)))
   return str(exact.quantize(decimal.Decimal(1).scaleb(-decimals), rounding=decimal.ROUND_HALF_UP))
+
+
+def _row_order(label: str) -> int:
+  """Position of a row in the paper's Table 1 (unknown names last)."""
+  names = list(METHOD_NAMES.values())
+  for i, name in enumerate(names):
+    if label.startswith(name):
+      return i
+  if label.startswith("single LoRA"):
+    return names.index("Online-LoRA")
+  return len(names)
+
+
+def check_same_streams(runs: Sequence[Run]) -> None:
+  """Refuses runs of one setting and seed whose stream manifests differ: a table compares
+  methods only on identical streams (same data, order, batches and test set)."""
+  first: dict[tuple, Run] = {}
+  for r in runs:
+    if r.manifest_sha256 is None:  # a run written before manifests existed: nothing to check
+      continue
+    key = (setting_label(r.config), r.seed)
+    other = first.setdefault(key, r)
+    if other.manifest_sha256 != r.manifest_sha256:
+      raise ValueError(
+          f"runs {other.run_dir!r} and {r.run_dir!r} ({key[0]}, seed {key[1]}) were made on"
+          f" different streams (manifest {other.manifest_sha256[:12]} !="
+          f" {r.manifest_sha256[:12]}); compare methods on the same stream: same data, seed,"
+          " scenario and learner.batch_size")
 
 
 def _is_scalar(v) -> bool:
@@ -175,9 +231,9 @@ def _cell(stat: dict) -> str:
 
 
 def markdown_table(rows: list[dict], metrics: Sequence[str] = DEFAULT_METRICS) -> str:
-  """Methods down, settings across (each with its metrics), like the paper's tables."""
+  """Methods down (in the paper's Table 1 order), settings across (each with its metrics)."""
   settings = sorted({r["setting"] for r in rows})
-  methods = sorted({r["method"] for r in rows})
+  methods = sorted({r["method"] for r in rows}, key=lambda m: (_row_order(m), m))
   cells = {(r["method"], r["setting"]): r for r in rows}
   header = ["method"] + [f"{s}: {METRIC_LABELS.get(m, m)}" for s in settings for m in metrics]
   lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
@@ -188,8 +244,9 @@ def markdown_table(rows: list[dict], metrics: Sequence[str] = DEFAULT_METRICS) -
       out += [_cell(row[m]) if row else "" for m in metrics]
     lines.append("| " + " | ".join(out) + " |")
   n_seeds = sorted({len(r["seeds"]) for r in rows})
-  lines += ["", f"mean ± std (ddof 1) over {'/'.join(map(str, n_seeds))} seed(s), in %;"
-            " groups = identical configs up to `seed`."]
+  lines += ["", f"mean ± std (ddof 1) over {'/'.join(map(str, n_seeds))} seed(s), in %"
+            " (wall time in s); groups = identical configs up to `seed`; runs of one setting and"
+            " seed share one stream manifest."]
   return "\n".join(lines)
 
 

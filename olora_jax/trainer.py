@@ -1,11 +1,13 @@
-"""The host loop, read as the paper's algorithm (Online-LoRA, Alg. in section 3):
+"""The host loop: one loop for every method (olora_jax/methods), read as the paper's protocol:
 
     for each batch of the stream (seen once, no task ids):
-      1-2. train step: loss on batch + hard buffer (+ L_LoRA), one Adam step   [jitted]
-      3.   loss window: mean / variance, plateau and peak rule                  [host]
-      4.   on a plateau: importance on the buffer, Omega, merge, new LoRA       [jitted]
-      5.   hard-buffer update from the pre-update losses                        [jitted]
+      train step of the method on the batch                                     [jitted]
+      the method's host hook (Online-LoRA: loss window, plateau rule, consolidation and
+      hard-buffer update, paper steps 3-5)                                       [host + jitted]
       evaluation at anytime points and at true task ends (evaluator only)
+
+The method is picked by the `method` config key; its whole state is one pytree that the loop
+checkpoints, evaluates through the method's pure `predict`, and never looks inside.
 
 Outputs in `workdir`: config.json, stream_manifest.json (data/manifest.py), metrics.jsonl (one
 event per line), results.json (every metric with its definition), plots/*.png, checkpoints/ (the
@@ -42,6 +44,7 @@ from olora_jax import (
     validation,
 )
 from olora_jax import fidelity as fidelity_lib
+from olora_jax import methods as methods_lib
 from olora_jax import metrics as metrics_lib
 from olora_jax import plots as plots_lib
 from olora_jax import pretrained as pretrained_lib
@@ -49,15 +52,14 @@ from olora_jax import trace as trace_lib
 from olora_jax import workdir as workdir_lib
 from olora_jax.data import manifest as manifest_lib
 from olora_jax.data import sources as sources_lib
+from olora_jax.data import streams as streams_lib
 from olora_jax.data.pipeline import InputPipeline
 from olora_jax.evaluate import Evaluator
-from olora_jax.learner import buffer as buffer_lib
-from olora_jax.learner import online_lora
-from olora_jax.learner import plateau as plateau_lib
+from olora_jax.methods import base as methods_base
 from olora_jax.models.vit import VisionTransformer, ViTSpec, init_head, spec_from_config
 
 RUN_FILES = ("config.json", "stream_manifest.json", "metrics.jsonl", "results.json")
-EXPORT_FILENAME = "online_lora.safetensors"  # export_online_lora=True
+EXPORT_FILENAME = methods_lib.online_lora.EXPORT_FILENAME  # export_online_lora=True
 
 
 class Setup:
@@ -72,37 +74,32 @@ class Setup:
                       ("learner.initial_lora", c.learner.initial_lora)):
       if path and not os.path.isfile(path):
         raise FileNotFoundError(f"{key}={path!r} does not exist; give a local checkpoint file")
-    self.plateau_config = plateau_lib.PlateauConfig(
-        window=c.learner.window, mean_threshold=c.learner.mean_threshold,
-        var_threshold=c.learner.var_threshold,
-        check_partial_window=c.learner.check_partial_window)
-    self.tx = online_lora.make_optimizer(c.learner.learning_rate,
-                                         bias_correction=c.learner.adam_bias_correction)
-    self.learner_config = online_lora.LearnerConfig(
-        rank=c.learner.rank, reg_lambda=c.learner.reg_lambda, hard_loss=c.learner.hard_loss,
-        reset_opt_state_at_merge=c.learner.reset_opt_state_at_merge,
-        buffer_unit=c.learner.buffer_unit, window_value=c.learner.window_value,
-        importance=c.learner.importance, merge=c.learner.merge,
-        new_lora_init=c.learner.new_lora_init)
-    buffer_lib.init_buffer(c.learner.buffer_size, (1,))  # validates the size
-
     self.train_source, self.test_source = sources_lib.load_sources(c.data, self.spec.image_size)
     self.num_classes = self.train_source.num_classes
     for source in (self.train_source, self.test_source):
       sample_images, _ = source.get(np.arange(min(len(source), 8)))
       validation.check_source(source.labels, sample_images, self.num_classes,
                               f"data.dataset={c.data.dataset!r} ({source.split} split)")
-    # learner.initial_lora: (first LoRA, frozen pair) in the authors' layout, else (None, None).
-    self.initial_lora = (
-        pretrained_lib.load_online_lora(c.learner.initial_lora, self.spec, c.learner.rank)
-        if c.learner.initial_lora else (None, None))
+    self.model = VisionTransformer(self.spec, self.num_classes)
+    # The method's builder validates its config block before any compute.
+    self.method = methods_lib.build(methods_base.Context(
+        config=c, model=self.model, spec=self.spec, num_classes=self.num_classes,
+        batch_size=c.learner.batch_size,
+        image_shape=(self.spec.image_size, self.spec.image_size, 3)))
     # From the seed, or replayed from data.stream_manifest (data/manifest.py).
     self.stream, self.manifest = manifest_lib.build_stream_and_manifest(
         c.data, c.seed, c.learner.batch_size, self.train_source, self.test_source)
+    self.benchmark_manifest_sha256 = None  # set when the method trains on another order
+    if self.method.iid_stream:  # the upper bound: the stream's samples in an i.i.d. order
+      self.benchmark_manifest_sha256 = manifest_lib.manifest_sha256(self.manifest)
+      self.stream = streams_lib.iid_order(self.stream, c.learner.batch_size, c.seed)
+      self.manifest = manifest_lib.stream_manifest(c.data, c.seed, c.learner.batch_size,
+                                                   self.stream, self.train_source,
+                                                   self.test_source)
+      self.manifest["params"]["order"] = "iid"
     self.pipeline = InputPipeline(self.train_source, self.stream, c.learner.batch_size,
                                   self.spec.image_size, c.data.augment, c.seed, c.data.prefetch,
                                   c.data.input_scale)
-    self.model = VisionTransformer(self.spec, self.num_classes)
     self.mesh = sharding.make_mesh()
     sharding.check_divisible(c.learner.batch_size, self.mesh, "learner.batch_size")
     sharding.check_divisible(c.eval.batch_size, self.mesh, "eval.batch_size")
@@ -191,16 +188,16 @@ def _write_json(path: str, obj) -> None:
 
 
 def make_guarded_step(train_step: Callable) -> Callable:
-  """The learner's train step, but a non-finite loss leaves the state as it was.
+  """The method's train step, but a non-finite loss leaves the state as it was.
 
-  The learner donates its state, so the last good state must be kept inside jit: the trainer can
+  The step donates the state, so the last good state must be kept inside jit: the trainer can
   then checkpoint it (and stop) or skip the step (`learner.skip_nonfinite`).
   """
 
-  def step(state, frozen, buf, batch):
-    new_state, scalars, scores = train_step(state, frozen, buf, batch)
+  def step(state, batch):
+    new_state, scalars, extras = train_step(state, batch)
     finite = jnp.isfinite(scalars["loss"])
-    return jax.lax.cond(finite, lambda: new_state, lambda: state), scalars, scores
+    return jax.lax.cond(finite, lambda: new_state, lambda: state), scalars, extras
 
   return jax.jit(step, donate_argnums=(0,))
 
@@ -275,7 +272,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   """
   setup = Setup(config)  # every config or data error surfaces here, before any compute or file
   config = setup.config  # fidelity keys resolved: config.json records what actually ran
-  init_key, lora_key = jax.random.split(jax.random.key(config.seed))
+  init_key, method_key = jax.random.split(jax.random.key(config.seed))
   params = initial_params(setup, config, init_key)  # a bad pretrained file fails before any file
   _check_workdir(workdir, config)  # a different config is refused before anything is written
   with workdir_lib.WorkdirLock(workdir):  # one process per workdir, from here to the end
@@ -287,7 +284,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
                         ", ".join(missing), workdir)
         _guarded(lambda: plots_lib.write_run_plots(workdir), workdir)
       return {**finished, "already_finished": workdir_lib.finished_at(workdir)}
-    return _guarded(lambda: _train_and_evaluate(setup, params, lora_key, workdir, progress),
+    return _guarded(lambda: _train_and_evaluate(setup, params, method_key, workdir, progress),
                     workdir)
 
 
@@ -312,41 +309,32 @@ def _guarded(fn: Callable, workdir: str):
         " with the error log") from e
 
 
-def _train_and_evaluate(setup: Setup, params: dict, lora_key: jax.Array, workdir: str,
+def _train_and_evaluate(setup: Setup, params: dict, method_key: jax.Array, workdir: str,
                         progress: bool) -> dict:
   """The run itself, in a locked workdir whose config has been checked."""
   config = c = setup.config
-  spec, stream = setup.spec, setup.stream
+  spec, stream, method = setup.spec, setup.stream, setup.method
   start = time.time()
-  backbone, head = online_lora.split_params(params)
-  initial_lora, initial_frozen_lora = setup.initial_lora  # None: the first LoRA from lora_key
-  frozen = online_lora.init_frozen(backbone, spec, setup.learner_config, initial_frozen_lora)
-  learner = online_lora.make_learner(setup.model, setup.tx, setup.learner_config)
-  train_step = make_guarded_step(learner.train_step)
-  state = online_lora.init_train_state(lora_key, head, spec, setup.learner_config, setup.tx,
-                                       lora=initial_lora)
-  buffer = online_lora.init_buffer(setup.learner_config, c.learner.buffer_size,
-                                   c.learner.batch_size, (spec.image_size, spec.image_size, 3))
+  train_step = make_guarded_step(method.train_step)
+  state = method.init(method_key, params)  # the method's whole state: one pytree
 
   # Resume: the whole run state from the newest checkpoint that verifies.
   checkpointer = checkpointing.Checkpointer(workdir, c.max_to_keep)
   meta = {"config": checkpointing.config_to_dict(config), "stream_sha256": stream.sha256()}
-  template = {"state": state, "frozen": frozen, "buffer": buffer}
-  restored = checkpointing.restore_run(checkpointer, template, config, meta["stream_sha256"])
+  restored = checkpointing.restore_run(checkpointer, state, config, meta["stream_sha256"])
   if restored is None:
-    p = checkpointing.Progress.initial(c.eval.eval_every)
+    p = checkpointing.Progress.initial(c.eval.eval_every, method.init_host())
   else:
-    arrays, p = restored
-    state, frozen, buffer = arrays["state"], arrays["frozen"], arrays["buffer"]
+    state, p = restored
     workdir_lib.verify_run_log(workdir, p.metrics_bytes, p.metrics_sha256, p.cursor)
     logging.warning("resuming %s at stream step %d of %d", workdir, p.cursor, len(stream.steps))
-  frozen, state, buffer = sharding.replicate((frozen, state, buffer), setup.mesh)
+  state = sharding.replicate(state, setup.mesh)
   _write_json(os.path.join(workdir, "config.json"), meta["config"])
   manifest_sha256 = manifest_lib.write_manifest(os.path.join(workdir, "stream_manifest.json"),
                                                 setup.manifest)
-  # The evaluator reads (state, frozen) through the pure `predict` and never changes them.
+  # The evaluator reads the state through the method's pure `predict` and never changes it.
   evaluator = Evaluator(setup.test_source, spec.image_size, c.eval.batch_size, setup.num_classes,
-                        learner.predict, c.eval.mask_unseen_logits, mesh=setup.mesh,
+                        method.predict, c.eval.mask_unseen_logits, mesh=setup.mesh,
                         input_scale=c.data.input_scale)
   log = RunLog(os.path.join(workdir, "metrics.jsonl"),
                tb_writer.make_scalar_writer(os.path.join(workdir, "tensorboard")),
@@ -360,7 +348,7 @@ def _train_and_evaluate(setup: Setup, params: dict, lora_key: jax.Array, workdir
   def save():
     p.metrics_bytes, p.metrics_sha256 = log.size(), log.sha256()
     p.wall_seconds = wall_before + time.time() - start
-    checkpointer.save({"state": state, "frozen": frozen, "buffer": buffer}, p, meta)
+    checkpointer.save(state, p, meta)
     trace.save()
 
   task_ends = set(stream.task_end_steps().tolist())
@@ -375,7 +363,7 @@ def _train_and_evaluate(setup: Setup, params: dict, lora_key: jax.Array, workdir
   with StopSignal() as stop, contextlib.closing(log), contextlib.closing(checkpointer), bar:
     for step, host_batch in enumerate(setup.pipeline.iterate(p.cursor), start=p.cursor):
       batch = sharding.shard_batch(host_batch, setup.mesh)
-      state, scalars, scores = train_step(state, frozen, buffer, batch)
+      state, scalars, extras = train_step(state, batch)
       scalars = jax.device_get(scalars)
       finite = bool(np.isfinite(scalars["loss"]))
       if not finite and not c.learner.skip_nonfinite:
@@ -397,41 +385,34 @@ def _train_and_evaluate(setup: Setup, params: dict, lora_key: jax.Array, workdir
       p.seen_classes = sorted(set(p.seen_classes) | set(
           np.unique(host_batch["labels"][mask]).tolist()))
 
-      stats = None
+      report = methods_base.StepReport()
       if not finite:  # learner.skip_nonfinite: the step left the state as it was
         p.nonfinite_steps.append(step)
         log.write("nonfinite_skipped", step, samples_seen=p.samples_seen, loss=scalars["loss"])
-      elif c.learner.incremental_lora:
-        p.window, stats = plateau_lib.update(p.window, scalars["window_value"],
-                                             setup.plateau_config)
-        if stats.fired:
-          # Importance on the buffer used in this step, then merge (paper steps 4a-4d).
-          merged_lora = trace.fetch(state.trainable["lora"])  # consolidate donates the state
-          state, frozen = learner.consolidate(state, frozen, buffer)
-          trace.record_plateau(step, merged_lora, state.omega, frozen.get(online_lora.FROZEN_LORA))
+      if method.after_step is not None:  # also told of a skipped step (finite=False)
+        state, p.method_host, report = method.after_step(state, p.method_host, step, batch,
+                                                         scalars, extras, finite, trace)
+      for event, values in report.events:
+        if event == "plateau":
           p.plateau_steps.append(step)
           p.plateau_samples.append(p.samples_seen)
-          log.write("plateau", step, p.samples_seen, n_plateaus=p.window.n_plateaus,
-                    window_mean=stats.mean, window_var=stats.var)
-      if finite:
-        buffer = learner.update_buffer(buffer, batch, scores)
-      trace.record_step(step, scalars, stats, scores, buffer_updated=finite)
+        log.write(event, step, p.samples_seen, **values)
 
       if step % c.log_every == 0:
-        window_stats = {} if stats is None else dict(window_mean=stats.mean,
-                                                      window_var=stats.var)
-        log.write("train", step, p.samples_seen, **scalars, **window_stats)
+        log.write("train", step, p.samples_seen, **scalars, **report.train_values)
 
-      anytime_due, at_task_end = p.samples_seen >= p.next_eval, step in task_ends
+      anytime_due = method.anytime_eval and p.samples_seen >= p.next_eval
+      at_task_end = step in task_ends
       if anytime_due or at_task_end:
         seen = np.array(p.seen_classes)
+        model = state if method.eval_state is None else method.eval_state(state)
         # Domain streams evaluated by domain: the test data of the domains seen so far.
         seen_domains = (groups.domains[: stream.step_task[step] + 1] if groups.by_domain
                         else None)
         # One pass serves both evaluations when they coincide: the whole test set at a task
         # end, the seen classes' test data otherwise (same class mask, same predictions).
-        counts = (evaluator.all_counts(state, frozen, seen) if at_task_end
-                  else evaluator.seen_counts(state, frozen, seen, seen_domains))
+        counts = (evaluator.all_counts(model, seen) if at_task_end
+                  else evaluator.seen_counts(model, seen, seen_domains))
         seen_mask = np.isin(np.arange(setup.num_classes), seen)
       if anytime_due:
         p.next_eval += c.eval.eval_every * (
@@ -468,11 +449,8 @@ def _train_and_evaluate(setup: Setup, params: dict, lora_key: jax.Array, workdir
       bar.update(1)
       bar.set_postfix(loss=f"{scalars['loss']:.3f}", plateaus=len(p.plateau_steps))
     save()  # the final state (a no-op if the last periodic save already wrote it)
-  if c.export_online_lora:  # the final model in the authors' layout, for their code to load
-    pretrained_lib.save_online_lora_safetensors(
-        {**{k: v for k, v in frozen.items() if k != online_lora.FROZEN_LORA},
-         "head": state.trainable["head"]}, state.trainable["lora"],
-        os.path.join(workdir, EXPORT_FILENAME), frozen_lora=frozen.get(online_lora.FROZEN_LORA))
+  if method.finish is not None:  # e.g. Online-LoRA's export in the authors' layout
+    method.finish(state, workdir)
 
   acc_matrix = np.array(p.acc_columns).T  # (T, T): acc[i, j] after task j on task i
   class_correct = np.array(p.end_correct)  # (T, C) at each task end
@@ -507,6 +485,8 @@ def _train_and_evaluate(setup: Setup, params: dict, lora_key: jax.Array, workdir
       "stream_sha256": stream.sha256(),
       "stream_manifest_sha256": manifest_sha256,
       "fidelity": fidelity_lib.fidelity_record(c),
+      **({} if setup.benchmark_manifest_sha256 is None else {
+          "benchmark_manifest_sha256": setup.benchmark_manifest_sha256}),
       "wall_seconds": wall_before + time.time() - start,
       "metric_notes": notes,
   }

@@ -12,7 +12,8 @@ What is checked (issue 6):
                    the type of data.class_order, pretrained.keep_head only with a checkpoint
                    (fidelity names: olora_jax/fidelity.resolve; data.stream_manifest:
                    olora_jax/data/manifest.py; an explicit class order is checked against the
-                   dataset's classes by olora_jax.data.streams)
+                   dataset's classes by olora_jax.data.streams), and the `method` name and its
+                   config block (`check_method`)
   data             images uint8 (N, H, W, 1|3); integer labels in [0, num_classes)
                    (`check_source`)
 Dataset names and "not prepared" datasets are refused by `olora_jax.data.sources.load_source`,
@@ -114,6 +115,51 @@ def check_config(config: ml_collections.ConfigDict, width: int) -> None:
            f"data.class_order={order!r} must be 'label', 'seeded' or a list of class ids")
   _require(isinstance(c.data.dataset, str) and c.data.dataset != "",
            f"data.dataset={c.data.dataset!r} must name a dataset or a 'module:function'")
+  check_method(c)
+
+
+TRAINABLE = ("all", "head", "lora")
+
+
+def check_method(config: ml_collections.ConfigDict) -> None:
+  """The `method` name and the values of its config block (configs/common.py)."""
+  from olora_jax.methods import REGISTRY  # here: the methods import the learner, not validation
+
+  name = config.method
+  _require(name in REGISTRY, f"unknown method={name!r}; use one of {tuple(REGISTRY)}")
+  if name == "online_lora":  # its block is `learner`, checked above
+    return
+  for key in ("trace.enabled", "export_online_lora"):  # Online-LoRA's own outputs
+    _require(not flatten(config)[key],
+             f"{key}=True is Online-LoRA's; with method={name!r} set it to False")
+  b, p = config[name], f"{name}."
+  values = b.to_dict()
+  _require(b.trainable in TRAINABLE,
+           f"unknown {p}trainable={b.trainable!r}; use one of {TRAINABLE}")
+  _require(b.learning_rate > 0, f"{p}learning_rate={b.learning_rate} must be > 0")
+  _require(b.weight_decay >= 0, f"{p}weight_decay={b.weight_decay} must be >= 0")
+  if "min_learning_rate" in values:
+    _require(0 < b.min_learning_rate <= b.learning_rate,
+             f"{p}min_learning_rate={b.min_learning_rate} must be in (0, {p}learning_rate]")
+  if "buffer_size" in values:
+    _require(b.buffer_size >= 1, f"{p}buffer_size={b.buffer_size} must be >= 1 (the paper"
+             " uses 500)")
+  if "replay_batch" in values:
+    _require(1 <= b.replay_batch <= b.buffer_size,
+             f"{p}replay_batch={b.replay_batch} must be in [1, {p}buffer_size={b.buffer_size}]")
+  if "n_candidates" in values:
+    _require(b.replay_batch <= b.n_candidates <= b.buffer_size,
+             f"{p}n_candidates={b.n_candidates} must be in [{p}replay_batch,"
+             f" {p}buffer_size]; the paper uses 50")
+  for key in ("reg_lambda", "beta", "clip_norm"):
+    if key in values:
+      _require(values[key] >= 0, f"{p}{key}={values[key]} must be >= 0")
+  if "alpha" in values:  # DER++'s logit weight, or EWC++'s running-average weight in (0, 1]
+    upper = 1.0 if name == "ewc_pp" else float("inf")
+    _require(0 <= b.alpha <= upper, f"{p}alpha={b.alpha} must be in [0, {upper}]")
+  for key in ("fisher_every", "epochs"):
+    if key in values:
+      _require(values[key] >= 1, f"{p}{key}={values[key]} must be >= 1")
 
 
 def check_source(labels: np.ndarray, images: np.ndarray, num_classes: int, what: str) -> None:

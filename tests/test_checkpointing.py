@@ -18,6 +18,7 @@ import pytest
 from configs import tiny
 from olora_jax import checkpointing, trainer
 from olora_jax.learner import plateau as plateau_lib
+from olora_jax.methods import online_lora as online_lora_method
 
 
 def _tree(value: float) -> dict:
@@ -34,7 +35,9 @@ def _progress(cursor: int) -> checkpointing.Progress:
   p = checkpointing.Progress.initial(eval_every=10)
   p.cursor, p.samples_seen, p.seen_classes = cursor, 32 * cursor, [0, 1]
   p.acc_columns, p.anytime = [[0.5, 0.25]], [1 / 3]
-  p.window, _ = plateau_lib.update(p.window, 0.1 * cursor + 1e-7, plateau_lib.PlateauConfig())
+  window, _ = plateau_lib.update(plateau_lib.init(), 0.1 * cursor + 1e-7,
+                                 plateau_lib.PlateauConfig())
+  p.method_host = {"window": online_lora_method.window_to_json(window)}
   return p
 
 
@@ -65,7 +68,8 @@ def test_round_trip_restores_every_leaf_and_the_progress_exactly(tmp_path):
   _assert_tree_equal(arrays, _tree(2.0))
   assert jax.dtypes.issubdtype(arrays["key"].dtype, jax.dtypes.prng_key)
   restored = checkpointing.Progress.from_json(host["progress"])
-  assert isinstance(restored.window, plateau_lib.PlateauState)
+  window = online_lora_method.window_from_json(restored.method_host["window"])
+  assert isinstance(window, plateau_lib.PlateauState)
   # json.dumps compares the NaNs of the window (no plateau yet) too, and every float's bits.
   assert json.dumps(restored.to_json()) == json.dumps(_progress(2).to_json())
 

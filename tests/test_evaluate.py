@@ -54,6 +54,11 @@ def setup():
   return source, learner, state, frozen, logits
 
 
+def _predict(learner):
+  """The evaluator takes one state pytree: here the learner's (state, frozen) pair."""
+  return lambda model, images: learner.predict(*model, images)
+
+
 def numpy_counts(logits, labels, ids, allowed):
   masked = np.where(allowed[None], logits[ids], -np.inf)
   hits = masked.argmax(-1) == labels[ids]
@@ -64,18 +69,18 @@ def numpy_counts(logits, labels, ids, allowed):
 @pytest.mark.parametrize("mask_unseen", [False, True])
 def test_counts_equal_numpy(setup, mask_unseen):
   source, learner, state, frozen, logits = setup
-  ev = evaluate.Evaluator(source, 16, 8, C, learner.predict, mask_unseen_logits=mask_unseen)
+  ev = evaluate.Evaluator(source, 16, 8, C, _predict(learner), mask_unseen_logits=mask_unseen)
   seen = np.array([0, 2, 3])
   allowed = np.isin(np.arange(C), seen) if mask_unseen else np.ones(C, bool)
 
-  counts = ev.all_counts(state, frozen, seen)
+  counts = ev.all_counts((state, frozen), seen)
   ref_correct, ref_total = numpy_counts(logits, source.labels, np.arange(37), allowed)
   np.testing.assert_array_equal(counts.correct, ref_correct)
   np.testing.assert_array_equal(counts.total, ref_total)
   assert counts.total[5] == 0 and np.isnan(counts.class_accuracy()[5])
 
   ids = np.flatnonzero(np.isin(source.labels, seen))
-  anytime = ev.seen_counts(state, frozen, seen)
+  anytime = ev.seen_counts((state, frozen), seen)
   ref_correct, ref_total = numpy_counts(logits, source.labels, ids, allowed)
   np.testing.assert_array_equal(anytime.correct, ref_correct)
   np.testing.assert_array_equal(anytime.total, ref_total)
@@ -101,11 +106,11 @@ def _host_copy(x):
 def test_never_changes_state_and_compiles_once(setup):
   source, learner, state, frozen, _ = setup
   before = jax.tree.map(_host_copy, (state, frozen))
-  ev = evaluate.Evaluator(source, 16, 8, C, learner.predict, mask_unseen_logits=True)
+  ev = evaluate.Evaluator(source, 16, 8, C, _predict(learner), mask_unseen_logits=True)
   traces = evaluate.TRACE_COUNTS["count"]
   for seen in (np.array([0]), np.array([0, 1, 2]), np.arange(C)):
-    ev.seen_counts(state, frozen, seen)  # a different number of ids and class mask each time
-    ev.all_counts(state, frozen, seen)
+    ev.seen_counts((state, frozen), seen)  # a different number of ids and class mask each time
+    ev.all_counts((state, frozen), seen)
   assert evaluate.TRACE_COUNTS["count"] == traces + 1
   after = jax.tree.map(_host_copy, (state, frozen))  # would raise if a buffer had been donated
   jax.tree.map(np.testing.assert_array_equal, before, after)
@@ -113,17 +118,18 @@ def test_never_changes_state_and_compiles_once(setup):
 
 def test_uncached_path_gives_the_same_counts(setup, monkeypatch):
   source, learner, state, frozen, _ = setup
-  cached = evaluate.Evaluator(source, 16, 8, C, learner.predict).all_counts(state, frozen, [0])
+  cached = evaluate.Evaluator(source, 16, 8, C, _predict(learner)).all_counts(
+      (state, frozen), [0])
   monkeypatch.setattr(evaluate, "CACHE_BYTES", 0)  # preprocess batch by batch instead
-  ev = evaluate.Evaluator(source, 16, 8, C, learner.predict)
+  ev = evaluate.Evaluator(source, 16, 8, C, _predict(learner))
   assert ev._inputs is None
-  counts = ev.all_counts(state, frozen, [0])
+  counts = ev.all_counts((state, frozen), [0])
   np.testing.assert_array_equal(counts.correct, cached.correct)
 
 
 def test_bad_arguments(setup):
   source, learner, *_ = setup
   with pytest.raises(ValueError, match="eval.batch_size"):
-    evaluate.Evaluator(source, 16, 0, C, learner.predict)
+    evaluate.Evaluator(source, 16, 0, C, _predict(learner))
   with pytest.raises(ValueError, match="num_classes"):
-    evaluate.Evaluator(source, 16, 8, 3, learner.predict)
+    evaluate.Evaluator(source, 16, 8, 3, _predict(learner))

@@ -110,19 +110,16 @@ def test_exported_final_model_scores_what_the_run_scored(runs):
   _, replayed = runs
   config = _small_config()
   config.data.stream_manifest = str(replayed / "stream_manifest.json")
+  path = str(replayed / trainer.EXPORT_FILENAME)
+  config.learner.initial_lora = path  # the method starts from the exported LoRA and frozen pair
   setup = trainer.Setup(config)
   c, spec = setup.config, setup.spec
-  path = str(replayed / trainer.EXPORT_FILENAME)
   params = pretrained.load_pretrained(path, spec, setup.num_classes, require_head=True)
-  lora, pair = pretrained.load_online_lora(path, spec, c.learner.rank)
-  backbone, head = online_lora.split_params(params)
-  frozen = online_lora.init_frozen(backbone, spec, setup.learner_config, pair)
-  state = online_lora.init_train_state(jax.random.key(0), head, spec, setup.learner_config,
-                                       setup.tx, lora=lora)
-  learner = online_lora.make_learner(setup.model, setup.tx, setup.learner_config)
+  state = setup.method.init(jax.random.key(0), params)
   evaluator = Evaluator(setup.test_source, spec.image_size, c.eval.batch_size, setup.num_classes,
-                        learner.predict, False, mesh=setup.mesh, input_scale=c.data.input_scale)
-  counts = evaluator.all_counts(state, frozen, np.arange(setup.num_classes))
+                        setup.method.predict, False, mesh=setup.mesh,
+                        input_scale=c.data.input_scale)
+  counts = evaluator.all_counts(state, np.arange(setup.num_classes))
   events = [json.loads(line) for line in (replayed / "metrics.jsonl").read_text().splitlines()]
   last_end = [e for e in events if e["event"] == "task_end"][-1]
   assert counts.correct.tolist() == last_end["class_correct"]
@@ -382,23 +379,22 @@ def test_a_run_starts_from_exported_weights(tmp_path):
   c = setup.config
   got_params = trainer.initial_params(setup, c, jax.random.key(5))
   got_lora, got_pair = pretrained.load_online_lora(c.learner.initial_lora, spec, c.learner.rank)
-  backbone, head = online_lora.split_params(got_params)
-  learner_config = setup.learner_config
-  frozen = online_lora.init_frozen(backbone, spec, learner_config, got_pair)
-  state = online_lora.init_train_state(jax.random.key(6), head, spec, learner_config, setup.tx,
-                                       lora=got_lora)
-  learner = online_lora.make_learner(setup.model, setup.tx, learner_config)
-  logits = np.asarray(learner.predict(state, frozen, x))
+  backbone, _ = online_lora.split_params(got_params)
+  method = setup.method  # Online-LoRA, started from learner.initial_lora
+  run_state = method.init(jax.random.key(6), got_params)
+  logits = np.asarray(method.predict(run_state, x))
   np.testing.assert_allclose(logits, np.asarray(want), rtol=1e-5, atol=1e-6)
   # Bit for bit against the same jitted function on the exported trees themselves.
   original_backbone, original_head = online_lora.split_params(params)
-  original = state.replace(trainable={"lora": lora, "head": original_head})
-  np.testing.assert_array_equal(logits, np.asarray(learner.predict(
-      original, {**original_backbone, online_lora.FROZEN_LORA: pair}, x)))
+  original = run_state["state"].replace(trainable={"lora": lora, "head": original_head})
+  np.testing.assert_array_equal(logits, np.asarray(method.predict(
+      {**run_state, "state": original,
+       "frozen": {**original_backbone, online_lora.FROZEN_LORA: pair}}, x)))
   # The exact merge folds the frozen pair into the backbone: the same function.
   exact = online_lora.LearnerConfig(rank=4)
   frozen_exact = online_lora.init_frozen(backbone, spec, exact, got_pair)
-  learner_exact = online_lora.make_learner(setup.model, setup.tx, exact)
+  learner_exact = online_lora.make_learner(setup.model, online_lora.make_optimizer(1e-3), exact)
+  state = run_state["state"]
   np.testing.assert_allclose(np.asarray(learner_exact.predict(state, frozen_exact, x)),
                              np.asarray(want), rtol=1e-5, atol=1e-6)
 

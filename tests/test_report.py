@@ -250,3 +250,46 @@ def test_matrix_cells_round_half_up():
   assert [reporting.format_half_up(v) for v in (87.25, 88.25, 87.35, 100 * 0.8725)] == [
       "87.3", "88.3", "87.4", "87.3"]
   assert reporting.format_half_up(float("nan")) == "n/a"
+
+
+def write_method_run(path, seed, method, manifest, a_final, trainable="all", wall=10.0):
+  results = {"A_final": a_final, "forgetting": 0.1, "A_auc": None if method == "gdumb" else 0.5,
+             "stream_manifest_sha256": manifest, "wall_seconds": wall}
+  if method == "iid":  # trained on a shuffle of the benchmark stream `manifest`
+    results.update(stream_manifest_sha256="shuffled" + manifest,
+                   benchmark_manifest_sha256=manifest)
+  run = write_run(path, seed, results)
+  with open(os.path.join(run, "config.json")) as f:
+    config = json.load(f)
+  config["method"] = method
+  config[method] = {"trainable": trainable, "learning_rate": 1e-4}
+  config["er" if method != "er" else "mir"] = {"learning_rate": seed}  # an unused block
+  with open(os.path.join(run, "config.json"), "w") as f:
+    json.dump(config, f)
+  return run
+
+
+def test_table_one_layout_and_stream_check(tmp_path):
+  dirs = []
+  for seed in (0, 1):
+    m = f"stream{seed}"
+    dirs += [write_method_run(tmp_path / f"iid{seed}", seed, "iid", m, 0.9, wall=5.0 + seed),
+             write_method_run(tmp_path / f"er{seed}", seed, "er", m, 0.4 + 0.1 * seed),
+             write_method_run(tmp_path / f"ft{seed}", seed, "finetune", m, 0.2, "head"),
+             write_method_run(tmp_path / f"gd{seed}", seed, "gdumb", m, 0.3),
+             write_method_run(tmp_path / f"agem{seed}", seed, "agem", m, 0.1)]
+  metrics_ = ("A_final", "A_auc", "wall_seconds")
+  rows = reporting.aggregate(dirs, metrics_)
+  # One row per method whatever its unused blocks hold, in the paper's Table 1 order.
+  assert [r["method"] for r in rows] == ["AGEM", "ER", "GDumb", "Fine-tuning (head)",
+                                         "Upper bound (i.i.d.)"]
+  er = rows[1]
+  assert er["seeds"] == [0, 1] and er["A_final"]["mean"] == pytest.approx(45.0)
+  assert rows[2]["A_auc"]["n"] == 0  # GDumb has no anytime accuracy
+  assert rows[4]["wall_seconds"]["mean"] == pytest.approx(5.5)  # seconds, not x 100
+  table = reporting.markdown_table(rows, metrics_)
+  assert "| ER | 45.00 ± 7.07 | 50.00 ± 0.00 | 10.00 ± 0.00 |" in table
+  # A run of seed 1 on another stream is refused, naming both runs.
+  bad = write_method_run(tmp_path / "mir1", 1, "mir", "other", 0.5)
+  with pytest.raises(ValueError, match=r"different streams .*same data, seed"):
+    reporting.aggregate(dirs + [bad])

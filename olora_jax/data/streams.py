@@ -279,3 +279,25 @@ def build_stream(data_config: ml_collections.ConfigDict, source, batch_size: int
     return domain_incremental(source.labels, domains, np.unique(domains).tolist(), batch_size,
                               seed, domain_stream_order(c))
   raise ValueError(f"unknown data.scenario={c.scenario!r}; available: {SCENARIOS}")
+
+
+def iid_order(stream: Stream, batch_size: int, seed: int) -> Stream:
+  """The i.i.d. upper bound's order: every sample of `stream` once, shuffled across tasks with
+  `default_rng([seed, 1])`, in full batches of `batch_size` (the last may be short).
+
+  Step t counts as task k when its last sample falls in task k's share of the samples (task k
+  keeps its original size), so task-end evaluations happen after as many samples as in `stream`;
+  `task_classes` are unchanged.
+  """
+  _check_batch_size(batch_size)
+  ids = np.concatenate(stream.steps)
+  ids = ids[np.random.default_rng([seed, 1]).permutation(len(ids))]
+  steps = tuple(ids[i:i + batch_size] for i in range(0, len(ids), batch_size))
+  task_ends = np.cumsum(stream.task_sizes())  # samples seen at each task's end
+  last_sample = np.cumsum([len(s) for s in steps]) - 1
+  step_task = np.searchsorted(task_ends, last_sample, side="right")
+  missing = sorted(set(range(stream.n_tasks)) - set(step_task.tolist()))
+  if missing:
+    raise ValueError(f"task(s) {missing} hold fewer samples than one batch, so the i.i.d. order"
+                     " has no step to evaluate them at; lower learner.batch_size")
+  return dataclasses.replace(stream, steps=steps, step_task=step_task)

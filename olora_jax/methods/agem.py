@@ -1,0 +1,50 @@
+"""A-GEM, averaged gradient episodic memory (Chaudhry et al. 2019).
+
+Each step: g = gradient of CE(batch); g_ref = gradient of CE on `agem.replay_batch` samples drawn
+from the reservoir buffer. When g . g_ref < 0 the update uses g - (g . g_ref / g_ref . g_ref) g_ref
+(so it no longer increases the memory loss to first order), else g itself. Then the batch enters
+the reservoir. Paper: buffer 500, LR 1e-4, WD 1e-4.
+"""
+
+from __future__ import annotations
+
+import jax
+
+from olora_jax.methods import base, common, replay
+from olora_jax.methods.er import init_with_buffer
+
+
+def project(grads, ref_grads):
+  """A-GEM's projection of `grads` against `ref_grads` (pytrees of one structure). Pure."""
+  dot = common.tree_dot(grads, ref_grads)
+  ref_sq = common.tree_dot(ref_grads, ref_grads)
+  scale = jax.numpy.where(dot < 0, dot / jax.numpy.maximum(ref_sq, 1e-30), 0.0)
+  return jax.tree.map(lambda g, r: g - scale * r, grads, ref_grads), dot
+
+
+def build(ctx: base.Context) -> base.Method:
+  block, scale = ctx.config.agem, ctx.config.data.input_scale
+  tx = common.make_adam(block.learning_rate, block.weight_decay)
+  apply = common.make_apply(ctx.model)
+
+  def ce(params, frozen, images, labels, mask):
+    logits = apply(frozen, params, images)
+    return common.masked_mean(common.per_example_ce(logits, labels), mask)
+
+  def train_step(state, batch):
+    common.TRACE_COUNTS["agem.train_step"] += 1
+    base.check_batch(batch)
+    sample_key, update_key = jax.random.split(common.step_key(state))
+    mem = replay.sample(state["buffer"], sample_key, block.replay_batch, scale)
+    grad_fn = jax.value_and_grad(ce)
+    loss, grads = grad_fn(state["params"], state["frozen"], batch["images"], batch["labels"],
+                          batch["mask"])
+    ce_memory, ref_grads = grad_fn(state["params"], state["frozen"], mem["images"],
+                                   mem["labels"], mem["mask"])
+    grads, dot = project(grads, ref_grads)
+    state = common.apply_gradients(state, grads, tx)
+    state["buffer"] = replay.reservoir_update(state["buffer"], batch, update_key, scale)
+    return state, {"loss": loss, "ce_memory": ce_memory, "grad_dot_memory": dot}, {}
+
+  return base.Method(name="agem", init=init_with_buffer(ctx, block, tx), train_step=train_step,
+                     predict=lambda s, x: apply(s["frozen"], s["params"], x))

@@ -1,0 +1,92 @@
+"""The method interface: what the one loop of `olora_jax.trainer` needs from a learner.
+
+A method is a `Method` record of pure functions over ONE state pytree (device arrays only: the
+trainable weights, the frozen weights, optimizer state, replay buffers, PRNG key, ...). The
+trainer never looks inside the state: it checkpoints it whole (`olora_jax.checkpointing`),
+replicates it over the mesh, and hands it to these functions:
+
+    init(key, params) -> state                         the state before the first batch; `params`
+                                                       is the full ViT tree with its fresh C-way
+                                                       head (pretrained or random backbone)
+    train_step(state, batch) -> (state, scalars, extras)   [jitted, donates state] one step on
+                                                       a batch {"images" (B, H, W, 3) float32,
+                                                       "labels" (B,) int32, "mask" (B,) bool};
+                                                       `scalars` are () arrays written to
+                                                       metrics.jsonl ("loss" is required: the
+                                                       NaN guard reads it); `extras` any device
+                                                       pytree for `after_step`
+    predict(state, images) -> logits (N, C)            [pure] what the evaluator calls
+    after_step(state, host, step, batch, scalars, extras, finite, trace)
+        -> (state, host, StepReport)                   optional host hook after every step
+                                                       (Online-LoRA's plateau rule,
+                                                       consolidation and hard-buffer update);
+                                                       `finite` False: the step was skipped for
+                                                       a non-finite loss (the state is the old
+                                                       one); `host` is a JSON-able dict the
+                                                       trainer checkpoints with the run's
+                                                       progress; `trace` the run's per-step
+                                                       recorder (olora_jax/trace.py)
+    eval_state(state) -> state                         optional: the state the evaluator
+                                                       reads (GDumb trains its model from the
+                                                       buffer here); never written back
+    init_host() -> dict                                the host hook's initial record
+    finish(state, workdir)                             optional, after the last step (Online-
+                                                       LoRA: export_online_lora)
+
+The learner is task-free: a batch carries no task id and no method hears of task boundaries.
+`anytime_eval=False` makes the loop evaluate at task ends only (GDumb, as the paper reports it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+BATCH_KEYS = frozenset({"images", "labels", "mask"})
+
+
+class StepReport(NamedTuple):
+  """What a host hook tells the loop about one step."""
+
+  events: tuple[tuple[str, dict], ...] = ()  # (event name, values) lines for metrics.jsonl,
+  # written before the step's `train` line; an event named "plateau" is also recorded in
+  # results.json (plateau_steps, plateau detection)
+  train_values: dict = {}  # extra values for the step's `train` line (e.g. window mean/var)
+
+
+@dataclasses.dataclass(frozen=True)
+class Method:
+  """One continual-learning method; see the module docstring for each function's contract."""
+
+  name: str
+  init: Callable[[Any, dict], Any]
+  train_step: Callable[[Any, dict], tuple[Any, dict, Any]]
+  predict: Callable[[Any, Any], Any]
+  after_step: Callable | None = None
+  eval_state: Callable[[Any], Any] | None = None
+  init_host: Callable[[], dict] = dict
+  finish: Callable[[Any, str], None] | None = None
+  anytime_eval: bool = True
+  # The method trains on an i.i.d. shuffle of the stream's samples (the upper bound).
+  iid_stream: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class Context:
+  """What every method builder may read: the resolved config and the run's static facts."""
+
+  config: Any  # the resolved ml_collections config (fidelity keys filled in)
+  model: Any  # olora_jax.models.vit.VisionTransformer with the benchmark's C-way head
+  spec: Any  # olora_jax.models.vit.ViTSpec
+  num_classes: int
+  batch_size: int
+  image_shape: tuple[int, int, int]  # (H, W, 3) of a model input
+
+
+def check_batch(batch: dict) -> None:
+  """Refuses a batch that carries anything but images, labels and mask (task-free)."""
+  if set(batch) != BATCH_KEYS:
+    raise ValueError(
+        f"a learner batch has exactly the keys {sorted(BATCH_KEYS)}, got {sorted(batch)}; the"
+        " learner is task-free and must not receive task ids or boundaries")

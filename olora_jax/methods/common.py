@@ -1,0 +1,95 @@
+"""What the baselines share: the trainable/frozen split, the forward pass, Adam with weight decay,
+masked cross-entropy, and the state every gradient baseline starts from.
+
+State of a gradient baseline (a dict pytree; methods add their own entries, e.g. "buffer"):
+
+    params     the trainable tree (`method.trainable`, `split_trainable`)
+    frozen     the frozen tree (the backbone for 'head' and 'lora'; empty for 'all')
+    opt_state  optax state of `params`
+    step       int32 (): train steps taken
+    key        PRNG key of the run; step s draws from fold_in(key, s) (a resumed run draws the same)
+
+All functions are pure; none takes a task id.
+"""
+
+from __future__ import annotations
+
+import collections
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from olora_jax.learner.online_lora import masked_mean  # noqa: F401 (shared: mean over a mask)
+from olora_jax.models import lora as lora_lib
+
+TRAINABLE = ("all", "head", "lora")
+# How often each jitted function of a baseline has been traced, by "method.function".
+TRACE_COUNTS: collections.Counter = collections.Counter()
+
+
+def split_trainable(params: dict, mode: str, key: jax.Array, spec, rank: int) -> tuple[dict, dict]:
+  """(trainable, frozen) of a full ViT tree: 'all' trains every weight (the fresh head included),
+  'head' the head alone, 'lora' a fresh rank-`rank` LoRA on q and v (models/lora.py) plus the
+  head. The trees own copies of their arrays (the train step donates the state)."""
+  if mode not in TRAINABLE:
+    raise ValueError(f"unknown trainable={mode!r}; use one of {TRAINABLE}")
+  params = jax.tree.map(jnp.array, params)
+  backbone = {k: v for k, v in params.items() if k != "head"}
+  if mode == "all":
+    return params, {}
+  if mode == "head":
+    return {"head": params["head"]}, backbone
+  return {"lora": lora_lib.init_lora(key, spec, rank), "head": params["head"]}, backbone
+
+
+def make_apply(model):
+  """`apply(frozen, trainable, images) -> logits (N, C)`, whatever the split."""
+
+  def apply(frozen, trainable, images):
+    weights = {k: v for k, v in trainable.items() if k != "lora"}
+    return model.apply({"params": {**frozen, **weights}}, images, lora=trainable.get("lora"))
+
+  return apply
+
+
+def make_adam(learning_rate, weight_decay: float, clip_norm: float = 0.0
+              ) -> optax.GradientTransformation:
+  """Adam with L2 weight decay added to the gradient before the moments, as PyTorch's
+  `Adam(weight_decay=...)` that the baselines' original code uses (not AdamW's decoupled decay);
+  optional clipping of the raw gradient's global norm first. `learning_rate` may be a schedule."""
+  parts = [optax.clip_by_global_norm(clip_norm)] if clip_norm > 0 else []
+  if weight_decay > 0:
+    parts.append(optax.add_decayed_weights(weight_decay))
+  parts.append(optax.adam(learning_rate))
+  return optax.chain(*parts)
+
+
+def per_example_ce(logits: jax.Array, labels: jax.Array) -> jax.Array:
+  return optax.softmax_cross_entropy_with_integer_labels(logits, labels)
+
+
+def init_state(key: jax.Array, params: dict, mode: str, spec, rank: int,
+               tx: optax.GradientTransformation) -> dict:
+  """The common state of a gradient baseline (module docstring)."""
+  lora_key, key = jax.random.split(key)
+  trainable, frozen = split_trainable(params, mode, lora_key, spec, rank)
+  return {"params": trainable, "frozen": frozen, "opt_state": tx.init(trainable),
+          "step": jnp.zeros((), jnp.int32), "key": key}
+
+
+def step_key(state: dict) -> jax.Array:
+  """This step's key: fold_in(run key, step)."""
+  return jax.random.fold_in(state["key"], state["step"])
+
+
+def apply_gradients(state: dict, grads: dict, tx: optax.GradientTransformation) -> dict:
+  """One optimizer step on `state["params"]`; counts the step."""
+  updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
+  return {**state, "params": optax.apply_updates(state["params"], updates),
+          "opt_state": opt_state, "step": state["step"] + 1}
+
+
+def tree_dot(a, b) -> jax.Array:
+  """Sum over every leaf of a * b (the dot product of two flattened pytrees)."""
+  return sum(jnp.vdot(x, y) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True))

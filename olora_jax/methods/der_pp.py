@@ -1,0 +1,53 @@
+"""DER++, dark experience replay++ (Buzzega et al. 2020): replay with stored logits.
+
+The reservoir buffer keeps, with each sample, the logits the model gave it in the step it arrived
+(computed before that step's update). Each step draws two independent replay batches of
+`der_pp.replay_batch` and minimises
+    CE(batch) + alpha * mean ||f(x') - z'||^2 + beta * CE(f(x''), y'')
+with z' the stored logits. Paper: buffer 500, alpha 0.2, beta 0.5, LR 3e-4 (no weight decay).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from olora_jax.methods import base, common, replay
+from olora_jax.methods.er import init_with_buffer
+
+
+def build(ctx: base.Context) -> base.Method:
+  block, scale = ctx.config.der_pp, ctx.config.data.input_scale
+  tx = common.make_adam(block.learning_rate, block.weight_decay)
+  apply = common.make_apply(ctx.model)
+
+  def train_step(state, batch):
+    common.TRACE_COUNTS["der_pp.train_step"] += 1
+    base.check_batch(batch)
+    key_logits, key_labels, update_key = jax.random.split(common.step_key(state), 3)
+    m1 = replay.sample(state["buffer"], key_logits, block.replay_batch, scale)
+    m2 = replay.sample(state["buffer"], key_labels, block.replay_batch, scale)
+    n, r = batch["labels"].shape[0], block.replay_batch
+
+    def loss_fn(params):
+      images = jnp.concatenate([batch["images"], m1["images"], m2["images"]])
+      logits = apply(state["frozen"], params, images)
+      ce_current = common.masked_mean(
+          common.per_example_ce(logits[:n], batch["labels"]), batch["mask"])
+      logit_mse = common.masked_mean(
+          jnp.mean(jnp.square(logits[n:n + r] - m1["logits"]), axis=-1), m1["mask"])
+      ce_replay = common.masked_mean(
+          common.per_example_ce(logits[n + r:], m2["labels"]), m2["mask"])
+      loss = ce_current + block.alpha * logit_mse + block.beta * ce_replay
+      return loss, dict(ce_current=ce_current, logit_mse=logit_mse, ce_replay=ce_replay,
+                        batch_logits=logits[:n])
+
+    (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["params"])
+    stored = jax.lax.stop_gradient(aux.pop("batch_logits"))  # pre-update logits of the batch
+    state = common.apply_gradients(state, grads, tx)
+    state["buffer"] = replay.reservoir_update(state["buffer"], batch, update_key, scale, stored)
+    return state, {"loss": loss, **aux}, {}
+
+  return base.Method(name="der_pp", init=init_with_buffer(ctx, block, tx, ctx.num_classes),
+                     train_step=train_step,
+                     predict=lambda s, x: apply(s["frozen"], s["params"], x))

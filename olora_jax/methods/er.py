@@ -1,0 +1,64 @@
+"""ER, experience replay (Chaudhry et al. 2019): reservoir buffer, random retrieval.
+
+Each step: draw `er.replay_batch` stored samples uniformly, take one Adam step on
+CE(batch) + CE(replayed), then offer the batch to the reservoir buffer of `er.buffer_size`.
+Paper (appendix, ViT-B/16): buffer 500, 10 replayed samples per batch, LR 1e-4, WD 1e-4.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from olora_jax.methods import base, common, replay
+
+
+def init_with_buffer(ctx: base.Context, block, tx, n_logits: int = 0):
+  """`init(key, params)` of a reservoir-replay baseline: the common state plus "buffer"."""
+
+  def init(key, params):
+    state = common.init_state(key, params, block.trainable, ctx.spec, ctx.config.learner.rank, tx)
+    return {**state, "buffer": replay.init(block.buffer_size, ctx.image_shape, n_logits)}
+
+  return init
+
+
+def replay_loss(apply, params, frozen, batch: dict, mem: dict):
+  """CE(batch) + CE(replayed) from one forward pass over both; (loss, terms). Pure."""
+  n = batch["labels"].shape[0]
+  logits = apply(frozen, params, jnp.concatenate([batch["images"], mem["images"]]))
+  ce = common.per_example_ce(logits, jnp.concatenate([batch["labels"], mem["labels"]]))
+  ce_current = common.masked_mean(ce[:n], batch["mask"])
+  ce_replay = common.masked_mean(ce[n:], mem["mask"])
+  return ce_current + ce_replay, dict(ce_current=ce_current, ce_replay=ce_replay)
+
+
+def make(ctx: base.Context, name: str, block, retrieve) -> base.Method:
+  """A reservoir-replay method: one Adam step on CE(batch) + CE(retrieved), then the batch enters
+  the reservoir. `retrieve(apply, state, batch, key) -> replay.sample-like dict` picks what to
+  replay from the buffer (ER: uniformly; MIR: the most interfered)."""
+  scale = ctx.config.data.input_scale
+  tx = common.make_adam(block.learning_rate, block.weight_decay)
+  apply = common.make_apply(ctx.model)
+
+  def train_step(state, batch):
+    common.TRACE_COUNTS[f"{name}.train_step"] += 1
+    base.check_batch(batch)
+    retrieve_key, update_key = jax.random.split(common.step_key(state))
+    mem = retrieve(apply, state, batch, retrieve_key)
+    (loss, aux), grads = jax.value_and_grad(functools.partial(replay_loss, apply), has_aux=True)(
+        state["params"], state["frozen"], batch, mem)
+    state = common.apply_gradients(state, grads, tx)
+    state["buffer"] = replay.reservoir_update(state["buffer"], batch, update_key, scale)
+    return state, {"loss": loss, **aux}, {}
+
+  return base.Method(name=name, init=init_with_buffer(ctx, block, tx), train_step=train_step,
+                     predict=lambda s, x: apply(s["frozen"], s["params"], x))
+
+
+def build(ctx: base.Context) -> base.Method:
+  block, scale = ctx.config.er, ctx.config.data.input_scale
+  return make(ctx, "er", block, lambda apply, state, batch, key: replay.sample(
+      state["buffer"], key, block.replay_batch, scale))

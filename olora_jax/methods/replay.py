@@ -1,0 +1,133 @@
+"""Fixed-capacity replay buffers on the device, updated inside jit.
+
+`ReplayBuffer` holds K samples with static shapes: images as uint8 (4x smaller than the float
+model input, and exact: model inputs are k/255 or 2k/255 - 1 for a uint8 k, see
+data/preprocess.py), labels, optionally the logits a sample had when it entered (DER++), and a
+validity mask (a buffer starts empty). Padded batch items are never stored.
+
+Policies (both draw from a key the caller derives from the run's seeded key and the step, so a
+resumed run makes the same draws):
+  reservoir       (ER, DER++, AGEM, MIR; Vitter 1985) the n-th real sample seen enters slot n while
+                  the buffer fills, then replaces a uniform slot with probability K / n: every
+                  sample seen so far is kept with probability K / n.
+  class_balanced  (GDumb's greedy sampler) a sample enters a free slot; once full, it enters only
+                  if its class holds fewer than K // (classes seen) samples, replacing a random
+                  sample of the largest class.
+`sample` draws n distinct valid slots uniformly (random retrieval).
+"""
+
+from __future__ import annotations
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+
+
+@flax.struct.dataclass
+class ReplayBuffer:
+  images: jax.Array  # (K, H, W, 3) uint8
+  labels: jax.Array  # (K,) int32
+  logits: jax.Array  # (K, C) float32 logits at insertion (DER++), (K, 0) otherwise
+  valid: jax.Array  # (K,) bool
+  n_seen: jax.Array  # int32 (): real samples offered so far (the reservoir's n)
+
+  @property
+  def capacity(self) -> int:
+    return self.labels.shape[0]
+
+
+def init(capacity: int, image_shape: tuple[int, ...], n_logits: int = 0) -> ReplayBuffer:
+  if capacity < 0:
+    raise ValueError(f"buffer_size={capacity} must be >= 0")
+  return ReplayBuffer(images=jnp.zeros((capacity, *image_shape), jnp.uint8),
+                      labels=jnp.zeros((capacity,), jnp.int32),
+                      logits=jnp.zeros((capacity, n_logits), jnp.float32),
+                      valid=jnp.zeros((capacity,), bool), n_seen=jnp.zeros((), jnp.int32))
+
+
+def encode(images: jax.Array, input_scale: str) -> jax.Array:
+  """Model inputs (N, H, W, 3) float32 -> the uint8 pixels they were made from (exact)."""
+  unit = (images + 1.0) / 2.0 if input_scale == "signed" else images
+  return jnp.clip(jnp.round(unit * 255.0), 0, 255).astype(jnp.uint8)
+
+
+def decode(pixels: jax.Array, input_scale: str) -> jax.Array:
+  """uint8 pixels -> model inputs, computed as data/preprocess.to_model_input does."""
+  unit = pixels.astype(jnp.float32) / 255.0
+  return 2.0 * unit - 1.0 if input_scale == "signed" else unit
+
+
+def _write(buf: ReplayBuffer, slot, write, pixels, label, logits) -> ReplayBuffer:
+  """Slot `slot` takes the sample when `write` (a traced bool), else stays as it was."""
+  keep = lambda new, old: jnp.where(write, new, old)  # noqa: E731
+  return buf.replace(
+      images=buf.images.at[slot].set(keep(pixels, buf.images[slot])),
+      labels=buf.labels.at[slot].set(keep(label, buf.labels[slot])),
+      logits=buf.logits.at[slot].set(keep(logits, buf.logits[slot])),
+      valid=buf.valid.at[slot].set(buf.valid[slot] | write))
+
+
+def reservoir_update(buf: ReplayBuffer, batch: dict, key: jax.Array, input_scale: str,
+                     logits: jax.Array | None = None) -> ReplayBuffer:
+  """Offers the batch's real items, in order, to the reservoir. `logits` (B, C) are stored with
+  them when the buffer keeps logits. Pure; one draw per item from fold_in(key, item)."""
+  if buf.capacity == 0:
+    return buf
+  k = buf.capacity
+  pixels = encode(batch["images"], input_scale)
+  if logits is None:
+    logits = jnp.zeros((pixels.shape[0], buf.logits.shape[1]), jnp.float32)
+
+  def offer(i, buf):
+    real, n = batch["mask"][i], buf.n_seen
+    j = jax.random.randint(jax.random.fold_in(key, i), (), 0, jnp.maximum(n + 1, 1))
+    slot = jnp.where(n < k, n, j)  # while filling: the next free slot; then uniform in [0, n]
+    write = real & (slot < k)
+    buf = _write(buf, jnp.minimum(slot, k - 1), write, pixels[i], batch["labels"][i], logits[i])
+    return buf.replace(n_seen=n + real.astype(jnp.int32))
+
+  return jax.lax.fori_loop(0, pixels.shape[0], offer, buf)
+
+
+def class_balanced_update(buf: ReplayBuffer, class_seen: jax.Array, batch: dict, key: jax.Array,
+                          input_scale: str) -> tuple[ReplayBuffer, jax.Array]:
+  """GDumb's greedy class-balanced sampler over the batch's real items; `class_seen` (C,) bool
+  marks the classes met so far. Returns the buffer and the updated `class_seen`."""
+  if buf.capacity == 0:
+    return buf, class_seen
+  k, num_classes = buf.capacity, class_seen.shape[0]
+  pixels = encode(batch["images"], input_scale)
+  no_logits = jnp.zeros((buf.logits.shape[1],), jnp.float32)
+
+  def offer(i, carry):
+    buf, class_seen = carry
+    label, real = batch["labels"][i], batch["mask"][i]
+    class_seen = class_seen.at[label].set(class_seen[label] | real)
+    counts = jnp.zeros(num_classes, jnp.int32).at[buf.labels].add(buf.valid.astype(jnp.int32))
+    full = jnp.all(buf.valid)
+    quota = k // jnp.maximum(jnp.sum(class_seen), 1)
+    largest = jnp.argmax(counts)
+    draw = jax.random.uniform(jax.random.fold_in(key, i), (k,))
+    victim = jnp.argmax(jnp.where(buf.valid & (buf.labels == largest), draw, -1.0))
+    slot = jnp.where(full, victim, jnp.argmin(buf.valid))  # argmin: the first free slot
+    write = real & (~full | (counts[label] < quota))
+    buf = _write(buf, slot, write, pixels[i], label, no_logits)
+    return buf.replace(n_seen=buf.n_seen + real.astype(jnp.int32)), class_seen
+
+  return jax.lax.fori_loop(0, pixels.shape[0], offer, (buf, class_seen))
+
+
+def sample(buf: ReplayBuffer, key: jax.Array, n: int, input_scale: str) -> dict:
+  """n distinct slots drawn uniformly among the valid ones (fewer valid: the rest is masked).
+
+  Returns {"images" (n, H, W, 3) float32 model inputs, "labels" (n,), "mask" (n,), "logits"
+  (n, C), "index" (n,)}. Needs n <= capacity (checked by the config validation)."""
+  scores = jnp.where(buf.valid, jax.random.uniform(key, (buf.capacity,)), -1.0)
+  _, idx = jax.lax.top_k(scores, n)
+  return gather(buf, idx, input_scale)
+
+
+def gather(buf: ReplayBuffer, idx: jax.Array, input_scale: str) -> dict:
+  """The buffer's slots `idx` as a batch (see `sample`)."""
+  return {"images": decode(buf.images[idx], input_scale), "labels": buf.labels[idx],
+          "mask": buf.valid[idx], "logits": buf.logits[idx], "index": idx}

@@ -1,0 +1,260 @@
+"""The baselines' parts against hand computations: replay buffer policies, AGEM's projection,
+EWC++'s running Fisher, MIR's retrieval, DER++'s stored logits, the trainable split."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from configs import tiny
+from olora_jax import validation
+from olora_jax.data import streams
+from olora_jax.methods import REGISTRY, agem, base, common, ewc_pp, mir, replay
+from olora_jax.models.vit import VisionTransformer, ViTSpec
+
+SPEC = ViTSpec(width=16, depth=1, num_heads=2, mlp_dim=32, patch_size=4, image_size=16)
+C = 4
+SHAPE = (16, 16, 3)
+
+
+def context(method: str, **block) -> base.Context:
+  config = tiny.get_config()
+  config.method = method
+  config.data.input_scale = "unit"
+  for key, value in block.items():
+    config[method][key] = value
+  return base.Context(config=config, model=VisionTransformer(SPEC, C), spec=SPEC, num_classes=C,
+                      batch_size=8, image_shape=SHAPE)
+
+
+def init_params(seed=0):
+  model = VisionTransformer(SPEC, C)
+  # Jitted: an eager Flax init takes seconds.
+  params = jax.jit(model.init)(jax.random.key(seed), jnp.zeros((1, *SHAPE)))["params"]
+  params["head"] = jax.tree.map(
+      lambda p: 0.3 * jax.random.normal(jax.random.key(seed + 1), p.shape), params["head"])
+  return params
+
+
+def batch(seed, n=8, valid=None, labels=None):
+  """Images that are exact k/255 pixels (as the input pipeline makes them)."""
+  rng = np.random.default_rng(seed)
+  pixels = rng.integers(0, 256, (n, *SHAPE), dtype=np.uint8)
+  mask = np.ones(n, bool) if valid is None else np.arange(n) < valid
+  labels = rng.integers(0, C, n).astype(np.int32) if labels is None else np.asarray(
+      labels, np.int32)
+  return {"images": pixels.astype(np.float32) / 255.0, "labels": labels, "mask": mask}
+
+
+# --------------------------------------------------------------------------------------------
+# Buffers.
+
+
+def test_uint8_storage_is_exact_for_both_input_scales():
+  pixels = jnp.arange(256, dtype=jnp.uint8).reshape(1, 16, 16, 1).repeat(3, -1)
+  for scale in ("unit", "signed"):
+    x = replay.decode(pixels, scale)
+    np.testing.assert_array_equal(replay.encode(x, scale), pixels)
+
+
+def test_reservoir_keeps_each_sample_with_probability_capacity_over_seen():
+  k, n, b, trials = 10, 100, 10, 600
+  ids = np.arange(n, dtype=np.int32)
+
+  def run(key):
+    buf = replay.init(k, (1, 1, 3))
+    for s in range(n // b):  # 10 batches; every other one padded with 2 sentinel items
+      items = {"images": jnp.zeros((b + 2, 1, 1, 3)),
+               "labels": jnp.concatenate([ids[s * b:(s + 1) * b], jnp.full(2, -1, jnp.int32)]),
+               "mask": jnp.arange(b + 2) < b}
+      buf = replay.reservoir_update(buf, items, jax.random.fold_in(key, s), "unit")
+    return buf
+
+  bufs = jax.jit(jax.vmap(run))(jax.random.split(jax.random.key(0), trials))
+  assert bool(jnp.all(bufs.valid)) and bool(jnp.all(bufs.n_seen == n))
+  assert not bool(jnp.any(bufs.labels == -1))  # padding never enters
+  kept = np.zeros(n)
+  for labels in np.asarray(bufs.labels):
+    assert len(set(labels.tolist())) == k  # no sample twice
+    kept[labels] += 1
+  freq = kept / trials
+  tol = 5 * np.sqrt(k / n * (1 - k / n) / trials)
+  assert np.max(np.abs(freq - k / n)) < tol, freq
+  # Early and late samples alike (a policy that favours recent samples fails here).
+  assert abs(freq[: n // 2].mean() - freq[n // 2:].mean()) < tol / 3
+
+
+def test_class_balanced_buffer_stays_balanced_and_never_holds_padding():
+  k = 12
+  buf, seen = replay.init(k, SHAPE), jnp.zeros(C, bool)
+  update = jax.jit(replay.class_balanced_update, static_argnums=(4,))
+  for step in range(16):  # class-incremental: 4 batches of class 0, then 1, 2, 3
+    cls = step // 4
+    b = batch(step, valid=6, labels=[cls] * 6 + [3, 3])  # 2 padded items labelled 3
+    buf, seen = update(buf, seen, b, jax.random.key(step), "unit")
+    counts = np.bincount(np.asarray(buf.labels)[np.asarray(buf.valid)], minlength=C)
+    if step < 12:
+      assert counts[3] == 0  # the padded class-3 items never entered
+    present = counts[: cls + 1]
+    if bool(jnp.all(buf.valid)):
+      assert present.max() - present.min() <= 1, (step, counts)
+  assert counts.sum() == k and counts.tolist() == [3, 3, 3, 3]
+
+
+def test_sample_draws_distinct_valid_slots_only():
+  buf = replay.init(6, SHAPE)
+  buf = buf.replace(valid=jnp.array([True, False, True, True, False, False]),
+                    labels=jnp.arange(6, dtype=jnp.int32))
+  for seed in range(5):
+    out = replay.sample(buf, jax.random.key(seed), 4, "unit")
+    idx, mask = np.asarray(out["index"]), np.asarray(out["mask"])
+    assert sorted(idx[mask].tolist()) == [0, 2, 3] and mask.sum() == 3
+    assert len(set(idx.tolist())) == 4
+
+
+# --------------------------------------------------------------------------------------------
+# AGEM, EWC++, MIR, DER++.
+
+
+def test_agem_projection():
+  rng = np.random.default_rng(0)
+  tree = lambda: {"a": jnp.asarray(rng.normal(size=(3, 4))), "b": jnp.asarray(rng.normal(size=5))}  # noqa: E731
+  for _ in range(20):
+    g, ref = tree(), tree()
+    projected, dot = agem.project(g, ref)
+    flat = lambda t: np.concatenate([np.ravel(x) for x in jax.tree.leaves(t)])  # noqa: E731
+    np.testing.assert_allclose(dot, flat(g) @ flat(ref), rtol=1e-5)
+    if dot >= 0:  # already compatible: the plain gradient
+      jax.tree.map(np.testing.assert_array_equal, projected, g)
+    else:
+      assert flat(projected) @ flat(ref) >= -1e-5 * np.linalg.norm(flat(ref)) ** 2
+      np.testing.assert_allclose(flat(projected) @ flat(ref), 0.0, atol=1e-5)
+
+
+def test_ewc_pp_fisher_is_the_running_average_of_squared_gradients():
+  alpha, every = 0.9, 2
+  ctx = context("ewc_pp", trainable="head", fisher_every=every, alpha=alpha, reg_lambda=5.0,
+                learning_rate=1e-2)
+  method = ewc_pp.build(ctx)
+  step = jax.jit(method.train_step)
+  state = method.init(jax.random.key(0), init_params())
+  apply = common.make_apply(ctx.model)
+  fisher = jax.tree.map(jnp.zeros_like, state["params"])
+  acc = jax.tree.map(jnp.zeros_like, fisher)
+
+  @jax.jit
+  def ce_grad(params, frozen, b):
+    return jax.grad(lambda p: common.masked_mean(common.per_example_ce(
+        apply(frozen, p, b["images"]), b["labels"]), b["mask"]))(params)
+
+  for t in range(5):
+    b = batch(t)
+    g = ce_grad(state["params"], state["frozen"], b)
+    acc = jax.tree.map(lambda a, x: a + x ** 2, acc, g)
+    state, _, _ = step(state, b)
+    if (t + 1) % every == 0:  # by hand: F = alpha * mean g^2 over the period + (1 - alpha) F
+      fisher = jax.tree.map(lambda f, a: alpha * a / every + (1 - alpha) * f, fisher, acc)
+      acc = jax.tree.map(jnp.zeros_like, acc)
+      jax.tree.map(np.testing.assert_array_equal, state["anchor"], state["params"])
+    jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-12),
+                 state["fisher"], fisher)
+  assert float(sum(jnp.sum(f) for f in jax.tree.leaves(fisher))) > 0
+
+
+def test_mir_retrieves_the_candidates_whose_loss_rises_most():
+  ctx = context("mir", trainable="head")
+  apply = common.make_apply(ctx.model)
+  params, frozen = common.split_trainable(init_params(), "head", jax.random.key(0), SPEC, 2)
+  b, cand = batch(1), batch(2, n=8, valid=7)
+  lr = 0.5  # a large virtual step so the rises differ clearly
+  rise = np.asarray(jax.jit(mir.interference, static_argnums=(0,))(apply, params, frozen, b,
+                                                                    cand, lr))
+  ce = jax.jit(lambda p, x, y: common.per_example_ce(apply(frozen, p, x), y))
+  # The loop: one candidate at a time, the virtual step taken by hand.
+  grads = jax.grad(lambda p: common.masked_mean(
+      common.per_example_ce(apply(frozen, p, b["images"]), b["labels"]), b["mask"]))(params)
+  virtual = jax.tree.map(lambda p, g: p - lr * g, params, grads)
+  expected = []
+  for i in range(7):
+    x, y = cand["images"][i:i + 1], cand["labels"][i:i + 1]
+    after, before = ce(virtual, x, y)[0], ce(params, x, y)[0]
+    expected.append(float(after - before))
+  np.testing.assert_allclose(rise[:7], expected, rtol=1e-4, atol=1e-6)
+  assert rise[7] == -np.inf  # the padded candidate is never retrieved
+  _, top = jax.lax.top_k(jnp.asarray(rise), 3)
+  assert sorted(np.asarray(top).tolist()) == sorted(np.argsort(expected)[-3:].tolist())
+
+
+def test_der_pp_stores_insertion_logits_and_distils_towards_them():
+  ctx = context("der_pp", trainable="head", buffer_size=8, replay_batch=8, learning_rate=0.05)
+  method = REGISTRY["der_pp"](ctx)
+  step = jax.jit(method.train_step)
+  state = method.init(jax.random.key(0), init_params())
+  b1 = batch(1)
+  logits_at_insertion = method.predict(state, b1["images"])
+  state, _, _ = step(state, b1)  # the empty buffer takes all 8 samples with these logits
+  buf = state["buffer"]
+  assert bool(jnp.all(buf.valid))
+  order = np.asarray(buf.labels)  # slot i holds batch item i while the buffer fills
+  np.testing.assert_array_equal(order, b1["labels"])
+  np.testing.assert_allclose(buf.logits, logits_at_insertion, rtol=1e-6)
+  # The model has moved: the stored logits are not today's logits.
+  now = method.predict(state, replay.decode(buf.images, "unit"))
+  assert float(jnp.max(jnp.abs(now - buf.logits))) > 1e-3
+  # A known target: the logit term of the next step is the MSE to what is stored.
+  target = jnp.asarray(np.random.default_rng(0).normal(size=buf.logits.shape), jnp.float32)
+  state["buffer"] = buf.replace(logits=target)
+  expected = float(jnp.mean(jnp.square(now - target)))  # all 8 slots are replayed
+  _, scalars, _ = step(state, batch(2, valid=0))  # no real item: only the replay terms
+  np.testing.assert_allclose(scalars["logit_mse"], expected, rtol=1e-5)
+
+
+# --------------------------------------------------------------------------------------------
+# What each method trains; config checks; the i.i.d. order.
+
+
+@pytest.mark.parametrize("mode, moved", [("all", {"head", "embedding"}), ("head", {"head"}),
+                                         ("lora", {"head", "lora"})])
+def test_trainable_split(mode, moved):
+  method = REGISTRY["finetune"](context("finetune", trainable=mode, learning_rate=1e-2))
+  state = method.init(jax.random.key(0), init_params())
+  before = jax.tree.map(np.array, {**state["frozen"], **state["params"]})
+  state, _, _ = jax.jit(method.train_step)(state, batch(0))
+  after = {**state["frozen"], **state["params"]}
+  changed = {k for k in after if any(
+      not np.array_equal(x, y) for x, y in zip(jax.tree.leaves(before[k]),
+                                               jax.tree.leaves(after[k]), strict=True))}
+  assert moved <= changed
+  if mode != "all":
+    assert changed == moved  # the frozen backbone is bit-identical
+
+
+@pytest.mark.parametrize("key, value, match", [
+    ("method", "ewc", r"unknown method='ewc'"),
+    ("er.replay_batch", 600, r"er.replay_batch=600 must be in \[1, er.buffer_size=500\]"),
+    ("mir.n_candidates", 5, r"mir.n_candidates=5 must be in"),
+    ("agem.trainable", "backbone", r"unknown agem.trainable='backbone'"),
+    ("ewc_pp.alpha", 1.5, r"ewc_pp.alpha=1.5 must be in \[0, 1.0\]"),
+    ("gdumb.min_learning_rate", 1e-2, r"gdumb.min_learning_rate=0.01 must be in"),
+])
+def test_bad_method_config_is_refused(key, value, match):
+  config = tiny.get_config()
+  section, _, leaf = key.rpartition(".")
+  if section:  # a value in the block of the method that runs
+    config.method = section
+  setattr(config[section] if section else config, leaf, value)
+  with pytest.raises(validation.InputError, match=match):
+    validation.check_method(config)
+
+
+def test_iid_order_keeps_the_samples_and_the_task_end_points():
+  labels = np.repeat(np.arange(6), 20)
+  stream = streams.disjoint_class_incremental(labels, 3, 16, seed=0)
+  iid = streams.iid_order(stream, 16, seed=0)
+  assert sorted(np.concatenate(iid.steps).tolist()) == list(range(120))
+  assert [len(s) for s in iid.steps[:-1]] == [16] * (len(iid.steps) - 1)
+  sizes = np.cumsum([len(s) for s in iid.steps])
+  # A task ends at the last step whose final sample lies in its share (positions < 40, 80, 120).
+  assert sizes[iid.task_end_steps()].tolist() == [32, 80, 120]
+  first_task = np.concatenate(iid.steps[:2])
+  assert len(set(labels[first_task].tolist())) > 2  # classes of every task are mixed in
