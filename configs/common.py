@@ -47,7 +47,8 @@ Keys that matter:
                                 start from / end with given weights, the authors' layout
   trace.enabled                 WORKDIR/trace.npz: per-step buffer ids, window, Omega
   method                        'online_lora' (configured by `learner`) | 'finetune' | 'iid' |
-                                'er' | 'der_pp' | 'ewc_pp' | 'agem' | 'mir' | 'gdumb', each
+                                'er' | 'der_pp' | 'ewc_pp' | 'agem' | 'mir' | 'gdumb' | 'l2p' |
+                                'mvp', each
                                 configured by the block of its name (docs/methods.md)
   checkpoint_every, max_to_keep full-state orbax checkpoints in WORKDIR/checkpoints; the same
                                 --workdir resumes (a different config is refused)
@@ -168,6 +169,17 @@ def get_config() -> ml_collections.ConfigDict:
   # min_learning_rate: end of the cosine; epochs: over the buffer at each evaluation
   config.gdumb = _baseline(learning_rate=1e-3, min_learning_rate=5e-4, weight_decay=1e-4,
                            clip_norm=10.0, epochs=30, buffer_size=500)
+  # Prompt methods: trainable 'prompts' = a pool of pool_size prompts of prompt_length tokens with
+  # one key each, plus the head, on the frozen backbone; each image prepends the top_k prompts
+  # whose keys are nearest its frozen class token. No weight decay in the paper's table.
+  # key_loss_weight: L2P's lambda on the key-matching loss (ours: not in the paper's table)
+  config.l2p = _baseline(trainable="prompts", learning_rate=3e-3, weight_decay=0.0, pool_size=10,
+                         prompt_length=10, top_k=4, key_loss_weight=0.1)
+  # gamma: focal exponent of the gradient dissimilarity; margin: m of the adaptive feature scale;
+  # alpha: weight of the focal term; pool_size, prompt_length, top_k: ours (as L2P's pool, one
+  # prompt per image as MVP's selection size)
+  config.mvp = _baseline(trainable="prompts", learning_rate=5e-3, weight_decay=0.0, pool_size=10,
+                         prompt_length=10, top_k=1, gamma=2.0, margin=0.5, alpha=0.5)
 
   config.eval = ml_collections.ConfigDict()
   config.eval.eval_every = 1000

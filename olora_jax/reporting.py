@@ -38,8 +38,8 @@ NOT_PERCENT = frozenset({"wall_seconds"})  # shown as they are, not x 100
 # The `method` config key -> the paper's name, in the row order of its Table 1.
 METHOD_NAMES = {
     "agem": "AGEM", "er": "ER", "ewc_pp": "EWC++", "mir": "MIR", "gdumb": "GDumb",
-    "der_pp": "DER++", "finetune": "Fine-tuning", "online_lora": "Online-LoRA",
-    "iid": "Upper bound (i.i.d.)",
+    "der_pp": "DER++", "l2p": "L2P", "mvp": "MVP", "finetune": "Fine-tuning",
+    "online_lora": "Online-LoRA", "iid": "Upper bound (i.i.d.)",
 }
 # How the paper prints each metric's header; an arrow says which direction is better.
 METRIC_LABELS = {
@@ -105,12 +105,13 @@ def dataset_name(dataset) -> str:
 
 def method_label(config: dict) -> str:
   """The method a config runs: a baseline by the paper's name (with what it trains unless it is
-  the whole network), Online-LoRA by its components (the paper's ablation table)."""
+  the whole network, or the prompt pool a prompt method always trains), Online-LoRA by its
+  components (the paper's ablation table)."""
   method = config.get("method", "online_lora")
   if method != "online_lora":
     name = METHOD_NAMES.get(method, str(method))
     trainable = config.get(f"{method}.trainable", "all")
-    return name if trainable == "all" else f"{name} ({trainable})"
+    return name if trainable in ("all", "prompts") else f"{name} ({trainable})"
   incremental = config.get("learner.incremental_lora", True)
   hard = config.get("learner.hard_loss", True)
   if incremental and hard:

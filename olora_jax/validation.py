@@ -118,7 +118,7 @@ def check_config(config: ml_collections.ConfigDict, width: int) -> None:
   check_method(c)
 
 
-TRAINABLE = ("all", "head", "lora")
+TRAINABLE = ("all", "head", "lora", "prompts")
 
 
 def check_method(config: ml_collections.ConfigDict) -> None:
@@ -136,6 +136,18 @@ def check_method(config: ml_collections.ConfigDict) -> None:
   values = b.to_dict()
   _require(b.trainable in TRAINABLE,
            f"unknown {p}trainable={b.trainable!r}; use one of {TRAINABLE}")
+  prompt_method = "pool_size" in values  # L2P, MVP: they train a prompt pool and the head
+  _require(prompt_method == (b.trainable == "prompts"),
+           f"{p}trainable={b.trainable!r}: 'prompts' (a prompt pool and the head on the frozen"
+           f" backbone) is what the prompt methods train and only they; use"
+           f" {'prompts' if prompt_method else 'all, head or lora'}")
+  if prompt_method:
+    _require(min(b.pool_size, b.prompt_length) >= 1,
+             f"{p}pool_size={b.pool_size} and {p}prompt_length={b.prompt_length} must be >= 1"
+             " (the paper: 10 and 10)")
+    _require(1 <= b.top_k <= b.pool_size - (name == "mvp"),
+             f"{p}top_k={b.top_k} must be in [1, {p}pool_size{' - 1' * (name == 'mvp')}]"
+             " (MVP's key loss contrasts a selected key with the other keys)")
   _require(b.learning_rate > 0, f"{p}learning_rate={b.learning_rate} must be > 0")
   _require(b.weight_decay >= 0, f"{p}weight_decay={b.weight_decay} must be >= 0")
   if "min_learning_rate" in values:
@@ -151,12 +163,15 @@ def check_method(config: ml_collections.ConfigDict) -> None:
     _require(b.replay_batch <= b.n_candidates <= b.buffer_size,
              f"{p}n_candidates={b.n_candidates} must be in [{p}replay_batch,"
              f" {p}buffer_size]; the paper uses 50")
-  for key in ("reg_lambda", "beta", "clip_norm"):
+  for key in ("reg_lambda", "beta", "clip_norm", "key_loss_weight", "gamma"):
     if key in values:
       _require(values[key] >= 0, f"{p}{key}={values[key]} must be >= 0")
-  if "alpha" in values:  # DER++'s logit weight, or EWC++'s running-average weight in (0, 1]
-    upper = 1.0 if name == "ewc_pp" else float("inf")
+  if "alpha" in values:  # DER++'s logit weight, EWC++'s running-average weight in (0, 1], or
+    # MVP's weight of the focal term in [0, 1]
+    upper = 1.0 if name in ("ewc_pp", "mvp") else float("inf")
     _require(0 <= b.alpha <= upper, f"{p}alpha={b.alpha} must be in [0, {upper}]")
+  if "margin" in values:  # MVP's feature scale 1 - cos + m must stay positive
+    _require(b.margin > 0, f"{p}margin={b.margin} must be > 0 (the paper: 0.5)")
   for key in ("fisher_every", "epochs"):
     if key in values:
       _require(values[key] >= 1, f"{p}{key}={values[key]} must be >= 1")

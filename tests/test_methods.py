@@ -5,11 +5,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from numerics import assert_close
 
 from configs import tiny
 from olora_jax import validation
 from olora_jax.data import streams
-from olora_jax.methods import REGISTRY, agem, base, common, ewc_pp, mir, replay
+from olora_jax.methods import REGISTRY, agem, base, common, ewc_pp, mir, mvp, prompt_pool, replay
 from olora_jax.models.vit import VisionTransformer, ViTSpec
 
 SPEC = ViTSpec(width=16, depth=1, num_heads=2, mlp_dim=32, patch_size=4, image_size=16)
@@ -236,6 +237,12 @@ def test_trainable_split(mode, moved):
     ("agem.trainable", "backbone", r"unknown agem.trainable='backbone'"),
     ("ewc_pp.alpha", 1.5, r"ewc_pp.alpha=1.5 must be in \[0, 1.0\]"),
     ("gdumb.min_learning_rate", 1e-2, r"gdumb.min_learning_rate=0.01 must be in"),
+    ("l2p.trainable", "all", r"l2p.trainable='all': 'prompts' .* use prompts$"),
+    ("er.trainable", "prompts", r"er.trainable='prompts': .* use all, head or lora$"),
+    ("l2p.top_k", 11, r"l2p.top_k=11 must be in \[1, l2p.pool_size\]"),
+    ("mvp.top_k", 10, r"mvp.top_k=10 must be in \[1, mvp.pool_size - 1\]"),
+    ("mvp.margin", 0.0, r"mvp.margin=0.0 must be > 0"),
+    ("mvp.alpha", 1.5, r"mvp.alpha=1.5 must be in \[0, 1.0\]"),
 ])
 def test_bad_method_config_is_refused(key, value, match):
   config = tiny.get_config()
@@ -258,3 +265,107 @@ def test_iid_order_keeps_the_samples_and_the_task_end_points():
   assert sizes[iid.task_end_steps()].tolist() == [32, 80, 120]
   first_task = np.concatenate(iid.steps[:2])
   assert len(set(labels[first_task].tolist())) > 2  # classes of every task are mixed in
+
+
+# --------------------------------------------------------------------------------------------
+# Prompt methods.
+
+
+def test_l2p_selects_prompts_from_the_image_alone():
+  """The selection is a function of each image: other labels, another batch order or the image
+  on its own select the same prompts; and it does depend on the image."""
+  ctx = context("l2p", pool_size=6, prompt_length=2, top_k=2)
+  method = REGISTRY["l2p"](ctx)
+  state = method.init(jax.random.key(0), init_params())
+  step = jax.jit(method.train_step)
+  b = batch(0)
+  trained, _, extras = step(state, b)
+  idx = np.asarray(extras["prompt_idx"])
+  for part in ("keys", "prompts"):  # trained: the pool and the head; the backbone stays frozen
+    assert not np.array_equal(trained["params"]["prompt_pool"][part],
+                              state["params"]["prompt_pool"][part])
+  assert not np.array_equal(trained["params"]["head"]["kernel"], state["params"]["head"]["kernel"])
+  assert all(np.array_equal(x, y) for x, y in zip(
+      jax.tree.leaves(trained["frozen"]), jax.tree.leaves(state["frozen"]), strict=True))
+  assert idx.shape == (8, 2) and len({tuple(row) for row in idx}) > 1
+  relabelled = {**b, "labels": (b["labels"] + 1) % C}
+  np.testing.assert_array_equal(step(state, relabelled)[2]["prompt_idx"], idx)
+  order = np.random.default_rng(1).permutation(8)
+  shuffled = {k: v[order] for k, v in b.items()}
+  np.testing.assert_array_equal(step(state, shuffled)[2]["prompt_idx"], idx[order])
+  apply = common.make_apply(ctx.model)
+
+  @jax.jit
+  def select_alone(image):  # one image as a batch of its own
+    query = prompt_pool.query(apply, state["frozen"], image[None])
+    return prompt_pool.select(
+        prompt_pool.key_distance(query, state["params"]["prompt_pool"]["keys"]), 2)[0]
+
+  for i in range(8):
+    np.testing.assert_array_equal(select_alone(b["images"][i]), idx[i])
+  with pytest.raises(ValueError, match="task-free"):
+    method.train_step(state, {**b, "task_id": np.zeros(8, np.int32)})
+
+
+def _cosine(a, b):
+  return np.sum(a * b, -1) / (np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1))
+
+
+def _ce(logits, labels):
+  logits = logits - logits.max(-1, keepdims=True)
+  return np.log(np.exp(logits).sum(-1)) - logits[np.arange(len(labels)), labels]
+
+
+def test_mvp_mask_and_losses_against_numpy():
+  """On a hand-made batch (3 valid images + 1 padded, D=3, C=4, pool of 3, 2 keys each): the
+  instance mask, the focal/scaled loss with gradients taken by finite differences in float64,
+  and the contrastive key loss, all from the definitions in docs/methods.md."""
+  f = np.array([[1.0, 0.5, -0.2], [-0.3, 0.8, 0.4], [0.2, -0.6, 0.9], [5.0, 5.0, 5.0]])
+  kernel = np.array([[0.4, -0.2, 0.1, 0.3], [-0.5, 0.6, 0.2, -0.1], [0.3, 0.1, -0.4, 0.5]])
+  bias = np.array([0.1, -0.2, 0.05, 0.0])
+  labels, valid = np.array([0, 2, 2, 1]), np.array([True, True, True, False])
+  masks = np.array([[-1.0, 0.5, 2.0, -0.3], [0.8, -1.5, 0.1, 1.2], [0.0, 0.3, -0.7, -2.0]])
+  idx = np.array([[0, 2], [1, 0], [2, 1], [1, 2]])
+  keys = np.array([[0.9, 0.1, -0.3], [-0.2, 0.7, 0.5], [0.4, -0.8, 0.2]])
+  queries = np.array([[1.0, 0.2, -0.1], [0.1, 1.0, 0.3], [0.3, -0.5, 0.6], [1.0, 1.0, 1.0]])
+  weight = np.array([1.0, 4.0, 2.0])
+  gamma, margin, alpha = 2.0, 0.5, 0.5
+
+  mask = 2.0 / (1.0 + np.exp(-masks[idx].mean(1)))
+  assert_close(mvp.instance_mask(jnp.asarray(masks, jnp.float32), idx), mask)
+
+  def sample_ce(w):  # CE of each image with head kernel w, on the masked logits
+    return _ce((f @ w + bias) * mask, labels)
+
+  def grad_column(fn, b):  # d fn / d kernel[:, labels[b]], central differences
+    out = np.zeros(3)
+    for d in range(3):
+      step = np.zeros_like(kernel)
+      step[d, labels[b]] = 1e-6
+      out[d] = (fn(kernel + step) - fn(kernel - step)) / 2e-6
+    return out
+
+  dissimilarity = np.array([
+      1.0 - _cosine(grad_column(lambda w, b=b: sample_ce(w)[b], b),
+                    grad_column(lambda w: sample_ce(w)[valid].mean(), b)) for b in range(4)])
+  scale = 1.0 - _cosine(kernel.T[labels], f) + margin
+  ce = _ce(((f / scale[:, None]) @ kernel + bias) * mask, labels)
+  expected = np.sum((ce * ((1 - alpha) + alpha * dissimilarity ** gamma))[valid]) / 3
+  head = {"kernel": jnp.asarray(kernel, jnp.float32), "bias": jnp.asarray(bias, jnp.float32)}
+  loss, terms = mvp.focal_scaled_loss(jnp.asarray(f, jnp.float32), head,
+                                      jnp.asarray(mask, jnp.float32), labels, valid, gamma,
+                                      margin, alpha)
+  assert_close(loss, expected, rtol=1e-4)
+  assert_close(terms["grad_dissimilarity"], dissimilarity[valid].mean(), rtol=1e-4)
+
+  distance = 1.0 - _cosine(queries[:, None], keys[None])
+  key_distance = 1.0 - _cosine(keys[:, None], keys[None])
+  per_key = np.zeros((4, 2))
+  for b in range(4):
+    for n, s in enumerate(idx[b]):
+      others = np.mean([np.exp(key_distance[s, j] / weight[s]) for j in range(3) if j != s])
+      per_key[b, n] = -np.log(others / (others + np.exp(distance[b, s] / weight[s])))
+  key_loss = mvp.contrastive_key_loss(jnp.asarray(distance, jnp.float32),
+                                      jnp.asarray(weight, jnp.float32), idx,
+                                      jnp.asarray(keys, jnp.float32), valid)
+  assert_close(key_loss, per_key.mean(1)[valid].mean())

@@ -1,7 +1,7 @@
 """Every baseline on the one loop: a tiny stream end to end, each jitted function traced once, and
 a run stopped by a signal mid-stream then resumed ends bit-identical to an uninterrupted one
 (results.json but wall time, metrics.jsonl, every array of the final checkpoint: weights,
-optimizer state, replay buffers, Fisher, PRNG key)."""
+optimizer state, replay buffers, Fisher, prompt pools and MVP's selection counts, PRNG key)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from configs import tiny
 from olora_jax import checkpointing, plots, trainer
 from olora_jax.methods import common
 
-BASELINES = ("finetune", "iid", "er", "der_pp", "ewc_pp", "agem", "mir", "gdumb")
+BASELINES = ("finetune", "iid", "er", "der_pp", "ewc_pp", "agem", "mir", "gdumb", "l2p", "mvp")
 STOP_AFTER = 6  # stream steps done when the signal arrives
 
 
@@ -36,6 +36,9 @@ def _config(method: str):
   c.ewc_pp.fisher_every = 3
   for block in ("finetune", "iid", "er", "der_pp", "ewc_pp", "agem", "mir"):
     c[block].learning_rate = 3e-3
+  for block in ("l2p", "mvp"):  # a small pool: 4 prompts of 2 tokens
+    c[block].pool_size, c[block].prompt_length = 4, 2
+  c.l2p.top_k = 2
   return c
 
 

@@ -83,3 +83,26 @@ def test_vit_b16_rank4_has_the_papers_lora_parameter_count():
 def test_rank_out_of_range_is_refused(rank):
   with pytest.raises(ValueError, match="learner.rank"):
     lora_lib.init_lora(jax.random.key(0), SPEC, rank=rank)
+
+
+def test_prompts_none_and_empty_prompts_are_the_plain_model_bit_for_bit(model_and_params):
+  model, params, images = model_and_params
+  plain = model.apply({"params": params}, images)
+  for prompts in (None, jnp.zeros((3, 0, SPEC.width))):
+    out = model.apply({"params": params}, images, prompts=prompts)
+    np.testing.assert_array_equal(np.asarray(out), np.asarray(plain))
+
+
+def test_prompts_carry_no_position_embedding(model_and_params):
+  """Tokens without position information: permuting the prompts permutes only their outputs, so
+  the class token and the prompt tokens' mean are unchanged; the prompts do change the output."""
+  model, params, images = model_and_params
+  prompts = jax.random.normal(jax.random.key(7), (3, 5, SPEC.width))
+  reversed_prompts = prompts[:, ::-1]
+  plain = model.apply({"params": params}, images)
+  for pool in ("token", "prompts"):
+    out = model.apply({"params": params}, images, prompts=prompts, pool=pool)
+    assert_close(model.apply({"params": params}, images, prompts=reversed_prompts, pool=pool), out)
+    assert np.abs(np.asarray(out - plain)).max() > 1e-3
+  with pytest.raises(ValueError, match="'prompts' needs prompts"):
+    model.apply({"params": params}, images, pool="prompts")

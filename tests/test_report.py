@@ -293,3 +293,11 @@ def test_table_one_layout_and_stream_check(tmp_path):
   bad = write_method_run(tmp_path / "mir1", 1, "mir", "other", 0.5)
   with pytest.raises(ValueError, match=r"different streams .*same data, seed"):
     reporting.aggregate(dirs + [bad])
+
+
+def test_prompt_methods_are_labelled_by_name_and_ordered_before_online_lora():
+  labels = [reporting.method_label({"method": m, f"{m}.trainable": "prompts"})
+            for m in ("mvp", "l2p")]
+  assert labels == ["MVP", "L2P"]
+  order = sorted(labels + ["Online-LoRA", "DER++"], key=reporting._row_order)
+  assert order == ["DER++", "L2P", "MVP", "Online-LoRA"]

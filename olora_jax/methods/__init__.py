@@ -6,7 +6,19 @@ docs/methods.md describes every method and how to add one.
 
 from __future__ import annotations
 
-from olora_jax.methods import agem, base, der_pp, er, ewc_pp, finetune, gdumb, mir, online_lora
+from olora_jax.methods import (
+  agem,
+  base,
+  der_pp,
+  er,
+  ewc_pp,
+  finetune,
+  gdumb,
+  l2p,
+  mir,
+  mvp,
+  online_lora,
+)
 
 # method name -> builder; every baseline `name` reads the config block `config.<name>`.
 REGISTRY = {
@@ -19,6 +31,8 @@ REGISTRY = {
     "agem": agem.build,
     "mir": mir.build,
     "gdumb": gdumb.build,
+    "l2p": l2p.build,
+    "mvp": mvp.build,
 }
 
 

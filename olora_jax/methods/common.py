@@ -4,7 +4,7 @@ masked cross-entropy, and the state every gradient baseline starts from.
 State of a gradient baseline (a dict pytree; methods add their own entries, e.g. "buffer"):
 
     params     the trainable tree (`method.trainable`, `split_trainable`)
-    frozen     the frozen tree (the backbone for 'head' and 'lora'; empty for 'all')
+    frozen     the frozen tree (the backbone for 'head', 'lora' and 'prompts'; empty for 'all')
     opt_state  optax state of `params`
     step       int32 (): train steps taken
     key        PRNG key of the run; step s draws from fold_in(key, s) (a resumed run draws the same)
@@ -23,32 +23,44 @@ import optax
 from olora_jax.learner.online_lora import masked_mean  # noqa: F401 (shared: mean over a mask)
 from olora_jax.models import lora as lora_lib
 
-TRAINABLE = ("all", "head", "lora")
+TRAINABLE = ("all", "head", "lora", "prompts")
+# Trainable entries that are not ViT weights: inputs of the forward pass (LoRA factors; the prompt
+# pool of L2P and MVP, olora_jax/methods/prompt_pool.py).
+ADAPTERS = ("lora", "prompt_pool")
 # How often each jitted function of a baseline has been traced, by "method.function".
 TRACE_COUNTS: collections.Counter = collections.Counter()
 
 
-def split_trainable(params: dict, mode: str, key: jax.Array, spec, rank: int) -> tuple[dict, dict]:
+def split_trainable(params: dict, mode: str, key: jax.Array, spec, rank: int,
+                    init_prompts=None) -> tuple[dict, dict]:
   """(trainable, frozen) of a full ViT tree: 'all' trains every weight (the fresh head included),
   'head' the head alone, 'lora' a fresh rank-`rank` LoRA on q and v (models/lora.py) plus the
-  head. The trees own copies of their arrays (the train step donates the state)."""
+  head, 'prompts' a fresh prompt pool `init_prompts(key)` (prompt_pool.py) plus the head. The
+  trees own copies of their arrays (the train step donates the state)."""
   if mode not in TRAINABLE:
     raise ValueError(f"unknown trainable={mode!r}; use one of {TRAINABLE}")
+  if (mode == "prompts") != (init_prompts is not None):
+    raise ValueError(f"trainable={mode!r}: 'prompts' is the prompt methods' (l2p, mvp) split and"
+                     " theirs only; use 'all', 'head' or 'lora' for the other methods")
   params = jax.tree.map(jnp.array, params)
   backbone = {k: v for k, v in params.items() if k != "head"}
   if mode == "all":
     return params, {}
   if mode == "head":
     return {"head": params["head"]}, backbone
+  if mode == "prompts":
+    return {"prompt_pool": init_prompts(key), "head": params["head"]}, backbone
   return {"lora": lora_lib.init_lora(key, spec, rank), "head": params["head"]}, backbone
 
 
 def make_apply(model):
-  """`apply(frozen, trainable, images) -> logits (N, C)`, whatever the split."""
+  """`apply(frozen, trainable, images, **model_kwargs) -> logits (N, C)`, whatever the split;
+  `model_kwargs` go to the ViT (`prompts`, `pool`, `pre_logits`)."""
 
-  def apply(frozen, trainable, images):
-    weights = {k: v for k, v in trainable.items() if k != "lora"}
-    return model.apply({"params": {**frozen, **weights}}, images, lora=trainable.get("lora"))
+  def apply(frozen, trainable, images, **model_kwargs):
+    weights = {k: v for k, v in trainable.items() if k not in ADAPTERS}
+    return model.apply({"params": {**frozen, **weights}}, images, lora=trainable.get("lora"),
+                       **model_kwargs)
 
   return apply
 
@@ -70,10 +82,10 @@ def per_example_ce(logits: jax.Array, labels: jax.Array) -> jax.Array:
 
 
 def init_state(key: jax.Array, params: dict, mode: str, spec, rank: int,
-               tx: optax.GradientTransformation) -> dict:
+               tx: optax.GradientTransformation, init_prompts=None) -> dict:
   """The common state of a gradient baseline (module docstring)."""
   lora_key, key = jax.random.split(key)
-  trainable, frozen = split_trainable(params, mode, lora_key, spec, rank)
+  trainable, frozen = split_trainable(params, mode, lora_key, spec, rank, init_prompts)
   return {"params": trainable, "frozen": frozen, "opt_state": tx.init(trainable),
           "step": jnp.zeros((), jnp.int32), "key": key}
 

@@ -20,6 +20,12 @@ LoRA factors are *not* Flax parameters: they are a separate pytree passed to `__
 learner can take gradients with respect to them alone (see `olora_jax.models.lora`). A projection
 with LoRA computes `x @ W + b + (x @ lora_a) @ lora_b` with scale 1 (no alpha/r), which is the
 paper's `W x + B A x` in PyTorch's (out, in) convention.
+
+Prompts (L2P, MVP; `olora_jax.methods.prompt_pool`) are likewise not Flax parameters: `prompts`
+(B, Lp, D) are tokens inserted after the class token once the position embedding has been added,
+so they carry none (as L2P's prompts). `pool='prompts'` pools the mean of the prompt tokens'
+outputs instead of the class token (L2P's classifier input). With `prompts=None` the model
+computes exactly what it computes without the argument.
 """
 
 from __future__ import annotations
@@ -34,6 +40,8 @@ LAYER_NORM_EPS = 1e-6
 
 # Names of the LoRA-carrying projections inside `attn`, in the paper's q, v order.
 LORA_TARGETS = ("query", "value")
+# What the classifier reads: the class token, or the mean of the prompt tokens' outputs (L2P).
+POOLING = ("token", "prompts")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -161,14 +169,19 @@ def init_head(key, width: int, num_classes: int) -> dict:
 
 class VisionTransformer(nn.Module):
   """ViT classifier. `images` are NHWC floats; `lora` maps `encoderblock_{i}` to
-  `{query|value: {lora_a (D, r), lora_b (r, D)}}` or is None for the plain backbone."""
+  `{query|value: {lora_a (D, r), lora_b (r, D)}}` or is None for the plain backbone; `prompts`
+  (B, Lp, D) are tokens inserted after the class token (no position embedding) or None; `pool`
+  is one of `POOLING`. Returns logits (B, C), or the pooled features (B, D) with `pre_logits`."""
 
   spec: ViTSpec
   num_classes: int
 
   @nn.compact
   def __call__(self, images: jnp.ndarray, lora: dict | None = None,
-               pre_logits: bool = False) -> jnp.ndarray:
+               pre_logits: bool = False, prompts: jnp.ndarray | None = None,
+               pool: str = "token") -> jnp.ndarray:
+    if pool not in POOLING or (pool == "prompts" and prompts is None):
+      raise ValueError(f"pool={pool!r} must be one of {POOLING}; 'prompts' needs prompts")
     s = self.spec
     x = nn.Conv(s.width, (s.patch_size, s.patch_size), strides=s.patch_size, padding="VALID",
                 name="embedding")(images)
@@ -178,12 +191,17 @@ class VisionTransformer(nn.Module):
     x = jnp.concatenate([jnp.broadcast_to(cls, (batch, 1, s.width)).astype(x.dtype), x], axis=1)
     pos = self.param("pos_embedding", nn.initializers.normal(0.02), (1, 1 + s.num_patches, s.width))
     x = x + pos
+    if prompts is not None:  # (B, 1 + Lp + N, D): class token, prompts, patches
+      x = jnp.concatenate([x[:, :1], prompts.astype(x.dtype), x[:, 1:]], axis=1)
     lora = lora or {}
     for i in range(s.depth):
       name = f"encoderblock_{i}"
       x = EncoderBlock(s.num_heads, s.mlp_dim, name=name)(x, lora.get(name))
     x = nn.LayerNorm(epsilon=LAYER_NORM_EPS, name="encoder_norm")(x)
-    features = x[:, 0]  # class-token pooling, (B, D)
+    if pool == "token":
+      features = x[:, 0]  # class-token pooling, (B, D)
+    else:
+      features = jnp.mean(x[:, 1:1 + prompts.shape[1]], axis=1)  # prompt tokens' mean, (B, D)
     if pre_logits:
       return features
     return nn.Dense(self.num_classes, kernel_init=HEAD_KERNEL_INIT, name="head")(features)

@@ -1,0 +1,59 @@
+"""L2P, learning to prompt (Wang et al. 2022), in the paper's fair task-free setting.
+
+A pool of `l2p.pool_size` prompts of `l2p.prompt_length` tokens with one key each
+(prompt_pool.py). Each image queries the pool with the frozen model's class token and takes the
+`l2p.top_k` prompts of the nearest keys (1 - cos); they are inserted after the class token
+(no position embedding) and the head reads the mean of the prompt tokens' outputs. Trained:
+prompts, keys and head; the backbone is frozen. Each step minimises
+    CE(head(f_avg(x_p)), y) + key_loss_weight * sum_{selected i} (1 - cos(q(x), k_i))
+(L2P's Eq. 5: the key-matching, "surrogate", loss pulls the selected keys to their queries).
+No task id reaches the selection and none of the original code's class masking is done (the
+paper's fair setting, Online-LoRA sec. 2). Paper: pool 10, length 10, 4 prompts, LR 3e-3.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from olora_jax.methods import base, common, prompt_pool
+
+
+def build(ctx: base.Context) -> base.Method:
+  block = ctx.config.l2p
+  tx = common.make_adam(block.learning_rate, block.weight_decay)
+  apply = common.make_apply(ctx.model)
+
+  def init(key, params):
+    return common.init_state(
+        key, params, block.trainable, ctx.spec, ctx.config.learner.rank, tx,
+        init_prompts=lambda k: prompt_pool.init(k, block.pool_size, block.prompt_length,
+                                                ctx.spec.width))
+
+  def forward(frozen, params, images, queries):
+    """(logits (B, C), distances of the selected keys (B, N), their indices (B, N))."""
+    distance = prompt_pool.key_distance(queries, params["prompt_pool"]["keys"])
+    idx = prompt_pool.select(distance, block.top_k)
+    logits = apply(frozen, params, images, pool="prompts",
+                   prompts=prompt_pool.prompt_tokens(params["prompt_pool"], idx))
+    return logits, jnp.take_along_axis(distance, idx, axis=1), idx
+
+  def train_step(state, batch):
+    common.TRACE_COUNTS["l2p.train_step"] += 1
+    base.check_batch(batch)
+    queries = prompt_pool.query(apply, state["frozen"], batch["images"])
+
+    def loss_fn(params):
+      logits, selected, idx = forward(state["frozen"], params, batch["images"], queries)
+      ce = common.masked_mean(common.per_example_ce(logits, batch["labels"]), batch["mask"])
+      key_loss = common.masked_mean(jnp.sum(selected, axis=1), batch["mask"])
+      return ce + block.key_loss_weight * key_loss, (dict(ce=ce, key_loss=key_loss), idx)
+
+    (loss, (aux, idx)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["params"])
+    return common.apply_gradients(state, grads, tx), {"loss": loss, **aux}, {"prompt_idx": idx}
+
+  def predict(state, images):
+    queries = prompt_pool.query(apply, state["frozen"], images)
+    return forward(state["frozen"], state["params"], images, queries)[0]
+
+  return base.Method(name="l2p", init=init, train_step=train_step, predict=predict)

@@ -1,0 +1,126 @@
+"""MVP, mask and visual prompt tuning (Moon et al., ICCV 2023, the Si-Blurry paper).
+
+On L2P's prompt pool (prompt_pool.py; the same input-level prompts, here read through the class
+token), MVP adds, per docs/methods.md "MVP" (where every reading we made is listed):
+
+- instance-wise logit masks: each key j owns a mask logit vector mu_j (C,) (trainable, start -1);
+  an image that selected keys S gets logits z * 2 sigmoid(mean_{j in S} mu_j);
+- contrastive prompt tuning: keys are chosen by the count-scaled distance d(q, k_j) * w_j,
+  w_j = 1 + (times key j was selected in training so far), and trained by
+      L_key = -log( A / (A + exp(d(q, k_s) / w_s)) ),  A = mean_{l != s} exp(d(k_s, k_l) / w_s)
+  (the selected key s pulled to its query, pushed from the other keys);
+- gradient-similarity focal loss: s_b = 1 - cos(g_b, G_{y_b}), with g_b the gradient of sample
+  b's cross-entropy and G the gradient of the batch mean cross-entropy, both w.r.t. the head's
+  weight vector of class y_b; sample b's loss is ((1 - alpha) + alpha s_b^gamma) CE_b;
+- adaptive feature scaling: CE_b is computed on the features divided by
+  1 - cos(W_{y_b}, f_b) + m (training only).
+Trained: prompts, keys, masks and head; the backbone is frozen. Paper: gamma 2.0, m 0.5,
+alpha 0.5, LR 5e-3. No task id reaches it; no training-time class masking.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from olora_jax.methods import base, common, prompt_pool
+
+
+def init_pool(key: jax.Array, pool_size: int, length: int, width: int, num_classes: int) -> dict:
+  """L2P's pool plus "masks" (M, C), all -1 (every class scaled by 2 sigmoid(-1) at start)."""
+  return {**prompt_pool.init(key, pool_size, length, width),
+          "masks": jnp.full((pool_size, num_classes), -1.0, jnp.float32)}
+
+
+def instance_mask(masks: jax.Array, idx: jax.Array) -> jax.Array:
+  """Each image's logit mask (B, C) in (0, 2): 2 sigmoid of the mean mask of its keys idx (B, N)."""
+  return 2.0 * jax.nn.sigmoid(jnp.mean(masks[idx], axis=1))
+
+
+def head_logits(head: dict, features: jax.Array) -> jax.Array:
+  """(B, D) -> (B, C): the ViT's head on pooled features."""
+  return features @ head["kernel"] + head["bias"]
+
+
+def focal_scaled_loss(features, head: dict, mask, labels, valid, gamma: float, margin: float,
+                      alpha: float):
+  """MVP's classification loss on one batch: features (B, D), head {kernel (D, C), bias (C,)},
+  mask (B, C), labels (B,), valid (B,) bool. Returns (loss (), terms); pure. The focal weights
+  and the feature scales carry no gradient."""
+  f, kernel, bias, m = jax.tree.map(jax.lax.stop_gradient, (features, head["kernel"],
+                                                             head["bias"], mask))
+  z = (f @ kernel + bias) * m
+  onehot = jax.nn.one_hot(labels, kernel.shape[1], dtype=z.dtype)
+  dz = (jax.nn.softmax(z) - onehot) * m  # d CE_b / d (f_b @ W) by class, (B, C)
+  sample_grad = jnp.sum(dz * onehot, axis=1, keepdims=True) * f  # g_b = dCE_b / dW_{y_b}, (B, D)
+  weights = valid.astype(z.dtype) / jnp.maximum(jnp.sum(valid), 1)
+  batch_grad = ((dz * weights[:, None]).T @ f)[labels]  # G_{y_b} of the batch mean CE, (B, D)
+  similarity = 1.0 - prompt_pool.cosine(sample_grad, batch_grad)  # s_b in [0, 2]
+  scale = 1.0 - prompt_pool.cosine(kernel.T[labels], f) + margin  # adaptive feature scaling
+  logits = head_logits(head, features / scale[:, None]) * mask
+  ce = common.per_example_ce(logits, labels)
+  focal = (1.0 - alpha) + alpha * similarity ** gamma
+  loss = common.masked_mean(ce * focal, valid)
+  return loss, dict(ce=common.masked_mean(ce, valid),
+                    grad_dissimilarity=common.masked_mean(similarity, valid))
+
+
+def contrastive_key_loss(distance, weight, idx, keys, valid) -> jax.Array:
+  """L_key (module docstring) averaged over the selected keys and the valid images: distance
+  (B, M) query-key, weight (M,) selection weights w, idx (B, N), keys (M, D), valid (B,). Pure."""
+  w = weight[idx]  # (B, N)
+  positive = jnp.exp(jnp.take_along_axis(distance, idx, axis=1) / w)  # (B, N)
+  key_distance = 1.0 - prompt_pool.cosine(keys[:, None, :], keys[None, :, :])  # (M, M)
+  others = 1.0 - jnp.eye(keys.shape[0], dtype=keys.dtype)
+  negative = (jnp.sum(jnp.exp(key_distance[idx] / w[..., None]) * others[idx], axis=-1)
+              / (keys.shape[0] - 1))  # mean over the other keys, (B, N)
+  return common.masked_mean(jnp.mean(-jnp.log(negative / (negative + positive)), axis=1), valid)
+
+
+def build(ctx: base.Context) -> base.Method:
+  block = ctx.config.mvp
+  tx = common.make_adam(block.learning_rate, block.weight_decay)
+  apply = common.make_apply(ctx.model)
+
+  def init(key, params):
+    state = common.init_state(
+        key, params, block.trainable, ctx.spec, ctx.config.learner.rank, tx,
+        init_prompts=lambda k: init_pool(k, block.pool_size, block.prompt_length,
+                                         ctx.spec.width, ctx.num_classes))
+    return {**state, "selection_count": jnp.zeros((block.pool_size,), jnp.float32)}
+
+  def forward(state, params, images, queries):
+    """(features (B, D), mask (B, C), distance (B, M), weight (M,), idx (B, N))."""
+    pool = params["prompt_pool"]
+    distance = prompt_pool.key_distance(queries, pool["keys"])
+    weight = state["selection_count"] + 1.0
+    idx = prompt_pool.select(distance * weight, block.top_k)
+    features = apply(state["frozen"], params, images, pre_logits=True,
+                     prompts=prompt_pool.prompt_tokens(pool, idx))
+    return features, instance_mask(pool["masks"], idx), distance, weight, idx
+
+  def train_step(state, batch):
+    common.TRACE_COUNTS["mvp.train_step"] += 1
+    base.check_batch(batch)
+    queries = prompt_pool.query(apply, state["frozen"], batch["images"])
+
+    def loss_fn(params):
+      features, mask, distance, weight, idx = forward(state, params, batch["images"], queries)
+      loss, terms = focal_scaled_loss(features, params["head"], mask, batch["labels"],
+                                      batch["mask"], block.gamma, block.margin, block.alpha)
+      key_loss = contrastive_key_loss(distance, weight, idx, params["prompt_pool"]["keys"],
+                                      batch["mask"])
+      return loss + key_loss, ({**terms, "key_loss": key_loss}, idx)
+
+    (loss, (aux, idx)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["params"])
+    state = common.apply_gradients(state, grads, tx)
+    picked = jax.nn.one_hot(idx, block.pool_size) * batch["mask"][:, None, None]
+    state["selection_count"] = state["selection_count"] + jnp.sum(picked, axis=(0, 1))
+    return state, {"loss": loss, **aux}, {"prompt_idx": idx}
+
+  def predict(state, images):
+    queries = prompt_pool.query(apply, state["frozen"], images)
+    features, mask, *_ = forward(state, state["params"], images, queries)
+    return head_logits(state["params"]["head"], features) * mask
+
+  return base.Method(name="mvp", init=init, train_step=train_step, predict=predict)

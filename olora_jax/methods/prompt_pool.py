@@ -1,0 +1,62 @@
+"""The prompt pool of the prompt methods (L2P, MVP): keys, prompts, instance-wise selection.
+
+A pool (Wang et al. 2022, L2P) is a trainable pytree, the `prompt_pool` entry of the trainable
+tree next to the head (`common.split_trainable` with trainable='prompts'; the backbone stays
+frozen):
+
+    keys     (M, D)      one key per prompt
+    prompts  (M, Lp, D)  M prompts of Lp tokens
+    (MVP adds masks (M, C), its instance-wise logit masks; olora_jax/methods/mvp.py)
+
+Selection is instance-wise and task-free: the query of an image is the frozen, prompt-free
+model's class token (after the final LayerNorm), and an image takes the `top_k` prompts whose
+keys lie nearest its query in cosine distance 1 - cos(q, k). Nothing but the image (and the
+pool) reaches the selection: no label, no task id, no batch statistic.
+
+All functions are pure.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+COSINE_EPS = 1e-8  # lower bound of a norm in a cosine
+
+
+def init(key: jax.Array, pool_size: int, length: int, width: int) -> dict:
+  """A fresh pool {"keys" (M, D), "prompts" (M, Lp, D)}, both uniform in [-1, 1] (L2P's
+  initialisation)."""
+  key_key, prompt_key = jax.random.split(key)
+  return {"keys": jax.random.uniform(key_key, (pool_size, width), jnp.float32, -1.0, 1.0),
+          "prompts": jax.random.uniform(prompt_key, (pool_size, length, width), jnp.float32,
+                                        -1.0, 1.0)}
+
+
+def cosine(a: jax.Array, b: jax.Array) -> jax.Array:
+  """Cosine similarity of the last axes, broadcast over the others: (..., D), (..., D) -> (...)."""
+  norms = jnp.linalg.norm(a, axis=-1) * jnp.linalg.norm(b, axis=-1)
+  return jnp.sum(a * b, axis=-1) / jnp.maximum(norms, COSINE_EPS)
+
+
+def query(apply, frozen: dict, images: jax.Array) -> jax.Array:
+  """The query of each image (B, D): the frozen model's class token without prompts, no
+  gradient. `apply` is `common.make_apply(model)`."""
+  return jax.lax.stop_gradient(apply(frozen, {}, images, pre_logits=True))
+
+
+def key_distance(queries: jax.Array, keys: jax.Array) -> jax.Array:
+  """1 - cos(q_b, k_j): (B, D), (M, D) -> (B, M)."""
+  return 1.0 - cosine(queries[:, None, :], keys[None, :, :])
+
+
+def select(score: jax.Array, top_k: int) -> jax.Array:
+  """Indices (B, top_k) of the `top_k` smallest scores of each row of `score` (B, M); ties go to
+  the lower index."""
+  return jax.lax.top_k(-jax.lax.stop_gradient(score), top_k)[1]
+
+
+def prompt_tokens(pool: dict, idx: jax.Array) -> jax.Array:
+  """The selected prompts as tokens to prepend: idx (B, N) -> (B, N * Lp, D), in rank order."""
+  tokens = pool["prompts"][idx]  # (B, N, Lp, D)
+  return tokens.reshape(idx.shape[0], -1, tokens.shape[-1])
