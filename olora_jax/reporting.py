@@ -37,7 +37,8 @@ NOT_PERCENT = frozenset({"wall_seconds"})  # shown as they are, not x 100
 # The `method` config key -> the paper's name, in the row order of its Table 1.
 METHOD_NAMES = {
     "agem": "AGEM", "er": "ER", "ewc_pp": "EWC++", "mir": "MIR", "gdumb": "GDumb",
-    "der_pp": "DER++", "finetune": "Fine-tuning", "online_lora": "Online-LoRA",
+    "pcr": "PCR", "der_pp": "DER++", "lode": "LODE (DER++)", "ema_der_pp": "EMA (DER++)",
+    "ema_rar": "EMA (RAR)", "finetune": "Fine-tuning", "online_lora": "Online-LoRA",
     "iid": "Upper bound (i.i.d.)",
 }
 # How the paper prints each metric's header; an arrow says which direction is better.

@@ -6,7 +6,8 @@ docs/methods.md describes every method and how to add one.
 
 from __future__ import annotations
 
-from olora_jax.methods import agem, base, der_pp, er, ewc_pp, finetune, gdumb, mir, online_lora
+from olora_jax.methods import (agem, base, der_pp, ema, er, ewc_pp, finetune, gdumb, lode, mir,
+                               online_lora, pcr)
 
 # method name -> builder; every baseline `name` reads the config block `config.<name>`.
 REGISTRY = {
@@ -19,6 +20,10 @@ REGISTRY = {
     "agem": agem.build,
     "mir": mir.build,
     "gdumb": gdumb.build,
+    "pcr": pcr.build,
+    "lode": lode.build,
+    "ema_der_pp": ema.build_der_pp,
+    "ema_rar": ema.build_rar,
 }
 
 
