@@ -6,8 +6,20 @@ docs/methods.md describes every method and how to add one.
 
 from __future__ import annotations
 
-from olora_jax.methods import (agem, base, der_pp, ema, er, ewc_pp, finetune, gdumb, lode, mir,
-                               online_lora, pcr)
+from olora_jax.methods import (
+  agem,
+  base,
+  der_pp,
+  ema,
+  er,
+  ewc_pp,
+  finetune,
+  gdumb,
+  lode,
+  mir,
+  online_lora,
+  pcr,
+)
 
 # method name -> builder; every baseline `name` reads the config block `config.<name>`.
 REGISTRY = {
