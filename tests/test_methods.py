@@ -300,11 +300,10 @@ def test_ema_weights_are_the_hand_computed_average(name):
                  state["ema_params"], expected)
   assert int(state["step"]) == 4  # RAR's repeats count as one step per batch
   # The evaluator reads the average, not the trained weights.
-  images = batch(9)["images"]
-  averaged = method.predict({**state, "params": state["ema_params"]}, images)
-  np.testing.assert_array_equal(method.predict(state, images), averaged)
-  assert not np.allclose(averaged, method.predict({**state, "ema_params": state["params"]},
-                                                   images))
+  images, predict = batch(9)["images"], jax.jit(method.predict)
+  averaged = predict({**state, "params": state["ema_params"]}, images)
+  np.testing.assert_array_equal(predict(state, images), averaged)
+  assert not np.allclose(averaged, predict({**state, "ema_params": state["params"]}, images))
 
 
 def test_rar_augment_flips_and_shifts_within_the_image():
