@@ -125,9 +125,13 @@ def main(argv: list[str]) -> int:
     print(f"{head}: {status} in {seconds:.0f} s", flush=True)
     if code != errors.EXIT_OK:
       first_failure = first_failure or code
-      if code in STOP_CODES or code > errors.EXIT_SIGNAL_BASE or code < 0:
+      if code in STOP_CODES:
         print(f"sweep stopped: exit {code} would stop every later run too (see the run's error"
               " line above); fix it and run the same command to carry on", file=sys.stderr)
+        break
+      if code > errors.EXIT_SIGNAL_BASE or code < 0:
+        print(f"sweep stopped by a signal (exit {code}): the run checkpointed its step; run the"
+              " same command to carry on", file=sys.stderr)
         break
   if summary:
     print("\nsummary (wall time of this invocation):")
