@@ -1,6 +1,6 @@
 """Shared by the paper's benchmark settings (configs/split_*.py, si_blurry_*.py, core50.py).
 
-Each setting fixes its dataset, scenario and plateau thresholds (DESIGN.md section 2) and calls
+Each setting fixes its dataset, scenario and plateau thresholds (docs/fidelity.md) and calls
 `benchmark_config`. The backbone is chosen by the config-file argument: ViT-B/16 by default,
 ViT-S/16 with `--config=configs/SETTING.py:vit_s16`, which sets the model, its checkpoint and the
 paper's ViT-S learning rate (5e-4) together. Both are ImageNet-21k backbones in timm's safetensors

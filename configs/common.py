@@ -1,4 +1,4 @@
-"""Shared defaults of every setting: Online-LoRA, paper fidelity (DESIGN.md sections 1-2).
+"""Shared defaults of every setting: Online-LoRA, paper fidelity (docs/method.md, docs/fidelity.md).
 
 Settings import `get_config()` from here and override only what differs. The returned ConfigDict
 is locked: a misspelt key given on the command line is an error, not a silently new key.
@@ -10,12 +10,16 @@ Keys that matter:
   model.image_size              input resolution; pretrained position embeddings are resampled
   pretrained.path, .format      local checkpoint ('' = random init, for tests only);
                                 format 'auto' | 'timm' | 'augreg' | 'big_vision'
-  data.dataset                  embedded 'mnist_5k' | 'sklearn_digits', or TFDS 'cifar100' |
-                                'imagenet_r' | 'imagenet_sketch' | 'caltech_birds2011' | 'core50'
+  data.dataset                  embedded 'mnist_5k' | 'sklearn_digits' | 'rotated_mnist_5k', TFDS
+                                'cifar100' | 'imagenet_r' | 'imagenet_sketch' |
+                                'caltech_birds2011' | 'core50', or a user dataset
+                                'module:function' | 'path/to/file.py:function'
+                                (docs/extending.md)
+  data.class_order              'label' | 'seeded' | an explicit list of every class id
   data.data_dir                 TFDS data_dir holding the prepared array_record datasets
   data.scenario, data.n_tasks   'disjoint' | 'si_blurry' (data.si_blurry_n, .si_blurry_m, in %) |
-                                'domain' (CORe50: one task per session, so data.n_tasks is not
-                                used; data.core50_order)
+                                'domain' (one task per domain of a dataset with domain ids,
+                                so data.n_tasks is not used; CORe50: data.core50_order)
   data.augment                  training augmentation: 'none' | 'crop_flip' (random resized crop
                                 + horizontal flip, as the released code)
   learner.batch_size (B), learner.buffer_size (K), learner.rank (r), learner.reg_lambda
@@ -31,11 +35,17 @@ Keys that matter:
   eval.write_plots              draw DIR/plots/*.png at the end of the run
   fidelity                      'paper' (default) | 'reference' (the authors' released code):
                                 the default of every key below left unset (None); see
-                                olora_jax/fidelity.py and DESIGN.md section 2
+                                olora_jax/fidelity.py and docs/fidelity.md
   learner.buffer_unit, .window_value, .importance, .merge, .new_lora_init,
-  learner.reset_opt_state_at_merge, .check_partial_window, data.input_scale, data.core50_order
+  learner.reset_opt_state_at_merge, .check_partial_window, .adam_bias_correction,
+  data.input_scale, data.core50_order
                                 one key per paper-vs-code difference, None = take it from fidelity
   learner.allow_dead_lora       run new_lora_init='zeros' with the optimizer state reset anyway
+  learner.adam_bias_correction  (fidelity key) 'float32' = optax.adam | 'exact' = PyTorch's
+  data.stream_manifest          replay the steps of a stream manifest (docs/replay.md)
+  pretrained.keep_head, learner.initial_lora, export_online_lora
+                                start from / end with given weights, the authors' layout
+  trace.enabled                 WORKDIR/trace.npz: per-step buffer ids, window, Omega
   method                        'online_lora' (configured by `learner`) | 'finetune' | 'iid' |
                                 'er' | 'der_pp' | 'ewc_pp' | 'agem' | 'mir' | 'gdumb' | 'pcr' |
                                 'lode' | 'ema_der_pp' | 'ema_rar', each configured by the block
@@ -73,13 +83,18 @@ def get_config() -> ml_collections.ConfigDict:
 
   config.pretrained = ml_collections.ConfigDict()
   config.pretrained.path = ""
-  config.pretrained.format = "auto"
+  config.pretrained.format = "auto"  # or 'timm' | 'augreg' | 'big_vision' | 'online_lora'
+  # Keep the checkpoint's head (it must have the benchmark's classes) instead of a fresh one:
+  # for replaying another codebase's run from its weights (docs/replay.md).
+  config.pretrained.keep_head = False
 
   config.data = ml_collections.ConfigDict()
   config.data.dataset = "mnist_5k"
   config.data.scenario = "disjoint"
   config.data.n_tasks = 5
-  config.data.class_order = "label"  # or 'seeded' (a permutation from `seed`)
+  # 'label', 'seeded' (a permutation from `seed`) or an explicit order listing every class once,
+  # e.g. [3, 1, 0, 2] in a config file or --config.data.class_order=3,1,0,2 (any type accepted).
+  config.data.class_order = config_dict.FieldReference("label", field_type=object)
   config.data.test_fraction = 0.2  # datasets without a test split: seeded per-class test split
   config.data.split_seed = 0
   config.data.data_dir = ""  # TFDS data_dir ('' = TFDS default, ~/tensorflow_datasets)
@@ -89,6 +104,9 @@ def get_config() -> ml_collections.ConfigDict:
   config.data.num_workers = 8  # host threads decoding images
   config.data.prefetch = 4  # batches prepared ahead of the device
   config.data.cache_test_images = True  # TFDS: keep resized test images in host memory
+  # '' = build the stream from the seed; a path = replay the steps that stream manifest lists
+  # (a run's stream_manifest.json, or the same JSON from elsewhere: docs/replay.md)
+  config.data.stream_manifest = ""
   # Fidelity keys (None = the default of `fidelity`).
   config.data.input_scale = config_dict.placeholder(str)  # 'unit' [0, 1] | 'signed' [-1, 1]
   config.data.core50_order = config_dict.placeholder(str)  # 'sequential' | 'shuffled' (i.i.d.)
@@ -112,7 +130,13 @@ def get_config() -> ml_collections.ConfigDict:
   config.learner.new_lora_init = config_dict.placeholder(str)  # 'kaiming' | 'zeros'
   config.learner.reset_opt_state_at_merge = config_dict.placeholder(bool)
   config.learner.check_partial_window = config_dict.placeholder(bool)
+  # 'float32' (optax.adam: 1 - b^t from the float32-rounded b) | 'exact' (PyTorch's, float64-exact)
+  config.learner.adam_bias_correction = config_dict.placeholder(str)
   config.learner.allow_dead_lora = False
+  # '' = the first LoRA is drawn from the seed; a path = a safetensors file in the authors' layout
+  # (format 'online_lora'): its linear_new_* factors start the first LoRA and its linear_a/b_*
+  # pair the frozen pair (factor_sum merge; merged into the backbone with the exact merge)
+  config.learner.initial_lora = ""
   config.learner.skip_nonfinite = False  # NaN/Inf loss: False = checkpoint and stop; True = skip
   config.learner.max_skipped_fraction = 0.05  # skip_nonfinite: stop past this fraction of steps
 
@@ -166,6 +190,16 @@ def get_config() -> ml_collections.ConfigDict:
   config.eval.batch_size = 256
   config.eval.mask_unseen_logits = False
   config.eval.write_plots = True
+
+  config.trace = ml_collections.ConfigDict()
+  # Write WORKDIR/trace.npz: per step the hard buffer's example ids and scores, the loss-window
+  # value, mean and variance, the regulariser; per plateau Omega and the merged factors
+  # (olora_jax/trace.py). Off: nothing extra is fetched from the device.
+  config.trace.enabled = False
+
+  # Write WORKDIR/online_lora.safetensors at the end: the final model (backbone with every merge,
+  # head, current LoRA, factor_sum frozen pair) in the authors' checkpoint layout (docs/replay.md)
+  config.export_online_lora = False
 
   config.log_every = 1  # write a `train` event every this many steps
   config.checkpoint_every = 200  # steps between full-state checkpoints (0: only end / signal)

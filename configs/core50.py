@@ -1,14 +1,14 @@
 """CORe50: domain-incremental, the 8 training sessions (1 2 4 5 6 8 9 11) in sequence, one pass;
 tested on sessions 3 7 10 (all 50 objects in every task).
 
-    python -m olora_jax.data.core50 --manual_dir=DIR_WITH_core50_128x128 --data_dir=DIR
-    python launch/run.py --config configs/core50.py \
+    .venv/bin/python -m olora_jax.data.core50 --manual_dir=DIR_WITH_core50_128x128 --data_dir=DIR
+    .venv/bin/python launch/run.py --config configs/core50.py \
         --workdir runs/core50 --config.data.data_dir=DIR
-    python launch/run.py --config configs/core50.py:vit_s16 \
+    .venv/bin/python launch/run.py --config configs/core50.py:vit_s16 \
         --workdir runs/core50_vit_s16 --config.data.data_dir=DIR  # ViT-S/16
 
 The released code instead concatenates and shuffles all sessions (i.i.d.):
-`--config.data.core50_order=shuffled` (one task). Thresholds 24.0 / 1.0 (DESIGN.md section 2),
+`--config.data.core50_order=shuffled` (one task). Thresholds 24.0 / 1.0 (docs/fidelity.md),
 lambda 2000 as the paper states for all settings (the released code uses 20:
 `--config.learner.reg_lambda=20`). Paper, A_Final / Forgetting (%): ViT-B/16 93.71 / 0.00,
 ViT-S/16 90.96 / 0.00.

@@ -6,11 +6,11 @@ Backbone: a tiny ViT (width 64, depth 2, 4 heads, patch 4, 32x32) pretrained on 
 8x8 digits by scripts/pretrain_backbone.py and shipped in timm's safetensors layout, so the run
 goes through the real timm loader. Runs in a few minutes on 2 CPU cores.
 
-    python launch/run.py --config configs/demo.py --workdir runs/demo
+    .venv/bin/python launch/run.py --config configs/demo.py --workdir runs/demo
 
 Plain single-LoRA fine-tuning on the same stream (no plateaus/merges/Omega, no hard buffer):
 
-    python launch/run.py --config configs/demo.py --workdir runs/demo_lora \
+    .venv/bin/python launch/run.py --config configs/demo.py --workdir runs/demo_lora \
         --config.learner.incremental_lora=False --config.learner.hard_loss=False \
         --config.learner.buffer_size=0
 """

@@ -5,12 +5,12 @@ Anytime accuracy every 1,000 samples (A_AUC). As in the paper's Si-Blurry table,
 hard buffer is left out of the objective (learner.hard_loss = False; the buffer still feeds the
 importance estimate).
 
-    python launch/run.py --config configs/si_blurry_cifar100.py \
+    .venv/bin/python launch/run.py --config configs/si_blurry_cifar100.py \
         --workdir runs/si_blurry_cifar100 --config.data.data_dir=DIR
-    python launch/run.py --config configs/si_blurry_cifar100.py:vit_s16 \
+    .venv/bin/python launch/run.py --config configs/si_blurry_cifar100.py:vit_s16 \
         --workdir runs/si_blurry_cifar100_vit_s16 --config.data.data_dir=DIR  # ViT-S/16
 
-Thresholds 5.2 / 0.02 (released Si-Blurry script, DESIGN.md section 2). Paper, A_AUC / A_Final (%):
+Thresholds 5.2 / 0.02 (released Si-Blurry script, docs/fidelity.md). Paper, A_AUC / A_Final (%):
 ViT-B/16 60.12 / 61.70, ViT-S/16 52.84 / 58.72.
 Data: `tfds build cifar100 --file_format=array_record --data_dir=DIR`.
 """

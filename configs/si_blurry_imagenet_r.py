@@ -6,12 +6,12 @@ hard buffer is left out of the objective (learner.hard_loss = False; the buffer 
 importance estimate).
 ImageNet-R has no test split: a seeded 80/20 split per class (data.split_seed, data.test_fraction).
 
-    python launch/run.py --config configs/si_blurry_imagenet_r.py \
+    .venv/bin/python launch/run.py --config configs/si_blurry_imagenet_r.py \
         --workdir runs/si_blurry_imagenet_r --config.data.data_dir=DIR
-    python launch/run.py --config configs/si_blurry_imagenet_r.py:vit_s16 \
+    .venv/bin/python launch/run.py --config configs/si_blurry_imagenet_r.py:vit_s16 \
         --workdir runs/si_blurry_imagenet_r_vit_s16 --config.data.data_dir=DIR  # ViT-S/16
 
-Thresholds 5.2 / 0.02 (released Si-Blurry script, DESIGN.md section 2). Paper, A_AUC / A_Final (%):
+Thresholds 5.2 / 0.02 (released Si-Blurry script, docs/fidelity.md). Paper, A_AUC / A_Final (%):
 ViT-B/16 45.05 / 48.00, ViT-S/16 39.47 / 36.61.
 Data: `tfds build imagenet_r --file_format=array_record --data_dir=DIR`.
 """

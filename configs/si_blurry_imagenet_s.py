@@ -8,12 +8,12 @@ importance estimate).
 ImageNet-Sketch has no test split: a seeded 80/20 split per class (data.split_seed,
 data.test_fraction).
 
-    python launch/run.py --config configs/si_blurry_imagenet_s.py \
+    .venv/bin/python launch/run.py --config configs/si_blurry_imagenet_s.py \
         --workdir runs/si_blurry_imagenet_s --config.data.data_dir=DIR
-    python launch/run.py --config configs/si_blurry_imagenet_s.py:vit_s16 \
+    .venv/bin/python launch/run.py --config configs/si_blurry_imagenet_s.py:vit_s16 \
         --workdir runs/si_blurry_imagenet_s_vit_s16 --config.data.data_dir=DIR  # ViT-S/16
 
-Thresholds 5.2 / 0.02 (released Si-Blurry script, DESIGN.md section 2). Paper, A_AUC / A_Final (%):
+Thresholds 5.2 / 0.02 (released Si-Blurry script, docs/fidelity.md). Paper, A_AUC / A_Final (%):
 ViT-B/16 30.81 / 30.22, ViT-S/16 15.35 / 20.18.
 Data: `tfds build imagenet_sketch --file_format=array_record --data_dir=DIR`.
 """

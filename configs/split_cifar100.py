@@ -1,8 +1,8 @@
 """Split CIFAR-100: disjoint class-incremental, 10 tasks of 10 classes (label order), one pass.
 
-    python launch/run.py --config configs/split_cifar100.py \
+    .venv/bin/python launch/run.py --config configs/split_cifar100.py \
         --workdir runs/split_cifar100 --config.data.data_dir=DIR
-    python launch/run.py --config configs/split_cifar100.py:vit_s16 \
+    .venv/bin/python launch/run.py --config configs/split_cifar100.py:vit_s16 \
         --workdir runs/split_cifar100_vit_s16 --config.data.data_dir=DIR  # ViT-S/16
 
 Thresholds 2.6 / 0.03 (paper appendix). Paper, A_Final / Forgetting (%): ViT-B/16 49.40 / 41.74,

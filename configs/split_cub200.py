@@ -2,13 +2,13 @@
 
 Official train/test split of caltech_birds2011 (5,994 / 5,794 images).
 
-    python launch/run.py --config configs/split_cub200.py \
+    .venv/bin/python launch/run.py --config configs/split_cub200.py \
         --workdir runs/split_cub200 --config.data.data_dir=DIR
-    python launch/run.py --config configs/split_cub200.py:vit_s16 \
+    .venv/bin/python launch/run.py --config configs/split_cub200.py:vit_s16 \
         --workdir runs/split_cub200_vit_s16 --config.data.data_dir=DIR  # ViT-S/16
 
 Thresholds 6.0 / 0.1 (the paper's threshold table swaps the CUB and CORe50 columns against its own
-grid; DESIGN.md section 2 reads CUB = 6.0 / 0.1), K = 4 (released default: 8). Paper, A_Final /
+grid; docs/fidelity.md reads CUB = 6.0 / 0.1), K = 4 (released default: 8). Paper, A_Final /
 Forgetting (%): ViT-B/16 41.46 / 13.64, ViT-S/16 37.41 / 20.78.
 Data: `tfds build caltech_birds2011 --file_format=array_record --data_dir=DIR`.
 """

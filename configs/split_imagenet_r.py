@@ -3,9 +3,9 @@
 ImageNet-R has no test split: a seeded 80/20 split per class (data.split_seed, data.test_fraction),
 written to the run's stream_manifest.json.
 
-    python launch/run.py --config configs/split_imagenet_r.py \
+    .venv/bin/python launch/run.py --config configs/split_imagenet_r.py \
         --workdir runs/split_imagenet_r --config.data.data_dir=DIR
-    python launch/run.py --config configs/split_imagenet_r.py:vit_s16 \
+    .venv/bin/python launch/run.py --config configs/split_imagenet_r.py:vit_s16 \
         --workdir runs/split_imagenet_r_vit_s16 --config.data.data_dir=DIR  # ViT-S/16
 
 Thresholds 5.2 / 0.02 (paper). Paper, A_Final / Forgetting (%): ViT-B/16 48.18 / 23.85, ViT-S/16

@@ -4,9 +4,9 @@ The paper splits the classes "randomly" into tasks: a seeded class order (data.c
 'seeded', from `seed`). ImageNet-Sketch has no test split: a seeded 80/20 split per class
 (data.split_seed, data.test_fraction), written to the run's stream_manifest.json.
 
-    python launch/run.py --config configs/split_imagenet_s.py \
+    .venv/bin/python launch/run.py --config configs/split_imagenet_s.py \
         --workdir runs/split_imagenet_s --config.data.data_dir=DIR
-    python launch/run.py --config configs/split_imagenet_s.py:vit_s16 \
+    .venv/bin/python launch/run.py --config configs/split_imagenet_s.py:vit_s16 \
         --workdir runs/split_imagenet_s_vit_s16 --config.data.data_dir=DIR  # ViT-S/16
 
 Thresholds 5.6 / 0.06 (paper; the released script uses lr 3e-4 and var 0.04 or 0.08). Paper,

@@ -2,7 +2,7 @@
 
 As configs/split_imagenet_s.py (seeded class order, seeded 80/20 split per class) with 20 tasks.
 
-    python launch/run.py --config configs/split_imagenet_s20.py \
+    .venv/bin/python launch/run.py --config configs/split_imagenet_s20.py \
         --workdir runs/split_imagenet_s20 --config.data.data_dir=DIR
 
 Thresholds 5.6 / 0.06 (paper). Paper, ViT-B/16, A_Final / Forgetting (%): 44.19 / 28.48.

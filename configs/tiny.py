@@ -3,7 +3,7 @@
 A 1-block, width-16 ViT at 16x16 on scikit-learn's 1,797 8x8 digits (5 tasks of 2 classes),
 randomly initialised (no checkpoint). Seconds on a CPU:
 
-    python launch/run.py --config configs/tiny.py --workdir /tmp/tiny
+    .venv/bin/python launch/run.py --config configs/tiny.py --workdir /tmp/tiny
 """
 
 from configs import common

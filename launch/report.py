@@ -1,7 +1,8 @@
 """Aggregates finished runs into a paper-style table of mean ± std over seeds.
 
-    python launch/report.py RUN_DIR [RUN_DIR ...] [--csv report.csv] [--metrics A_final,forgetting]
-    python launch/report.py --layout table1 ROOT   # the paper's Table 1 (table2: Table 2)
+    .venv/bin/python launch/report.py RUN_DIR [RUN_DIR ...] [--csv report.csv] \
+        [--metrics A_final,forgetting] [--plots DIR]
+    .venv/bin/python launch/report.py --layout table1 ROOT   # the paper's Table 1 (table2: 2)
 
 A RUN_DIR may also be a directory of runs (e.g. the ROOT of launch/sweep.py): every run below it
 is read; unfinished ones are named on stderr and left out. `--layout table1` prints the paper's
@@ -15,7 +16,9 @@ runs: AGEM, ER, EWC++, MIR, GDumb, DER++, fine-tuning, Online-LoRA, the i.i.d. u
 column groups are settings (dataset, scenario/tasks, backbone), each with its metrics, mean ± std
 over seeds. Runs of one setting and seed made on different streams (their stream manifests
 differ) are refused with exit code 2. Add `wall_seconds` to --metrics for the wall time per
-method. Prints Markdown and writes the same numbers as CSV.
+method. Prints Markdown and writes the same numbers as CSV. With `--plots DIR`, also draws
+DIR/anytime_overlay.png and .pdf: every run's anytime-accuracy curve, with the mean and a +-1 std
+band per (method, setting) group.
 """
 
 import pathlib
@@ -25,11 +28,12 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from absl import app, flags  # noqa: E402
 
-from olora_jax import reporting  # noqa: E402
+from olora_jax import plots, reporting  # noqa: E402
 
 _CSV = flags.DEFINE_string("csv", "report.csv", "Where to write the table as CSV.")
 _METRICS = flags.DEFINE_list("metrics", list(reporting.DEFAULT_METRICS),
                              "results.json metrics to tabulate, comma separated.")
+_PLOTS = flags.DEFINE_string("plots", "", "Directory for the overlay figure ('' = no figure).")
 _LAYOUT = flags.DEFINE_enum("layout", None, list(reporting.LAYOUTS),
                             "Print one of the paper's tables (its metrics; --metrics is ignored).")
 
@@ -54,6 +58,9 @@ def main(argv):
   print(table)
   reporting.write_csv(rows, _CSV.value, metrics)
   print(f"\nCSV written to {_CSV.value}")
+  if _PLOTS.value:
+    path = plots.write_overlay_plot(rows, _PLOTS.value)
+    print(f"overlay figure written to {path} (and .pdf)")
 
 
 if __name__ == "__main__":

@@ -1,4 +1,6 @@
-"""Runs one stream: `python launch/run.py --config configs/demo.py --workdir DIR`.
+"""Runs one stream:
+
+    .venv/bin/python launch/run.py --config configs/demo.py --workdir DIR
 
 The learner is Online-LoRA unless `--config.method=NAME` picks a baseline (docs/methods.md).
 Any config key can be overridden with `--config.KEY=VALUE` (e.g. `--config.seed=2`); the config

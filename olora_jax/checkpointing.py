@@ -2,7 +2,7 @@
 
 An online learner's state is more than its weights: what it does next also depends on its
 buffers, the loss window and peak flag, the plateau count, Omega, the optimizer state, the RNG key
-and where the stream stands. A checkpoint therefore holds the whole run (DESIGN.md section 4):
+and where the stream stands. A checkpoint therefore holds the whole run (docs/checkpoints.md):
 
   arrays   (orbax StandardSave)  the method's whole state pytree (olora_jax/methods/base.py);
                                   for Online-LoRA {"state": TrainState (LoRA, head, optimizer

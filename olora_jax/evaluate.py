@@ -15,6 +15,11 @@ argument, so switching it or growing the seen set never recompiles.
 The evaluator is the only part of the run that knows the task structure: which test examples
 belong to which class and task. Per-class counts are the evaluation log from which
 `olora_jax.metrics` derives every accuracy (per task, per class, sample-weighted, task-balanced).
+
+Test sources with per-sample domain ids (`Source.domains`: rotated MNIST, CORe50's sessions, a
+user dataset) are counted per (domain, class) cell, so a domain stream's "task i" can be domain
+i's test data (`group_accuracies` with the stream's `EvaluationGroups`): an accuracy matrix over
+domains, and forgetting per domain. Class counts are the sums over domains.
 """
 
 from __future__ import annotations
@@ -30,7 +35,8 @@ from jax.sharding import Mesh
 from olora_jax import metrics as metrics_lib
 from olora_jax import sharding
 from olora_jax.data.preprocess import make_batch, to_model_input
-from olora_jax.data.sources import Source
+from olora_jax.data.sources import Source, domains_of
+from olora_jax.data.streams import EvaluationGroups
 
 # Preprocessed test images are kept in host memory when they fit this budget (the embedded and
 # small datasets); larger test sets are preprocessed batch by batch at every evaluation.
@@ -39,14 +45,25 @@ TRACE_COUNTS = {"count": 0}
 
 
 class ClassCounts(NamedTuple):
-  """Per-class counts of one evaluation: `correct` and `total` (C,) int64 on the host."""
+  """Per-class counts of one evaluation: `correct` and `total` (C,) int64 on the host; with
+  `domain_correct` / `domain_total` (D, C), the same per test domain `domain_ids[d]` (D = 1 and
+  domain id 0 for a source without domains)."""
 
   correct: np.ndarray
   total: np.ndarray
+  domain_correct: np.ndarray | None = None
+  domain_total: np.ndarray | None = None
+  domain_ids: np.ndarray | None = None
 
-  def accuracy(self, classes: np.ndarray | None = None) -> float:
-    """Sample-weighted accuracy over the test examples of `classes` (all when None)."""
-    return metrics_lib.sample_weighted_accuracy(self.correct, self.total, classes)
+  def accuracy(self, classes: np.ndarray | None = None,
+               domains: np.ndarray | None = None) -> float:
+    """Sample-weighted accuracy over the test examples of `classes` (all when None) in
+    `domains` (all when None)."""
+    if domains is None:
+      return metrics_lib.sample_weighted_accuracy(self.correct, self.total, classes)
+    rows = np.isin(self.domain_ids, domains)
+    return metrics_lib.sample_weighted_accuracy(self.domain_correct[rows].sum(0),
+                                                self.domain_total[rows].sum(0), classes)
 
   def class_accuracy(self) -> np.ndarray:
     return metrics_lib.class_accuracy(self.correct, self.total)
@@ -55,17 +72,47 @@ class ClassCounts(NamedTuple):
     return metrics_lib.task_accuracies(self.correct, self.total, task_classes)
 
 
-def make_count_fn(predict_fn: Callable[..., jax.Array], num_classes: int) -> Callable:
-  """Jitted `(state, images, labels, mask, class_mask, correct, total) -> (correct, total)`: adds
-  one padded batch's per-class counts to the (C,) accumulators."""
+def group_accuracies(counts: ClassCounts, groups: EvaluationGroups,
+                     classes: np.ndarray | None = None,
+                     domains: np.ndarray | None = None) -> np.ndarray:
+  """The accuracy on each task's test data, (T,): a column a_{:, j} of the accuracy matrix.
 
-  def count(state, images, labels, mask, class_mask, correct, total):
+  By class (`groups.by_domain` False): task i = the test examples of `groups.classes[i]`. By
+  domain: task i = the test examples of domain `groups.domains[i]`. Only the test examples of
+  `classes` (all when None) count, and with `domains` given a task whose domain is not in it
+  is nan (not seen yet). Pure, on host counts."""
+  if not groups.by_domain:
+    if classes is None:
+      return metrics_lib.task_accuracies(counts.correct, counts.total, groups.classes)
+    mask = np.isin(np.arange(len(counts.correct)), classes)
+    return metrics_lib.task_accuracies(counts.correct * mask, counts.total * mask, groups.classes)
+  mask = (np.ones(len(counts.correct), bool) if classes is None
+          else np.isin(np.arange(len(counts.correct)), classes))
+  out = []
+  for task_classes, domain in zip(groups.classes, groups.domains, strict=True):
+    if domains is not None and domain not in np.asarray(domains):
+      out.append(float("nan"))
+      continue
+    row = int(np.flatnonzero(counts.domain_ids == domain)[0])
+    out.append(metrics_lib.sample_weighted_accuracy(
+        counts.domain_correct[row] * mask, counts.domain_total[row] * mask, task_classes))
+  return np.array(out)
+
+
+def make_count_fn(predict_fn: Callable[..., jax.Array], num_classes: int,
+                  num_domains: int = 1) -> Callable:
+  """Jitted `(state, images, labels, domains, mask, class_mask, correct, total) ->
+  (correct, total)`: adds one padded batch's per-(domain, class) counts to the (D, C)
+  accumulators; `domains` (B,) are row indices 0..D-1."""
+
+  def count(state, images, labels, domains, mask, class_mask, correct, total):
     TRACE_COUNTS["count"] += 1
     logits = predict_fn(state, images)  # (B, C)
     logits = jnp.where(class_mask[None, :], logits, -jnp.inf)
     hits = (jnp.argmax(logits, axis=-1) == labels) & mask  # (B,)
-    correct = correct + jnp.zeros(num_classes, jnp.int32).at[labels].add(hits.astype(jnp.int32))
-    total = total + jnp.zeros(num_classes, jnp.int32).at[labels].add(mask.astype(jnp.int32))
+    cells = jnp.zeros((num_domains, num_classes), jnp.int32)
+    correct = correct + cells.at[domains, labels].add(hits.astype(jnp.int32))
+    total = total + cells.at[domains, labels].add(mask.astype(jnp.int32))
     return correct, total
 
   return jax.jit(count)
@@ -88,7 +135,14 @@ class Evaluator:
     self.batch_size = batch_size
     self.num_classes = num_classes
     self.mask_unseen_logits = mask_unseen_logits
-    self._count = make_count_fn(predict_fn, num_classes)
+    domains = domains_of(source)
+    # Each test example's row in the (D, C) counts; one row when the source has no domains.
+    if domains is None:
+      self.domain_ids, self._domain_row = np.zeros(1, np.int64), np.zeros(len(source), np.int32)
+    else:
+      self.domain_ids, rows = np.unique(domains, return_inverse=True)
+      self._domain_row = rows.astype(np.int32)
+    self._count = make_count_fn(predict_fn, num_classes, len(self.domain_ids))
     self.mesh = mesh or sharding.make_mesh()  # batches split over devices (olora_jax/sharding.py)
     self.input_scale = input_scale
     n_bytes = len(source) * image_size * image_size * 3 * 4
@@ -99,14 +153,16 @@ class Evaluator:
 
   def _batch(self, ids: np.ndarray) -> dict:
     labels = self.source.labels[ids]
-    if self._inputs is None:
-      return make_batch(self.source.get(ids)[0], labels, self.batch_size, self.image_size,
-                        self.input_scale)
     pad = self.batch_size - len(ids)
+    domains = np.concatenate([self._domain_row[ids], np.zeros(pad, np.int32)])
+    if self._inputs is None:
+      batch = make_batch(self.source.get(ids)[0], labels, self.batch_size, self.image_size,
+                         self.input_scale)
+      return {**batch, "domains": domains}
     x = self._inputs[ids]
     return {"images": np.concatenate([x, np.zeros((pad, *x.shape[1:]), np.float32)]),
             "labels": np.concatenate([labels, np.zeros(pad, labels.dtype)]).astype(np.int32),
-            "mask": np.arange(self.batch_size) < len(ids)}
+            "domains": domains, "mask": np.arange(self.batch_size) < len(ids)}
 
   def class_mask(self, seen_classes: np.ndarray) -> np.ndarray:
     """The logits the model may predict: the seen classes when masking, else every class."""
@@ -116,26 +172,35 @@ class Evaluator:
     mask[np.asarray(seen_classes, np.int64)] = True
     return mask
 
-  def ids_of_classes(self, classes: np.ndarray) -> np.ndarray:
-    return np.flatnonzero(np.isin(self.source.labels, classes))
+  def ids_of_classes(self, classes: np.ndarray, domains: np.ndarray | None = None) -> np.ndarray:
+    """Test example ids of `classes`, restricted to `domains` when given."""
+    keep = np.isin(self.source.labels, classes)
+    if domains is not None:
+      keep &= np.isin(self.domain_ids[self._domain_row], domains)
+    return np.flatnonzero(keep)
 
   def counts(self, state: Any, ids: np.ndarray, seen_classes: np.ndarray) -> ClassCounts:
-    """Per-class correct/total over test `ids` with the model given by the method's `state`."""
+    """Per-class (and per-domain) correct/total over test `ids` with the model given by the
+    method's `state`. Reads the state, never changes it."""
     ids = np.asarray(ids, np.int64)
+    shape = (len(self.domain_ids), self.num_classes)
     # Accumulators and the class mask are replicated like the state: one placement, one compile.
     class_mask, correct, total = sharding.replicate(
-        (self.class_mask(seen_classes), np.zeros(self.num_classes, np.int32),
-         np.zeros(self.num_classes, np.int32)), self.mesh)
+        (self.class_mask(seen_classes), np.zeros(shape, np.int32), np.zeros(shape, np.int32)),
+        self.mesh)
     for start in range(0, len(ids), self.batch_size):
       batch = sharding.shard_batch(self._batch(ids[start:start + self.batch_size]), self.mesh)
-      correct, total = self._count(state, batch["images"], batch["labels"], batch["mask"],
-                                   class_mask, correct, total)
+      correct, total = self._count(state, batch["images"], batch["labels"], batch["domains"],
+                                   batch["mask"], class_mask, correct, total)
     correct, total = jax.device_get((correct, total))  # one transfer per evaluation
-    return ClassCounts(np.asarray(correct, np.int64), np.asarray(total, np.int64))
+    correct, total = np.asarray(correct, np.int64), np.asarray(total, np.int64)
+    return ClassCounts(correct.sum(0), total.sum(0), correct, total, self.domain_ids)
 
-  def seen_counts(self, state: Any, seen_classes: np.ndarray) -> ClassCounts:
-    """Counts on the test data of the classes seen so far (the anytime evaluation)."""
-    return self.counts(state, self.ids_of_classes(seen_classes), seen_classes)
+  def seen_counts(self, state: Any, seen_classes: np.ndarray,
+                  seen_domains: np.ndarray | None = None) -> ClassCounts:
+    """Counts on the test data of the classes (and domains, when given) seen so far: the
+    anytime evaluation."""
+    return self.counts(state, self.ids_of_classes(seen_classes, seen_domains), seen_classes)
 
   def all_counts(self, state: Any, seen_classes: np.ndarray) -> ClassCounts:
     """Counts on the whole test set (the task-end evaluation filling a column of a_{i,j})."""

@@ -1,4 +1,4 @@
-"""Continual-learning metrics as pure functions of the evaluation log (DESIGN.md section 3).
+"""Continual-learning metrics as pure functions of the evaluation log (docs/metrics.md).
 
 The evaluation log of a run has three parts, all produced by `olora_jax.evaluate.Evaluator`:
 
@@ -56,6 +56,9 @@ DEFINITIONS = {
                          " n_plateaus_first_task instead)",
     "accuracies": "fractions in [0, 1]",
 }
+# Written only by runs evaluated by domain (DEFINITIONS is every run's `metric_notes`).
+FORGETTING_PER_DOMAIN = ("per earlier domain k < T (row k of acc_matrix): max_{t<T} (a_{k,t} -"
+                         " a_{k,T}), unclipped; its mean is `forgetting`")
 
 
 def _as_matrix(acc: np.ndarray) -> np.ndarray:
@@ -84,6 +87,14 @@ def forgetting(acc: np.ndarray) -> float:
     return float("nan")
   drops = acc[: t - 1, : t - 1].max(axis=1) - acc[: t - 1, -1]
   return float(drops.mean())
+
+
+def forgetting_per_task(acc: np.ndarray) -> np.ndarray:
+  """Forgetting of each earlier task k < T: max_{t<T} a_{k,t} - a_{k,T}, (T-1,) unclipped; its
+  mean is `forgetting`. For a domain stream evaluated by domain, task k is domain k. Pure."""
+  acc = _as_matrix(acc)
+  t = acc.shape[1]
+  return acc[: t - 1, : t - 1].max(axis=1) - acc[: t - 1, -1] if t > 1 else np.zeros(0)
 
 
 def backward_transfer(acc: np.ndarray) -> float:

@@ -1,4 +1,7 @@
-"""Figures of one run, drawn from its metrics.jsonl and results.json into `DIR/plots/*.png`.
+"""Figures of runs, drawn from their metrics.jsonl and results.json.
+
+Every figure is written twice: a PNG (`DPI`) and a PDF (vector, for papers) of the same name.
+Each title names the run (its directory, method and setting). One run, into `DIR/plots/`:
 
 - `loss_surface.png`: the loss-window value of every logged step against samples seen (the
   signal the plateau rule reads, paper section 3.1 and its loss-surface figure), the window mean,
@@ -6,7 +9,13 @@
   boundaries, which the learner never saw.
 - `anytime_accuracy.png`: the anytime accuracy on the classes seen so far against samples seen
   (the curve whose mean is A_AUC), with the true task boundaries.
-- `accuracy_matrix.png`: a_{i,j} as a heat map, row = task i, column = after training task j.
+- `accuracy_matrix.png`: a_{i,j} as a heat map, row = task i (domain i for a domain stream
+  evaluated by domain), column = after training task j; cells in % with one decimal, halves
+  rounded up.
+
+Several runs (`launch/report.py --plots DIR`): `anytime_overlay.png` overlays the anytime
+accuracy curves of every run, one colour per (method, setting) group: each run thin, the mean
+over the group's seeds bold, and a band of +-1 standard deviation (ddof 1) around it.
 
 Figures are drawn with matplotlib's object API on an Agg canvas: no pyplot, no global backend
 change, no display needed.
@@ -16,13 +25,18 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.backends.backend_pdf import FigureCanvasPdf
 from matplotlib.figure import Figure
 
+from olora_jax import reporting, validation
+
 PLOT_FILES = ("loss_surface.png", "anytime_accuracy.png", "accuracy_matrix.png")
-DPI = 120
+OVERLAY_FILE = "anytime_overlay.png"
+DPI = 150  # PNG resolution; the PDF beside each PNG is vector
 
 
 def read_events(path: str) -> dict[str, list[dict]]:
@@ -41,9 +55,23 @@ def read_events(path: str) -> dict[str, list[dict]]:
 
 
 def _save(fig: Figure, path: str) -> str:
+  """Writes `path` (PNG) and the same figure as a vector PDF beside it; returns `path`."""
   FigureCanvasAgg(fig)
   fig.savefig(path, dpi=DPI)
+  FigureCanvasPdf(fig)
+  fig.savefig(os.path.splitext(path)[0] + ".pdf")
   return path
+
+
+def _titled(title: str, run_name: str) -> str:
+  return f"{run_name}\n{title}" if run_name else title
+
+
+def run_name(workdir: str, config: dict) -> str:
+  """'<run directory>: <method>, <setting>', the name every figure of a run carries."""
+  flat = validation.flatten(config)
+  name = os.path.basename(os.path.normpath(workdir))
+  return f"{name}: {reporting.method_label(flat)}, {reporting.setting_label(flat)}"
 
 
 def _mark_boundaries(ax, boundary_samples, label: bool = True) -> None:
@@ -55,7 +83,7 @@ def _mark_boundaries(ax, boundary_samples, label: bool = True) -> None:
 def plot_loss_surface(samples: np.ndarray, window_value: np.ndarray,
                       window_mean: np.ndarray | None, plateau_samples, boundary_samples,
                       path: str, mean_threshold: float | None = None,
-                      value_label: str = "loss-window value") -> str:
+                      run_name: str = "", value_label: str = "loss-window value") -> str:
   """The loss surface with detected plateaus (red) and true task boundaries (grey, dashed)."""
   fig = Figure(figsize=(10.5, 4), layout="constrained")
   ax = fig.add_subplot()
@@ -71,15 +99,15 @@ def plot_loss_surface(samples: np.ndarray, window_value: np.ndarray,
   _mark_boundaries(ax, boundary_samples)
   ax.set_xlabel("samples seen")
   ax.set_ylabel("loss (pre-update, no regulariser)")
-  ax.set_title(f"Loss surface: {len(plateau_samples)} plateaus, "
-               f"{len(boundary_samples)} true task boundaries")
+  ax.set_title(_titled(f"Loss surface: {len(plateau_samples)} plateaus, "
+                       f"{len(boundary_samples)} true task boundaries", run_name))
   ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)  # outside: no overlap
   ax.grid(alpha=0.3)
   return _save(fig, path)
 
 
 def plot_anytime_accuracy(samples: np.ndarray, accuracy: np.ndarray, boundary_samples,
-                          path: str) -> str:
+                          path: str, run_name: str = "") -> str:
   """Anytime accuracy (%) on the seen classes against samples seen."""
   fig = Figure(figsize=(7, 4), layout="constrained")
   ax = fig.add_subplot()
@@ -88,7 +116,8 @@ def plot_anytime_accuracy(samples: np.ndarray, accuracy: np.ndarray, boundary_sa
           label="accuracy on seen classes")
   _mark_boundaries(ax, boundary_samples)
   auc = np.nanmean(accuracy) if np.isfinite(accuracy).any() else float("nan")
-  ax.set_title(f"Anytime accuracy (A_AUC = {auc:.2f}%)")
+  ax.set_title(_titled(f"Anytime accuracy (A_AUC = {reporting.format_half_up(auc, 2)}%)",
+                       run_name))
   ax.set_xlabel("samples seen")
   ax.set_ylabel("accuracy (%)")
   ax.set_ylim(0, 100)
@@ -97,8 +126,10 @@ def plot_anytime_accuracy(samples: np.ndarray, accuracy: np.ndarray, boundary_sa
   return _save(fig, path)
 
 
-def plot_accuracy_matrix(acc: np.ndarray, path: str) -> str:
-  """Heat map of a_{i,j} (%) with the value written in each cell."""
+def plot_accuracy_matrix(acc: np.ndarray, path: str, run_name: str = "",
+                         row_label: str = "task") -> str:
+  """Heat map of a_{i,j} (%) with the value written in each cell (one decimal, halves up);
+  `row_label` names what a row is ('task', or 'domain' for a domain stream)."""
   acc = 100 * np.asarray(acc, np.float64)
   t = acc.shape[0]
   side = min(2.0 + 0.7 * t, 14.0)
@@ -109,13 +140,13 @@ def plot_accuracy_matrix(acc: np.ndarray, path: str) -> str:
   if t <= 20:  # numbers stay legible up to 20 tasks
     for i in range(t):
       for j in range(t):
-        ax.text(j, i, f"{acc[i, j]:.0f}", ha="center", va="center", fontsize=8,
-                color="white" if acc[i, j] < 60 else "black")
+        ax.text(j, i, reporting.format_half_up(acc[i, j], 1), ha="center", va="center",
+                fontsize=7 if t > 10 else 8, color="white" if acc[i, j] < 60 else "black")
   ax.set_xticks(range(t))
   ax.set_yticks(range(t))
   ax.set_xlabel("after training task j")
-  ax.set_ylabel("evaluated on task i")
-  ax.set_title("Accuracy matrix a_{i,j}")
+  ax.set_ylabel(f"evaluated on {row_label} i")
+  ax.set_title(_titled("Accuracy matrix a_{i,j}", run_name), fontsize=9 if run_name else None)
   return _save(fig, path)
 
 
@@ -140,14 +171,79 @@ def write_run_plots(workdir: str) -> list[str]:
   mean = np.array([np.nan if e.get("window_mean") is None else e["window_mean"]
                    for e in train], np.float64)
   threshold = config.get("learner", {}).get("mean_threshold") if online_lora else None
+  name = run_name(workdir, config)
   paths = [plot_loss_surface(samples, value, mean, detection["plateau_samples"], boundaries,
-                             os.path.join(out, PLOT_FILES[0]), threshold,
+                             os.path.join(out, PLOT_FILES[0]), threshold, name,
                              "loss-window value" if online_lora else "training loss")]
   evals = events.get("eval", [])
   paths.append(plot_anytime_accuracy(np.array([e["samples_seen"] for e in evals]),
                                      np.array([np.nan if e["anytime_accuracy"] is None
                                                else e["anytime_accuracy"] for e in evals]),
-                                     boundaries, os.path.join(out, PLOT_FILES[1])))
+                                     boundaries, os.path.join(out, PLOT_FILES[1]), name))
   paths.append(plot_accuracy_matrix(np.asarray(results["acc_matrix"]),
-                                    os.path.join(out, PLOT_FILES[2])))
+                                    os.path.join(out, PLOT_FILES[2]), name,
+                                    "domain" if "task_domains" in results else "task"))
   return paths
+
+
+def mean_std_curve(curves: Sequence[tuple[np.ndarray, np.ndarray]]
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """Mean and std (ddof 1; 0 for one run) of several (samples, accuracy) curves on one grid.
+
+  The grid is the union of their sample points within the range every curve covers; each curve
+  is linearly interpolated onto it (seeds evaluate at nearly the same points). Pure."""
+  curves = [(np.asarray(x, np.float64), np.asarray(y, np.float64)) for x, y in curves if len(x)]
+  if not curves:
+    return np.zeros(0), np.zeros(0), np.zeros(0)
+  lo = max(x[0] for x, _ in curves)
+  hi = min(x[-1] for x, _ in curves)
+  grid = np.unique(np.concatenate([x for x, _ in curves]))
+  grid = grid[(grid >= lo) & (grid <= hi)]
+  ys = np.stack([np.interp(grid, x, y) for x, y in curves])  # (runs, points)
+  std = ys.std(axis=0, ddof=1) if len(curves) > 1 else np.zeros(len(grid))
+  return grid, ys.mean(axis=0), std
+
+
+def plot_anytime_overlay(groups: Mapping[str, Sequence[tuple[np.ndarray, np.ndarray]]],
+                         path: str, title: str) -> str:
+  """Anytime accuracy (%) of several runs: per group label, its runs (samples, accuracy in
+  [0, 1]) thin, their mean bold with a +-1 std band. Returns `path` (a PDF is written too)."""
+  fig = Figure(figsize=(8, 5), layout="constrained")
+  ax = fig.add_subplot()
+  colours = [f"C{i % 10}" for i in range(len(groups))]
+  for colour, (label, curves) in zip(colours, groups.items(), strict=True):
+    for x, y in curves:
+      ax.plot(x, 100 * np.asarray(y, np.float64), color=colour, linewidth=0.6, alpha=0.35)
+    grid, mean, std = mean_std_curve(curves)
+    n = len(curves)
+    ax.plot(grid, 100 * mean, color=colour, linewidth=2.0,
+            label=f"{label} (mean ± std, {n} run{'s' if n > 1 else ''})")
+    ax.fill_between(grid, 100 * (mean - std), 100 * (mean + std), color=colour, alpha=0.2,
+                    linewidth=0)
+  ax.set_xlabel("samples seen")
+  ax.set_ylabel("anytime accuracy on seen data (%)")
+  ax.set_ylim(0, 100)
+  ax.set_title(title, fontsize=10)
+  ax.grid(alpha=0.3)
+  # Below the axes: the labels (method | setting) are long, the curves keep the full width.
+  ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.13), fontsize=8, frameon=False)
+  return _save(fig, path)
+
+
+def write_overlay_plot(rows: Sequence[dict], out_dir: str) -> str:
+  """The overlay of `reporting.aggregate`'s groups (their run directories' results.json) into
+  `out_dir/anytime_overlay.{png,pdf}`; returns the PNG's path."""
+  groups = {}
+  for row in rows:
+    curves = []
+    for run_dir in row["runs"]:
+      with open(os.path.join(run_dir, "results.json")) as f:
+        results = json.load(f)
+      acc = [np.nan if a is None else a for a in results["anytime_accuracy"]]
+      curves.append((np.asarray(results["anytime_samples"]), np.asarray(acc)))
+    groups[f"{row['method']} | {row['setting']}"] = curves
+  os.makedirs(out_dir, exist_ok=True)
+  settings = sorted({row["setting"] for row in rows})
+  n_runs = sum(len(row["runs"]) for row in rows)
+  title = f"Anytime accuracy of {n_runs} runs: {'; '.join(settings)}"
+  return plot_anytime_overlay(groups, os.path.join(out_dir, OVERLAY_FILE), title)

@@ -43,6 +43,22 @@ different architecture and is reported as unexpected.
 The writers `save_timm_safetensors` and `save_npz` are the exact inverses of the readers
 (float32 transposes and reshapes only), so `load_pretrained(save_...(params))` gives back
 bit-identical parameters; they exist for tests and for shipping small checkpoints.
+
+The authors' layout ('online_lora')
+-----------------------------------
+The released code wraps a timm ViT in a LoRA model whose state_dict is timm's under a
+`lora_vit.` prefix, except that every block's fused qkv Linear sits one level deeper
+(`lora_vit.blocks.N.attn.qkv.qkv.{weight,bias}`), beside eight bias-free LoRA Linears in
+PyTorch's (out, in) layout: `linear_a_q`, `linear_b_q`, `linear_a_v`, `linear_b_v` (the frozen
+pair of the `factor_sum` merge, A_old (r, D) and B_old (D, r)) and `linear_new_a_q`,
+`linear_new_b_q`, `linear_new_a_v`, `linear_new_b_v` (the current, trainable LoRA). The wrapper
+computes q = x W_q^T + b_q + x A_old^T B_old^T + x A^T B^T (v likewise), which is our model with
+`lora_a = A^T`, `lora_b = B^T` and the frozen pair beside it (`models.lora.concat_adapters`).
+A `proj_3d.*` module of the wrapper is not part of the classifier and is ignored with a note.
+`split_online_lora` reads the layout into (timm state_dict, current LoRA, frozen pair);
+`save_online_lora_safetensors` writes it back, bit for bit. Torch is not needed: convert a
+state_dict saved with `torch.save` once, where torch is installed, with
+`safetensors.torch.save_file(state_dict, "model.safetensors")` (docs/replay.md).
 """
 
 from __future__ import annotations
@@ -66,7 +82,17 @@ from olora_jax.models.vit import VisionTransformer, ViTSpec
 
 logger = logging.getLogger(__name__)
 
-FORMATS = ("timm", "augreg", "big_vision")
+FORMATS = ("timm", "augreg", "big_vision", "online_lora")
+
+# The authors' LoRA-wrapped timm model (module docstring): prefix, the qkv wrapper's key names.
+ONLINE_LORA_PREFIX = "lora_vit."
+_ONLINE_LORA_IGNORED_PREFIXES = ("proj_3d.",)
+# (factor name, tree) for each LoRA Linear: current LoRA ('lora') or frozen pair ('frozen').
+_ONLINE_LORA_LINEARS = {
+    "linear_new_a_{t}": ("lora", "lora_a"), "linear_new_b_{t}": ("lora", "lora_b"),
+    "linear_a_{t}": ("frozen", "lora_a"), "linear_b_{t}": ("frozen", "lora_b"),
+}
+_ONLINE_LORA_TARGETS = {"query": "q", "value": "v"}
 
 # Per npz layout: key prefix, attention / second LayerNorm / MLP module names, position key.
 _NPZ_NAMES = {
@@ -81,6 +107,7 @@ _POS_RESAMPLE = {
     "timm": ("bicubic", True),
     "augreg": ("bilinear", False),
     "big_vision": ("bilinear", False),
+    "online_lora": ("bicubic", True),
 }
 
 # The only keys ever dropped silently (npz formats only, after the prefix): see module docstring.
@@ -121,13 +148,16 @@ def detect_format(path: str) -> str:
   """Which of `FORMATS` the file at `path` is, judged by its suffix and content."""
   path = os.fspath(path)
   _check_exists(path)
-  if path.endswith(".safetensors"):
-    return "timm"
+  if path.endswith(".safetensors") or _looks_like_safetensors(path):
+    try:
+      with safetensors.safe_open(path, framework="numpy") as f:
+        keys = list(f.keys())
+    except (safetensors.SafetensorError, OSError):
+      return "timm"  # read_checkpoint reports what is wrong with the file
+    return "online_lora" if any(k.startswith(ONLINE_LORA_PREFIX) for k in keys) else "timm"
   if zipfile.is_zipfile(path):
     with np.load(path, allow_pickle=False) as z:
       return _npz_layout(list(z.files), path)
-  if _looks_like_safetensors(path):
-    return "timm"
   raise CheckpointError(
       f"cannot tell the format of checkpoint {path}: it is neither a safetensors file (timm)"
       " nor an npz archive (AugReg / big_vision); convert it to one of those")
@@ -150,13 +180,13 @@ def read_checkpoint(path: str, fmt: str = "auto") -> tuple[dict[str, np.ndarray]
     raise CheckpointError(
         f"unknown checkpoint format {fmt!r}; use one of 'auto', {', '.join(map(repr, FORMATS))}")
   try:
-    if fmt == "timm":
+    if fmt in ("timm", "online_lora"):
       raw = safetensors.numpy.load_file(path)
     else:
       with np.load(path, allow_pickle=False) as z:
         raw = {k: z[k] for k in z.files}
   except (safetensors.SafetensorError, OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
-    kind = "a safetensors file" if fmt == "timm" else "an npz archive"
+    kind = "a safetensors file" if fmt in ("timm", "online_lora") else "an npz archive"
     raise CheckpointError(
         f"cannot read checkpoint {path} as {kind} (fmt={fmt!r}): {type(e).__name__}: {e};"
         " check the file is complete and pass the right fmt") from None
@@ -351,6 +381,11 @@ def _shape_of(raw: dict[str, np.ndarray], key: str, axis: int, ndim: int) -> int
 
 def _timm_validate(raw: dict[str, np.ndarray], spec: ViTSpec, path: str) -> None:
   d, p, m = spec.width, spec.patch_size, spec.mlp_dim
+  if any(k.startswith(ONLINE_LORA_PREFIX) for k in raw):
+    raise CheckpointError(
+        f"checkpoint {path} is in the authors' LoRA-wrapped layout (keys"
+        f" '{ONLINE_LORA_PREFIX}...'), not plain timm; set pretrained.format=online_lora (or"
+        " auto)")
   found = {
       "width": _shape_of(raw, "cls_token", 2, 3) or _shape_of(raw, "patch_embed.proj.weight", 0, 4),
       "depth": _block_depth(list(raw), r"blocks\.(\d+)\."),
@@ -438,6 +473,118 @@ def _ours_to_timm(params: dict) -> dict[str, np.ndarray]:
     sd["head.weight"] = a["head"]["kernel"].T
     sd["head.bias"] = a["head"]["bias"]
   return {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in sd.items()}
+
+
+# --------------------------------------------------------------------------------------------
+# The authors' LoRA-wrapped timm layout ('online_lora') <-> timm + LoRA trees.
+
+
+def _online_lora_key(block: int, linear: str) -> str:
+  return f"{ONLINE_LORA_PREFIX}blocks.{block}.attn.qkv.{linear}.weight"
+
+
+def split_online_lora(raw: dict[str, np.ndarray], spec: ViTSpec, source: str = "<checkpoint>"
+                      ) -> tuple[dict[str, np.ndarray], dict | None, dict | None, list[str]]:
+  """The authors' state_dict -> (timm state_dict, current LoRA, frozen pair, notes).
+
+  The LoRA trees are in our layout (`models.lora`), or None when the file has no LoRA Linears
+  (a LoRA-free file is a plain timm model under the prefix). Pure; raises CheckpointError.
+  """
+  notes = []
+  ignored = [k for k in raw if k.startswith(_ONLINE_LORA_IGNORED_PREFIXES)]
+  if ignored:
+    notes.append(f"ignored {_listed(ignored)}: the released code's proj_3d module is not part of"
+                 " the classifier")
+  foreign = [k for k in raw if k not in ignored and not k.startswith(ONLINE_LORA_PREFIX)]
+  if foreign:
+    raise CheckpointError(
+        f"checkpoint {source} (fmt='online_lora') has {len(foreign)} key(s) outside"
+        f" '{ONLINE_LORA_PREFIX}': {_listed(foreign)}; strip them (only proj_3d.* is ignored)")
+  timm, factors = {}, {}
+  for k, v in raw.items():
+    if k in ignored:
+      continue
+    name = k[len(ONLINE_LORA_PREFIX):]
+    m = re.fullmatch(r"blocks\.(\d+)\.attn\.qkv\.(linear_\w+)\.weight", name)
+    if m:
+      factors[(int(m.group(1)), m.group(2))] = v
+      continue
+    timm[re.sub(r"^(blocks\.\d+\.attn\.qkv)\.qkv\.", r"\1.", name)] = v
+  if not factors:
+    return timm, None, None, notes
+  trees: dict[str, dict] = {"lora": {}, "frozen": {}}
+  expected = {(i, pattern.format(t=t))
+              for i in range(spec.depth) for pattern in _ONLINE_LORA_LINEARS
+              for t in _ONLINE_LORA_TARGETS.values()}
+  if set(factors) != expected:
+    missing = sorted(_online_lora_key(i, n) for i, n in expected - set(factors))
+    extra = sorted(_online_lora_key(i, n) for i, n in set(factors) - expected)
+    raise CheckpointError(
+        f"checkpoint {source} (fmt='online_lora') has an incomplete LoRA: missing"
+        f" {_listed(missing) or 'none'}, unexpected {_listed(extra) or 'none'}; every block needs"
+        " the eight linear_{a,b,new_a,new_b}_{q,v} weights")
+  rank = factors[(0, "linear_new_a_q")].shape[0]
+  for i in range(spec.depth):
+    for target, t in _ONLINE_LORA_TARGETS.items():
+      for pattern, (tree, factor) in _ONLINE_LORA_LINEARS.items():
+        w = factors[(i, pattern.format(t=t))]
+        want = (rank, spec.width) if factor == "lora_a" else (spec.width, rank)
+        if w.shape != want:
+          raise CheckpointError(
+              f"checkpoint {source} (fmt='online_lora') {_online_lora_key(i, pattern.format(t=t))}"
+              f" has shape {w.shape}, expected {want} (rank {rank}, width {spec.width})")
+        trees[tree].setdefault(f"encoderblock_{i}", {}).setdefault(target, {})[factor] = w.T
+  return timm, trees["lora"], trees["frozen"], notes
+
+
+def _ours_to_online_lora(params: dict, lora: dict, frozen_lora: dict | None) -> dict:
+  sd = {}
+  for k, v in _ours_to_timm(params).items():
+    k = re.sub(r"^(blocks\.\d+\.attn\.qkv)\.", r"\1.qkv.", k)
+    sd[ONLINE_LORA_PREFIX + k] = v
+  frozen_lora = frozen_lora if frozen_lora is not None else jax.tree.map(np.zeros_like, lora)
+  trees = {"lora": _as_numpy(lora), "frozen": _as_numpy(frozen_lora)}
+  for block in trees["lora"]:
+    i = int(block.split("_")[1])
+    for target, t in _ONLINE_LORA_TARGETS.items():
+      for pattern, (tree, factor) in _ONLINE_LORA_LINEARS.items():
+        sd[_online_lora_key(i, pattern.format(t=t))] = np.ascontiguousarray(
+            trees[tree][block][target][factor].T, dtype=np.float32)
+  return sd
+
+
+def save_online_lora_safetensors(params: dict, lora: dict, path: str,
+                                 frozen_lora: dict | None = None) -> None:
+  """Writes a model in the authors' layout (module docstring): `params` the full ViT tree with
+  its head (merged LoRAs already in its kernels), `lora` the current LoRA, `frozen_lora` the
+  `factor_sum` frozen pair (zeros when None). No proj_3d is written: load it into the released
+  code with `load_state_dict(..., strict=False)`. `load_online_lora` reads it back bit for bit."""
+  safetensors.numpy.save_file(_ours_to_online_lora(params, lora, frozen_lora), os.fspath(path))
+
+
+def load_online_lora(path: str, spec: ViTSpec, rank: int) -> tuple[dict, dict]:
+  """The (current LoRA, frozen pair) of a file in the authors' layout, as jnp trees of rank
+  `rank` (`learner.initial_lora`). The rest of the file (the backbone) is not read here.
+  Raises FileNotFoundError or CheckpointError (one line each)."""
+  raw, fmt = read_checkpoint(path, "auto")
+  if fmt != "online_lora":
+    raise CheckpointError(
+        f"learner.initial_lora={path!r} is a {fmt!r} checkpoint, not the authors' layout (keys"
+        f" '{ONLINE_LORA_PREFIX}blocks.N.attn.qkv.linear_new_a_q.weight', ...); export one with"
+        " pretrained.save_online_lora_safetensors")
+  spec.validate()
+  _, lora, frozen, notes = split_online_lora(raw, spec, path)
+  if lora is None:
+    raise CheckpointError(
+        f"learner.initial_lora={path!r} holds no LoRA Linears (linear_new_a_q, ...); give a file"
+        " with the LoRA factors")
+  got = lora["encoderblock_0"]["query"]["lora_a"].shape[1]
+  if got != rank:
+    raise CheckpointError(f"learner.initial_lora={path!r} has LoRA rank {got} but learner.rank"
+                          f" is {rank}; set learner.rank={got}")
+  for note in notes:
+    logger.info("load_online_lora(%s): %s", path, note)
+  return jax.tree.map(jnp.asarray, lora), jax.tree.map(jnp.asarray, frozen)
 
 
 # --------------------------------------------------------------------------------------------
@@ -607,11 +754,13 @@ def param_shapes(spec: ViTSpec, num_classes: int, key: jax.Array | None = None) 
 
 def convert_checkpoint(raw: dict[str, np.ndarray], spec: ViTSpec, num_classes: int, fmt: str,
                        source: str = "<in-memory checkpoint>",
-                       key: jax.Array | None = None) -> tuple[dict, list[str]]:
+                       key: jax.Array | None = None,
+                       require_head: bool = False) -> tuple[dict, list[str]]:
   """Validates and converts a raw checkpoint dict of format `fmt` (one of `FORMATS`).
 
   Returns our params tree (float32 NumPy arrays) and human-readable notes on what was adapted
   (ignored tensors, resampled position embeddings, fresh head); each note is also logged.
+  `require_head` (`pretrained.keep_head`) refuses a file whose head cannot be kept.
   """
   if fmt not in FORMATS:
     raise CheckpointError(
@@ -620,7 +769,12 @@ def convert_checkpoint(raw: dict[str, np.ndarray], spec: ViTSpec, num_classes: i
   raw = {k: np.asarray(v, dtype=np.float32) for k, v in raw.items()}
   notes = []
   drop_head = False
-  if fmt == "timm":
+  if fmt == "online_lora":
+    raw, lora, _, notes = split_online_lora(raw, spec, source)
+    if lora is not None:
+      notes.append("the file's LoRA factors are not part of the backbone; set"
+                   " learner.initial_lora to this file to start from them")
+  if fmt in ("timm", "online_lora"):
     _timm_validate(raw, spec, source)
     params, head = _timm_to_ours(raw, spec)
   else:
@@ -652,6 +806,9 @@ def convert_checkpoint(raw: dict[str, np.ndarray], spec: ViTSpec, num_classes: i
       why = "the checkpoint head was trained on top of the dropped pre_logits layer"
     else:
       why = f"the checkpoint head has {head['bias'].shape[0]} classes, not {num_classes}"
+    if require_head:
+      raise CheckpointError(f"pretrained.keep_head=True but {why} ({source}); set"
+                            " pretrained.keep_head=False to train a fresh head")
     params["head"] = {"kernel": np.zeros((spec.width, num_classes), np.float32),
                       "bias": np.zeros((num_classes,), np.float32)}
     notes.append(f"fresh zero-initialised head with {num_classes} classes: {why}")
@@ -667,18 +824,20 @@ def convert_checkpoint(raw: dict[str, np.ndarray], spec: ViTSpec, num_classes: i
 
 
 def load_pretrained(path: str, spec: ViTSpec, num_classes: int, fmt: str = "auto",
-                    key: jax.Array | None = None) -> dict:
+                    key: jax.Array | None = None, require_head: bool = False) -> dict:
   """The full `params` of `VisionTransformer(spec, num_classes)` from a local checkpoint file.
 
   `fmt` is 'timm' (safetensors state_dict), 'augreg' (vit_jax npz), 'big_vision' (npz with a
-  `params/` prefix) or 'auto' (detected from the suffix and keys). Position embeddings are
+  `params/` prefix), 'online_lora' (the authors' LoRA-wrapped timm model; its LoRA factors are
+  read by `load_online_lora`) or 'auto' (detected from the suffix and keys). Position embeddings are
   resampled to the spec's grid and the head is reused only if it has `num_classes` outputs,
   else zero-initialised (both logged). `key` only seeds the shape-only template init, so it
   never changes the values. Raises `FileNotFoundError` or `CheckpointError` (one line each).
   """
   path = os.fspath(path)
   raw, fmt = read_checkpoint(path, fmt)
-  params, _ = convert_checkpoint(raw, spec, num_classes, fmt, source=path, key=key)
+  params, _ = convert_checkpoint(raw, spec, num_classes, fmt, source=path, key=key,
+                                 require_head=require_head)
   return jax.tree.map(jnp.asarray, params)
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import decimal
 import json
 import math
 import os
@@ -221,14 +222,26 @@ class Run:
 
 def comparable_config(config: dict) -> dict:
   """The config keys that can change a run's numbers: all but the seed and output switches; a
-  checkpoint is compared by file name, since checkouts keep it at different absolute paths."""
+  checkpoint, and a user dataset's file, are compared by file name, since checkouts keep them at
+  different absolute paths."""
   method = config.get("method", "online_lora")
   # Blocks of the baselines that did not run are never read.
   unused = tuple(f"{m}." for m in METHOD_NAMES if m not in (method, "online_lora"))
   out = {k: v for k, v in config.items() if k not in IGNORED_KEYS and not k.startswith(unused)}
   if out.get("pretrained.path"):
     out["pretrained.path"] = os.path.basename(out["pretrained.path"])
+  if "data.dataset" in out:
+    out["data.dataset"] = dataset_name(out["data.dataset"])
   return out
+
+
+def dataset_name(dataset) -> str:
+  """`data.dataset` as reports show it: a user dataset's 'path/to/file.py:function' becomes
+  'file.py:function'; every other name is kept."""
+  if isinstance(dataset, str) and ".py:" in dataset:
+    path, _, function = dataset.rpartition(":")
+    return f"{os.path.basename(path)}:{function}"
+  return dataset
 
 
 def method_label(config: dict) -> str:
@@ -256,7 +269,7 @@ def method_label(config: dict) -> str:
 
 def setting_label(config: dict) -> str:
   """The benchmark a config runs: dataset, scenario, number of tasks and backbone."""
-  return (f"{config.get('data.dataset')} {config.get('data.scenario')}/"
+  return (f"{dataset_name(config.get('data.dataset'))} {config.get('data.scenario')}/"
           f"{config.get('data.n_tasks')} {config.get('model.name')}")
 
 
@@ -288,9 +301,13 @@ def aggregate(run_dirs: Sequence[str], metrics: Sequence[str] = DEFAULT_METRICS)
                      if mine.get(k) != other.get(k)})
       variant = ", ".join(f"{k}={mine.get(k)}" for k in keys)
     seeds = sorted(r.seed for r in group)
-    if len(set(seeds)) != len(seeds):
-      dup = [r.run_dir for r in group]
-      raise ValueError(f"runs {dup} have the same config and seed; aggregate each run once")
+    by_seed: dict = {}
+    for r in group:
+      by_seed.setdefault(r.seed, []).append(r.run_dir)
+    for seed, dirs in by_seed.items():
+      if len(dirs) > 1:
+        raise ValueError(f"runs {dirs} have the same config and the same seed ({seed}): they"
+                         " are one run twice; pass each run directory once")
     row = {"method": labels[key][0] + (f" [{variant}]" if variant else ""),
            "setting": labels[key][1], "scenario": group[0].config.get("data.scenario"),
            "seeds": seeds, "runs": [r.run_dir for r in group]}
@@ -303,6 +320,16 @@ def aggregate(run_dirs: Sequence[str], metrics: Sequence[str] = DEFAULT_METRICS)
     rows.append(row)
   rows.sort(key=lambda r: (r["setting"], _row_order(r["method"]), r["method"]))
   return rows
+
+
+def format_half_up(value: float | None, decimals: int = 1) -> str:
+  """`value` with `decimals` decimals, halves rounded up (87.25 -> 87.3, 87.35 -> 87.4), unlike
+  Python's format, which rounds an exact binary half to even; 'n/a' for None or nan."""
+  if value is None or not math.isfinite(value):
+    return "n/a"
+  # repr(round(., 9)) drops float noise (87.24999999999999 is printed as 87.25).
+  exact = decimal.Decimal(repr(round(float(value), 9)))
+  return str(exact.quantize(decimal.Decimal(1).scaleb(-decimals), rounding=decimal.ROUND_HALF_UP))
 
 
 def _row_order(label: str) -> int:

@@ -34,12 +34,21 @@ import ml_collections
 import numpy as np
 import tqdm
 
-from olora_jax import checkpointing, errors, sharding, tb_writer, validation
+from olora_jax import (
+    checkpointing,
+    errors,
+    evaluate,
+    reporting,
+    sharding,
+    tb_writer,
+    validation,
+)
 from olora_jax import fidelity as fidelity_lib
 from olora_jax import methods as methods_lib
 from olora_jax import metrics as metrics_lib
 from olora_jax import plots as plots_lib
 from olora_jax import pretrained as pretrained_lib
+from olora_jax import trace as trace_lib
 from olora_jax import workdir as workdir_lib
 from olora_jax.data import manifest as manifest_lib
 from olora_jax.data import sources as sources_lib
@@ -50,6 +59,7 @@ from olora_jax.methods import base as methods_base
 from olora_jax.models.vit import VisionTransformer, ViTSpec, init_head, spec_from_config
 
 RUN_FILES = ("config.json", "stream_manifest.json", "metrics.jsonl", "results.json")
+EXPORT_FILENAME = methods_lib.online_lora.EXPORT_FILENAME  # export_online_lora=True
 
 
 class Setup:
@@ -60,9 +70,10 @@ class Setup:
     c = self.config = fidelity_lib.resolve(config)
     self.spec: ViTSpec = spec_from_config(c.model)
     validation.check_config(c, self.spec.width)
-    if c.pretrained.path and not os.path.isfile(c.pretrained.path):
-      raise FileNotFoundError(
-          f"pretrained.path={c.pretrained.path!r} does not exist; give a local checkpoint file")
+    for key, path in (("pretrained.path", c.pretrained.path),
+                      ("learner.initial_lora", c.learner.initial_lora)):
+      if path and not os.path.isfile(path):
+        raise FileNotFoundError(f"{key}={path!r} does not exist; give a local checkpoint file")
     self.train_source, self.test_source = sources_lib.load_sources(c.data, self.spec.image_size)
     self.num_classes = self.train_source.num_classes
     for source in (self.train_source, self.test_source):
@@ -75,9 +86,9 @@ class Setup:
         config=c, model=self.model, spec=self.spec, num_classes=self.num_classes,
         batch_size=c.learner.batch_size,
         image_shape=(self.spec.image_size, self.spec.image_size, 3)))
-    self.stream = streams_lib.build_stream(c.data, self.train_source, c.learner.batch_size, c.seed)
-    self.manifest = manifest_lib.stream_manifest(c.data, c.seed, c.learner.batch_size, self.stream,
-                                                 self.train_source, self.test_source)
+    # From the seed, or replayed from data.stream_manifest (data/manifest.py).
+    self.stream, self.manifest = manifest_lib.build_stream_and_manifest(
+        c.data, c.seed, c.learner.batch_size, self.train_source, self.test_source)
     self.benchmark_manifest_sha256 = None  # set when the method trains on another order
     if self.method.iid_stream:  # the upper bound: the stream's samples in an i.i.d. order
       self.benchmark_manifest_sha256 = manifest_lib.manifest_sha256(self.manifest)
@@ -96,11 +107,15 @@ class Setup:
 
 def initial_params(setup: Setup, config: ml_collections.ConfigDict, key: jax.Array) -> dict:
   if config.pretrained.path:
+    keep_head = config.pretrained.keep_head
     params = pretrained_lib.load_pretrained(config.pretrained.path, setup.spec,
-                                            setup.num_classes, config.pretrained.format)
-    # The C-way head is always created fresh for the benchmark (DESIGN.md section 1), even when
-    # the checkpoint's head happens to have C outputs: the stream must teach every class.
-    params["head"] = init_head(key, setup.spec.width, setup.num_classes)
+                                            setup.num_classes, config.pretrained.format,
+                                            require_head=keep_head)
+    # The C-way head is created fresh for the benchmark (docs/method.md), even when the
+    # checkpoint's head happens to have C outputs: the stream must teach every class. Replaying
+    # another codebase's run keeps the checkpoint's head instead (pretrained.keep_head).
+    if not keep_head:
+      params["head"] = init_head(key, setup.spec.width, setup.num_classes)
     return params
   logging.warning("pretrained.path is empty: the backbone is randomly initialised")
   size = setup.spec.image_size
@@ -325,13 +340,20 @@ def _train_and_evaluate(setup: Setup, params: dict, method_key: jax.Array, workd
                tb_writer.make_scalar_writer(os.path.join(workdir, "tensorboard")),
                truncate_to=p.metrics_bytes)
   wall_before = p.wall_seconds  # compute time of earlier processes of this run
+  # Per-step records into WORKDIR/trace.npz when trace.enabled (olora_jax/trace.py), else no-ops.
+  trace = trace_lib.make_trace(c.trace.enabled, workdir, stream,
+                               manifest_lib.record_ids(setup.train_source), c.learner.buffer_unit,
+                               c.learner.buffer_size, c.learner.batch_size, p.cursor)
 
   def save():
     p.metrics_bytes, p.metrics_sha256 = log.size(), log.sha256()
     p.wall_seconds = wall_before + time.time() - start
     checkpointer.save(state, p, meta)
+    trace.save()
 
   task_ends = set(stream.task_end_steps().tolist())
+  # Which test examples are "task i's test data": by class, or by domain (docs/streams.md).
+  groups = stream.evaluation_groups(sources_lib.domains_of(setup.test_source))
   max_skipped = int(c.learner.max_skipped_fraction * len(stream.steps))
   bar = tqdm.tqdm(total=len(stream.steps), initial=p.cursor, disable=not progress, unit="step",
                   dynamic_ncols=True, mininterval=0.5)
@@ -367,9 +389,9 @@ def _train_and_evaluate(setup: Setup, params: dict, method_key: jax.Array, workd
       if not finite:  # learner.skip_nonfinite: the step left the state as it was
         p.nonfinite_steps.append(step)
         log.write("nonfinite_skipped", step, samples_seen=p.samples_seen, loss=scalars["loss"])
-      elif method.after_step is not None:
+      if method.after_step is not None:  # also told of a skipped step (finite=False)
         state, p.method_host, report = method.after_step(state, p.method_host, step, batch,
-                                                         scalars, extras)
+                                                         scalars, extras, finite, trace)
       for event, values in report.events:
         if event == "plateau":
           p.plateau_steps.append(step)
@@ -384,23 +406,27 @@ def _train_and_evaluate(setup: Setup, params: dict, method_key: jax.Array, workd
       if anytime_due or at_task_end:
         seen = np.array(p.seen_classes)
         model = state if method.eval_state is None else method.eval_state(state)
+        # Domain streams evaluated by domain: the test data of the domains seen so far.
+        seen_domains = (groups.domains[: stream.step_task[step] + 1] if groups.by_domain
+                        else None)
         # One pass serves both evaluations when they coincide: the whole test set at a task
         # end, the seen classes' test data otherwise (same class mask, same predictions).
-        counts = (evaluator.all_counts if at_task_end else evaluator.seen_counts)(model, seen)
+        counts = (evaluator.all_counts(model, seen) if at_task_end
+                  else evaluator.seen_counts(model, seen, seen_domains))
         seen_mask = np.isin(np.arange(setup.num_classes), seen)
       if anytime_due:
         p.next_eval += c.eval.eval_every * (
             (p.samples_seen - p.next_eval) // c.eval.eval_every + 1)
-        acc = counts.accuracy(seen)
+        acc = counts.accuracy(seen, seen_domains)
         p.anytime.append(acc)
         p.anytime_samples.append(p.samples_seen)
-        balanced = metrics_lib.task_balanced_accuracy(metrics_lib.task_accuracies(
-            counts.correct * seen_mask, counts.total * seen_mask, stream.task_classes))
+        balanced = metrics_lib.task_balanced_accuracy(
+            evaluate.group_accuracies(counts, groups, seen, seen_domains))
         log.write("eval", step, p.samples_seen, anytime_accuracy=acc,
                   anytime_accuracy_task_balanced=balanced, n_seen_classes=len(seen))
 
       if at_task_end:
-        column = counts.task_accuracies(stream.task_classes)
+        column = evaluate.group_accuracies(counts, groups)
         p.acc_columns.append(column.tolist())
         p.end_correct.append(counts.correct.tolist())
         p.end_total.append(counts.total.tolist())
@@ -423,6 +449,8 @@ def _train_and_evaluate(setup: Setup, params: dict, method_key: jax.Array, workd
       bar.update(1)
       bar.set_postfix(loss=f"{scalars['loss']:.3f}", plateaus=len(p.plateau_steps))
     save()  # the final state (a no-op if the last periodic save already wrote it)
+  if method.finish is not None:  # e.g. Online-LoRA's export in the authors' layout
+    method.finish(state, workdir)
 
   acc_matrix = np.array(p.acc_columns).T  # (T, T): acc[i, j] after task j on task i
   class_correct = np.array(p.end_correct)  # (T, C) at each task end
@@ -462,6 +490,11 @@ def _train_and_evaluate(setup: Setup, params: dict, method_key: jax.Array, workd
       "wall_seconds": wall_before + time.time() - start,
       "metric_notes": notes,
   }
+  if groups.by_domain:  # rows of acc_matrix are domains: forgetting of each one
+    notes["acc_matrix"] += "; task i = domain task_domains[i], its test examples of every class"
+    notes["forgetting_per_domain"] = metrics_lib.FORGETTING_PER_DOMAIN
+    results["task_domains"] = groups.domains
+    results["forgetting_per_domain"] = metrics_lib.forgetting_per_task(acc_matrix)
   results = {k: _jsonable(v) if not isinstance(v, dict) else v for k, v in results.items()}
   _write_json(os.path.join(workdir, "results.json"), results)
   if c.eval.write_plots:
@@ -499,8 +532,10 @@ def format_results_table(results: dict) -> str:
   lines = ["| metric | value |", "|---|---|"] + [f"| {k} | {v} |" for k, v in rows]
   acc = np.asarray(results["acc_matrix"])
   t = acc.shape[0]
-  lines += ["", "accuracy matrix (%), row = task i, column = after task j:", "",
-            "| task | " + " | ".join(f"after {j}" for j in range(t)) + " |",
+  row = "domain" if "task_domains" in results else "task"  # a stream evaluated by domain
+  lines += ["", f"accuracy matrix (%), row = {row} i, column = after task j:", "",
+            f"| {row} | " + " | ".join(f"after {j}" for j in range(t)) + " |",
             "|---|" + "---|" * t]
-  lines += [f"| {i} | " + " | ".join(f"{100 * a:.1f}" for a in acc[i]) + " |" for i in range(t)]
+  lines += [f"| {i} | " + " | ".join(reporting.format_half_up(100 * a) for a in acc[i]) + " |"
+            for i in range(t)]
   return "\n".join(lines)

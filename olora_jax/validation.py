@@ -8,8 +8,11 @@ What is checked (issue 6):
   config keys      a key the reference config does not have (`check_known_keys`)
   config values    every float finite; seeds in [0, 2**32 - 1]; learning rate > 0,
                    1 <= rank <= model width, window >= 1, plateau thresholds > 0, batch >= 1,
-                   buffer size >= 0, lambda >= 0, positive periods, the name of the scenario
-                   (fidelity names: olora_jax/fidelity.resolve), and the `method` name and its
+                   buffer size >= 0, lambda >= 0, positive periods, the name of the scenario,
+                   the type of data.class_order, pretrained.keep_head only with a checkpoint
+                   (fidelity names: olora_jax/fidelity.resolve; data.stream_manifest:
+                   olora_jax/data/manifest.py; an explicit class order is checked against the
+                   dataset's classes by olora_jax.data.streams), and the `method` name and its
                    config block (`check_method`)
   data             images uint8 (N, H, W, 1|3); integer labels in [0, num_classes)
                    (`check_source`)
@@ -103,8 +106,15 @@ def check_config(config: ml_collections.ConfigDict, width: int) -> None:
            " SIGTERM/SIGINT)")
   _require(c.max_to_keep >= 1,
            f"max_to_keep={c.max_to_keep} must be >= 1 (keep 2 or more to survive a damaged one)")
+  _require(not c.pretrained.keep_head or bool(c.pretrained.path),
+           "pretrained.keep_head=True needs a checkpoint: set pretrained.path (or keep_head=False)")
   _require(c.data.scenario in SCENARIOS,
            f"unknown data.scenario={c.data.scenario!r}; use one of {SCENARIOS}")
+  order = c.data.class_order
+  _require(isinstance(order, (str, list, tuple)),
+           f"data.class_order={order!r} must be 'label', 'seeded' or a list of class ids")
+  _require(isinstance(c.data.dataset, str) and c.data.dataset != "",
+           f"data.dataset={c.data.dataset!r} must name a dataset or a 'module:function'")
   check_method(c)
 
 
@@ -119,6 +129,9 @@ def check_method(config: ml_collections.ConfigDict) -> None:
   _require(name in REGISTRY, f"unknown method={name!r}; use one of {tuple(REGISTRY)}")
   if name == "online_lora":  # its block is `learner`, checked above
     return
+  for key in ("trace.enabled", "export_online_lora"):  # Online-LoRA's own outputs
+    _require(not flatten(config)[key],
+             f"{key}=True is Online-LoRA's; with method={name!r} set it to False")
   b, p = config[name], f"{name}."
   values = b.to_dict()
   _require(b.trainable in TRAINABLE,

@@ -3,12 +3,13 @@ per task, steps, and the stream manifest's SHA-256. Reads only labels (no model,
 
 On prepared data:
 
-    python scripts/describe_streams.py --data_dir DIR configs/split_cifar100.py configs/core50.py
+    .venv/bin/python scripts/describe_streams.py --data_dir DIR \
+        configs/split_cifar100.py configs/core50.py
 
 Without data, on TFDS mock data (random labels: the shape of each stream, not its real sizes) and
 a generated CORe50-layout folder with `--core50_frames` frames per object and session:
 
-    python scripts/describe_streams.py --mock_examples 2000 --core50_frames 2 configs/*.py
+    .venv/bin/python scripts/describe_streams.py --mock_examples 2000 --core50_frames 2 configs/*.py
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ mirrors the paper's setting (ImageNet-21k pretraining, then a stream of related 
 images).
 The checkpoint is written in timm's layout, so the demo goes through the real timm loader.
 
-    python scripts/pretrain_backbone.py --out olora_jax/assets/vit_tiny_digits.safetensors
+    .venv/bin/python scripts/pretrain_backbone.py --out olora_jax/assets/vit_tiny_digits.safetensors
 
 Deterministic given --seed on one machine. Takes about a minute on 2 CPU cores.
 """

@@ -51,7 +51,12 @@ BAD_VALUES = [
     ("data.scenario", "blurry", r"unknown data.scenario='blurry'"),
     ("data.dataset", "cifar100_missing", r"unknown data.dataset='cifar100_missing'"),
     ("data.n_tasks", 3, r"data.n_tasks=3 must be >= 1 and divide the 10 classes"),
+    ("data.class_order", [0, 1, 2], r"data.class_order lists 3 ids .* list every class exactly"),
+    ("data.dataset", "no_such_module_xyz:load", r"cannot import 'no_such_module_xyz'"),
+    ("data.scenario", "domain", r"data.scenario='domain' needs a dataset with per-sample domain"),
     ("method", "ewc", r"unknown method='ewc'; use one of \('online_lora', 'finetune'"),
+    ("pretrained.keep_head", True, r"pretrained.keep_head=True needs a checkpoint"),
+    ("learner.adam_bias_correction", "float64", r"unknown learner.adam_bias_correction"),
 ]
 
 
@@ -140,7 +145,9 @@ def _cli(workdir: Path, *overrides: str) -> subprocess.CompletedProcess:
 @pytest.mark.parametrize("override,message", [
     ("--config.learner.lerning_rate=1", "error: unknown config key(s) learner.lerning_rate;"),
     ("--config.learner.rank=0", "error: learner.rank=0 must be in [1, width=16]"),
-], ids=["unknown_key", "bad_value"])
+    ("--config.data.stream_manifest=/nonexistent/m.json",
+     "error: data.stream_manifest='/nonexistent/m.json' does not exist"),
+], ids=["unknown_key", "bad_value", "missing_manifest"])
 def test_command_line_exit_code_2_and_one_line(tmp_path, override, message):
   workdir = tmp_path / "run"
   done = _cli(workdir, override)

@@ -47,7 +47,7 @@ def load_config(name: str, *args):
 
 def test_every_config_file_is_covered():
   files = {p.stem for p in CONFIGS.glob("*.py")} - {"__init__", "common", "benchmark"}
-  assert files == set(BENCHMARKS) | {"demo", "demo_si_blurry", "tiny"}
+  assert files == set(BENCHMARKS) | {"demo", "demo_si_blurry", "tiny", "rotated_mnist"}
 
 
 @pytest.fixture(scope="module")
@@ -99,7 +99,7 @@ def test_benchmark_config_builds_its_stream(name, core50_data_dir, tmp_path):
   assert manifest_sha256(_setup(other, data_dir).manifest) != manifest_sha256(setup.manifest)
 
 
-@pytest.mark.parametrize("name", ["demo", "demo_si_blurry", "tiny"])
+@pytest.mark.parametrize("name", ["demo", "demo_si_blurry", "tiny", "rotated_mnist"])
 def test_embedded_configs_build_their_streams(name):
   setup = trainer.Setup(load_config(name))
   ids = np.concatenate(setup.stream.steps)

@@ -151,6 +151,6 @@ def test_core50_builder_rejects_a_wrong_folder(tmp_path):
 def test_domain_scenario_needs_sessions():
   data = _data_config(dataset="mnist_5k", scenario="domain")
   train = sources.load_source("sklearn_digits", "train")
-  with pytest.raises(ValueError, match="needs a dataset with sessions"):
+  with pytest.raises(ValueError, match="needs a dataset with per-sample domain ids"):
     streams.build_stream(data, train, 8, 0)
   assert tfds_sources.prepare_command("core50").startswith("python -m olora_jax.data.core50")

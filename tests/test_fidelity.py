@@ -1,7 +1,7 @@
 """The `fidelity` switch: every difference between the paper and the released code, pinned.
 
-Each test builds a tiny ViT (width 16, one block, 8x8 images) and checks one row of DESIGN.md
-section 2 against a hand computation, in both directions where the row has two behaviours.
+Each test builds a tiny ViT (width 16, one block, 8x8 images) and checks one row of the table in
+docs/fidelity.md against a hand computation, in both directions where the row has two behaviours.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Tests of `olora_jax.metrics` on hand-computed toy evaluation logs (DESIGN.md section 3)."""
+"""Tests of `olora_jax.metrics` on hand-computed toy evaluation logs (docs/metrics.md)."""
 
 from __future__ import annotations
 

@@ -187,13 +187,69 @@ def test_report_errors(tmp_path):
     reporting.aggregate([str(tmp_path)])
   a = write_run(tmp_path / "a", 0, {"A_final": 0.5, "forgetting": 0.1, "A_auc": 0.5})
   b = write_run(tmp_path / "b", 0, {"A_final": 0.5, "forgetting": 0.1, "A_auc": 0.5})
-  with pytest.raises(ValueError, match="same config and seed"):
+  with pytest.raises(ValueError, match="same config and the same seed"):
     reporting.aggregate([a, b])
   with pytest.raises(ValueError, match="metric 'A_nope'"):
     reporting.aggregate([a], metrics=["A_nope"])
   proc = subprocess.run([sys.executable, str(ROOT / "launch" / "report.py")],
                         capture_output=True, text=True, timeout=60)
   assert proc.returncode != 0 and "run directories" in proc.stderr
+
+
+def test_report_groups_seeds_and_methods_and_draws_the_overlay(tmp_path):
+  from test_plots import assert_png
+
+  def curve(seed, level):
+    samples = [100, 200, 300, 400]
+    return {"A_final": level, "forgetting": 0.1, "A_auc": level,
+            "anytime_samples": samples, "anytime_accuracy": [level + 0.01 * seed] * 4}
+
+  dirs = [write_run(tmp_path / f"olora{s}", s, curve(s, 0.6)) for s in (0, 1, 2)]
+  dirs += [write_run(tmp_path / f"lora{s}", s, curve(s, 0.3), learner__incremental_lora=False,
+                     learner__hard_loss=False) for s in (0, 1)]
+  rows = reporting.aggregate(dirs)
+  assert [(r["method"], r["seeds"]) for r in rows] == [("Online-LoRA", [0, 1, 2]),
+                                                        ("single LoRA", [0, 1])]
+  assert rows[0]["A_final"]["mean"] == pytest.approx(60.0)
+  proc = subprocess.run([sys.executable, str(ROOT / "launch" / "report.py"), *dirs,
+                         f"--csv={tmp_path / 't.csv'}", f"--plots={tmp_path / 'figs'}"],
+                        capture_output=True, text=True, check=True, timeout=120)
+  assert "overlay figure written" in proc.stdout
+  assert_png(tmp_path / "figs" / plots.OVERLAY_FILE)
+  with open(tmp_path / "figs" / "anytime_overlay.pdf", "rb") as f:
+    assert f.read(5) == b"%PDF-"
+  # The band is the std over seeds at each point, the line their mean.
+  grid, mean, std = plots.mean_std_curve(
+      [(np.array([100, 200, 300]), np.array([0.5, 0.6, 0.7])),
+       (np.array([100, 250, 300]), np.array([0.7, 0.6, 0.5]))])
+  np.testing.assert_allclose(grid, [100, 200, 250, 300])
+  np.testing.assert_allclose(mean, [0.6, (0.6 + (0.7 - 0.1 / 1.5)) / 2, (0.65 + 0.6) / 2, 0.6])
+  np.testing.assert_allclose(std[[0, 3]], [np.std([0.5, 0.7], ddof=1)] * 2)
+
+
+def test_duplicate_runs_are_named_with_their_seed(tmp_path):
+  r = {"A_final": 0.5, "forgetting": 0.1, "A_auc": 0.5}
+  a = write_run(tmp_path / "demo", 0, r)
+  b = write_run(tmp_path / "demo_seed0", 0, r)
+  c = write_run(tmp_path / "demo_seed1", 1, r)
+  with pytest.raises(ValueError, match=r"demo_seed0'\] have the same config and the same seed"
+                                       r" \(0\)") as info:
+    reporting.aggregate([a, b, c])
+  assert "demo_seed1" not in str(info.value)
+
+
+def test_user_dataset_files_group_by_file_name(tmp_path):
+  r = {"A_final": 0.5, "forgetting": 0.1, "A_auc": 0.5}
+  a = write_run(tmp_path / "a", 0, r, data__dataset="/checkout1/ex/my_data.py:load")
+  b = write_run(tmp_path / "b", 1, r, data__dataset="/checkout2/ex/my_data.py:load")
+  (row,) = reporting.aggregate([a, b])
+  assert row["seeds"] == [0, 1] and row["setting"] == "my_data.py:load disjoint/10 vit_b16"
+
+
+def test_matrix_cells_round_half_up():
+  assert [reporting.format_half_up(v) for v in (87.25, 88.25, 87.35, 100 * 0.8725)] == [
+      "87.3", "88.3", "87.4", "87.3"]
+  assert reporting.format_half_up(float("nan")) == "n/a"
 
 
 def write_method_run(path, seed, method, manifest, a_final, trainable="all", wall=10.0,

@@ -7,13 +7,14 @@ CORe50 is 50 household objects filmed in 11 sessions (different backgrounds and 
     core50_128x128/s1/o1/C_01_01_000.png ... core50_128x128/s11/o50/C_11_50_299.png
 
 which the builder reads from its `manual_dir` (the folder holding `core50_128x128/`, or that folder
-itself); nothing is downloaded. Splits follow the paper's domain-incremental protocol (DESIGN.md
-section 3): `train` = sessions 1 2 4 5 6 8 9 11, `test` = sessions 3 7 10. Features: `image` (the
-PNG as stored, 128x128x3), `label` (object o1..o50 -> 0..49), `session` (1..11), `frame`.
+itself); nothing is downloaded. Splits follow the paper's domain-incremental protocol
+(docs/streams.md): `train` = sessions 1 2 4 5 6 8 9 11, `test` = sessions 3 7 10. Features:
+`image` (the PNG as stored, 128x128x3), `label` (object o1..o50 -> 0..49), `session` (1..11),
+`frame`.
 
 Prepare once, in the array_record format that `tfds.data_source` reads without TensorFlow:
 
-    python -m olora_jax.data.core50 --manual_dir=DIR_WITH_core50_128x128 --data_dir=DIR
+    .venv/bin/python -m olora_jax.data.core50 --manual_dir=DIR_WITH_core50_128x128 --data_dir=DIR
 """
 
 from __future__ import annotations

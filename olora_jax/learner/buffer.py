@@ -1,6 +1,6 @@
 """The hard buffer (paper section 3.3): the K samples with the highest loss seen so far.
 
-Two units (config key `learner.buffer_unit`, DESIGN.md section 2): `HardBuffer` holds K single
+Two units (config key `learner.buffer_unit`, docs/fidelity.md): `HardBuffer` holds K single
 samples, each scored by its own CE (the paper); `BatchBuffer` holds K whole batches, each scored
 by its batch-mean CE (the released code, `reference` fidelity).
 
@@ -20,6 +20,9 @@ import jax.numpy as jnp
 
 @flax.struct.dataclass
 class HardBuffer:
+  """The paper's hard buffer of K single samples, on the device with a static shape: `images`
+  (K, H, W, 3) float32, `labels` (K,) int32, `valid` (K,) bool (empty slots are invalid)."""
+
   images: jax.Array  # (K, H, W, 3)
   labels: jax.Array  # (K,) int32
   valid: jax.Array  # (K,) bool
@@ -30,6 +33,7 @@ class HardBuffer:
 
 
 def init_buffer(size: int, image_shape: tuple[int, ...]) -> HardBuffer:
+  """An empty sample buffer: images (K, *image_shape) float32, labels (K,), valid (K,) False."""
   if size < 0:
     raise ValueError(f"learner.buffer_size={size} must be >= 0")
   return HardBuffer(images=jnp.zeros((size, *image_shape), jnp.float32),

@@ -12,7 +12,7 @@ measured at every plateau so far. Only the LoRA factors and the classifier head 
 the backbone, with every previous LoRA merged into it, is `frozen` and is an argument of every
 function (it changes at each merge), never a closure constant.
 
-Where the paper and the authors' released code differ (DESIGN.md section 2), `LearnerConfig`
+Where the paper and the authors' released code differ (docs/fidelity.md), `LearnerConfig`
 has one field per difference (set from `config.fidelity` by `olora_jax.fidelity.resolve`):
 `buffer_unit` (K samples or K whole batches), `window_value` (CE(buffer) as a mean over valid
 samples or a sum over the K entries), `importance` (empirical Fisher or one squared gradient of a
@@ -21,7 +21,7 @@ flattened softmax), `merge` (exact W += BA, or factor sums into a frozen pair ke
 
 The hard-buffer update (paper step 5) is its own jitted function, `update_buffer`, called by the
 host after the plateau decision: at a plateau, `consolidate` measures importance on the buffer
-this very step trained on (step 4 before step 5, DESIGN.md section 1), and only then does the
+this very step trained on (step 4 before step 5, docs/method.md), and only then does the
 buffer take in the step's hardest items. The buffer never leaves the device.
 """
 
@@ -39,6 +39,7 @@ import optax
 
 from olora_jax import fidelity
 from olora_jax.learner import buffer as buffer_lib
+from olora_jax.learner import optim
 from olora_jax.models import lora as lora_lib
 from olora_jax.models.vit import VisionTransformer, ViTSpec
 
@@ -101,10 +102,17 @@ def split_params(params: dict) -> tuple[dict, dict]:
   return frozen, params["head"]
 
 
-def init_frozen(backbone: dict, spec: ViTSpec, config: LearnerConfig) -> dict:
-  """The frozen tree of a run: the backbone, plus the zero frozen LoRA pair of `factor_sum`."""
+def init_frozen(backbone: dict, spec: ViTSpec, config: LearnerConfig,
+                frozen_lora: lora_lib.LoRATree | None = None) -> dict:
+  """The frozen tree of a run: the backbone, plus the frozen LoRA pair of `factor_sum` (zeros,
+  or `frozen_lora`, e.g. read from the authors' checkpoint). With the `exact` merge a given
+  `frozen_lora` is merged into the backbone (W += B_old A_old: the same function)."""
   if config.merge == "factor_sum":
-    return {**backbone, FROZEN_LORA: lora_lib.zeros_like_lora(spec, config.rank)}
+    if frozen_lora is None:
+      frozen_lora = lora_lib.zeros_like_lora(spec, config.rank)
+    return {**backbone, FROZEN_LORA: jax.tree.map(jnp.array, frozen_lora)}
+  if frozen_lora is not None:
+    return lora_lib.merge_into_backbone(backbone, frozen_lora)
   return backbone
 
 
@@ -117,9 +125,17 @@ def init_buffer(config: LearnerConfig, size: int, batch_size: int,
 
 
 def init_train_state(key: jax.Array, head: dict, spec: ViTSpec, config: LearnerConfig,
-                     tx: optax.GradientTransformation) -> TrainState:
+                     tx: optax.GradientTransformation,
+                     lora: lora_lib.LoRATree | None = None) -> TrainState:
+  """The learner's state before step 0: the first LoRA drawn from `key` (kaiming `lora_a`
+  (D, r), zero `lora_b` (r, D) for q and v of every block), or the given `lora`
+  (`learner.initial_lora`; the later LoRAs still come from `key`, as without it); a copy of
+  `head` ({"kernel" (D, C), "bias" (C,)}), `tx`'s state for both, Omega = 0, k = 0, step 0.
+  Pure."""
   lora_key, key = jax.random.split(key)
-  lora = lora_lib.init_lora(lora_key, spec, config.rank)
+  if lora is None:
+    lora = lora_lib.init_lora(lora_key, spec, config.rank)
+  lora = jax.tree.map(jnp.array, lora)
   # The state owns its arrays (train_step donates it): copy the head instead of aliasing it.
   trainable = {"lora": lora, "head": jax.tree.map(jnp.array, head)}
   return TrainState(
@@ -173,6 +189,20 @@ def _check_batch(batch: dict) -> None:
 
 def make_learner(model: VisionTransformer, tx: optax.GradientTransformation,
                  config: LearnerConfig) -> Learner:
+  """Online-LoRA's four jitted, pure functions for `model`, optimizer `tx` and `config`.
+
+  With B the batch size, K the buffer size, C the classes, (H, W) the image size:
+    train_step(state, frozen, buffer, batch) -> (state, scalars, scores): one Adam step on
+      CE(batch) + CE(buffer) + L_LoRA (eq. 6); `batch` = {"images" (B, H, W, 3) float32,
+      "labels" (B,) int32, "mask" (B,) bool}; `scalars` = {loss, window_value, ce_current,
+      ce_buffer, reg} (float32 ()); `scores` the pre-update losses of the buffer candidates,
+      (B + K,) for the sample unit or (1 + K,) for the batch unit. Donates `state`.
+    update_buffer(buffer, batch, scores) -> buffer: keeps the K highest-scoring candidates.
+    consolidate(state, frozen, buffer) -> (state, frozen): at a plateau, importance on the
+      buffer (eqs. 4-5), Omega running mean over plateaus, merge, new LoRA. Donates both.
+    predict(state, frozen, images (N, H, W, 3)) -> logits (N, C). Reads only.
+  Each is traced once per run (shapes are static); none takes a task id.
+  """
   spec = model.spec
   buffer_type = buffer_lib.BatchBuffer if config.buffer_unit == "batch" else buffer_lib.HardBuffer
 
@@ -312,9 +342,11 @@ def make_learner(model: VisionTransformer, tx: optax.GradientTransformation,
   )
 
 
-def make_optimizer(learning_rate: float, b1: float = 0.9, b2: float = 0.999,
-                   eps: float = 1e-8) -> optax.GradientTransformation:
-  """Adam with a constant learning rate, no weight decay, no clipping (paper section 4)."""
-  if not learning_rate > 0:
-    raise ValueError(f"learner.learning_rate={learning_rate} must be > 0")
-  return optax.adam(learning_rate, b1=b1, b2=b2, eps=eps)
+def make_optimizer(learning_rate: float, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8,
+                   bias_correction: str = "float32") -> optax.GradientTransformation:
+  """Adam with a constant learning rate, no weight decay, no clipping (paper section 4).
+
+  `bias_correction` ('float32': `optax.adam`; 'exact': PyTorch's, `optim.adam_exact`) is the
+  fidelity key `learner.adam_bias_correction`.
+  """
+  return optim.adam(learning_rate, bias_correction, b1=b1, b2=b2, eps=eps)

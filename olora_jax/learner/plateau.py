@@ -27,6 +27,9 @@ import numpy as np
 
 @dataclasses.dataclass(frozen=True)
 class PlateauConfig:
+  """Hyperparameters of the plateau rule, validated on construction: the window length, the
+  mean and variance thresholds, and whether partial windows are checked (`reference`)."""
+
   window: int = 5
   mean_threshold: float = 2.6
   var_threshold: float = 0.03
@@ -42,6 +45,9 @@ class PlateauConfig:
 
 
 class PlateauState(NamedTuple):
+  """The detector's host state: the loss window, the peak flag, the window mean and variance at
+  the last plateau, and the number of plateaus. Immutable; `update` returns a new one."""
+
   values: tuple[float, ...]  # the loss window, oldest first, at most `window` values
   peak_seen: bool
   last_mean: float  # window mean at the last plateau (nan before the first)
@@ -56,13 +62,15 @@ class WindowStats(NamedTuple):
 
 
 def init() -> PlateauState:
+  """The detector before the first step: an empty window, a peak counted as seen."""
   return PlateauState(values=(), peak_seen=True, last_mean=float("nan"),
                       last_var=float("nan"), n_plateaus=0)
 
 
 def update(state: PlateauState, value: float,
            config: PlateauConfig) -> tuple[PlateauState, WindowStats]:
-  """Appends `value` to the window; returns the new state and whether a plateau fired."""
+  """Appends `value` (a float, the step's loss-window value) to the window; returns the new
+  state and the window's mean, variance and whether a plateau fired. Pure (host, NumPy)."""
   values = (state.values + (float(value),))[-config.window:]
   window = np.asarray(values, np.float32)
   mean = window.mean(dtype=np.float32)

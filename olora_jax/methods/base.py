@@ -16,16 +16,22 @@ replicates it over the mesh, and hands it to these functions:
                                                        NaN guard reads it); `extras` any device
                                                        pytree for `after_step`
     predict(state, images) -> logits (N, C)            [pure] what the evaluator calls
-    after_step(state, host, step, batch, scalars, extras) -> (state, host, StepReport)
-                                                       optional host hook after every finite
-                                                       step (Online-LoRA's plateau rule,
+    after_step(state, host, step, batch, scalars, extras, finite, trace)
+        -> (state, host, StepReport)                   optional host hook after every step
+                                                       (Online-LoRA's plateau rule,
                                                        consolidation and hard-buffer update);
-                                                       `host` is a JSON-able dict the trainer
-                                                       checkpoints with the run's progress
+                                                       `finite` False: the step was skipped for
+                                                       a non-finite loss (the state is the old
+                                                       one); `host` is a JSON-able dict the
+                                                       trainer checkpoints with the run's
+                                                       progress; `trace` the run's per-step
+                                                       recorder (olora_jax/trace.py)
     eval_state(state) -> state                         optional: the state the evaluator
                                                        reads (GDumb trains its model from the
                                                        buffer here); never written back
     init_host() -> dict                                the host hook's initial record
+    finish(state, workdir)                             optional, after the last step (Online-
+                                                       LoRA: export_online_lora)
 
 The learner is task-free: a batch carries no task id and no method hears of task boundaries.
 `anytime_eval=False` makes the loop evaluate at task ends only (GDumb, as the paper reports it).
@@ -60,6 +66,7 @@ class Method:
   after_step: Callable | None = None
   eval_state: Callable[[Any], Any] | None = None
   init_host: Callable[[], dict] = dict
+  finish: Callable[[Any, str], None] | None = None
   anytime_eval: bool = True
   # The method trains on an i.i.d. shuffle of the stream's samples (the upper bound).
   iid_stream: bool = False

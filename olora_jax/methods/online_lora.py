@@ -16,10 +16,15 @@ window, plateaus and consolidation (single LoRA with the hard buffer).
 
 from __future__ import annotations
 
+import os
+
+from olora_jax import pretrained as pretrained_lib
 from olora_jax.learner import buffer as buffer_lib
 from olora_jax.learner import online_lora
 from olora_jax.learner import plateau as plateau_lib
 from olora_jax.methods import base
+
+EXPORT_FILENAME = "online_lora.safetensors"  # export_online_lora=True
 
 
 def window_to_json(window: plateau_lib.PlateauState) -> dict:
@@ -40,7 +45,7 @@ def build(ctx: base.Context) -> base.Method:
   plateau_config = plateau_lib.PlateauConfig(
       window=c.window, mean_threshold=c.mean_threshold, var_threshold=c.var_threshold,
       check_partial_window=c.check_partial_window)
-  tx = online_lora.make_optimizer(c.learning_rate)
+  tx = online_lora.make_optimizer(c.learning_rate, bias_correction=c.adam_bias_correction)
   learner_config = online_lora.LearnerConfig(
       rank=c.rank, reg_lambda=c.reg_lambda, hard_loss=c.hard_loss,
       reset_opt_state_at_merge=c.reset_opt_state_at_merge, buffer_unit=c.buffer_unit,
@@ -49,11 +54,17 @@ def build(ctx: base.Context) -> base.Method:
   buffer_lib.init_buffer(c.buffer_size, (1,))  # validates the size
   learner = online_lora.make_learner(ctx.model, tx, learner_config)
   spec, incremental = ctx.spec, c.incremental_lora
+  # learner.initial_lora: (first LoRA, frozen pair) in the authors' layout, else (None, None).
+  initial_lora, initial_frozen_lora = (
+      pretrained_lib.load_online_lora(c.initial_lora, spec, c.rank) if c.initial_lora
+      else (None, None))
 
   def init(key, params):
-    backbone, head = online_lora.split_params(params)
-    return {"state": online_lora.init_train_state(key, head, spec, learner_config, tx),
-            "frozen": online_lora.init_frozen(backbone, spec, learner_config),
+    backbone, head = online_lora.split_params(params)  # None: the first LoRA from `key`
+    return {"state": online_lora.init_train_state(key, head, spec, learner_config, tx,
+                                                  lora=initial_lora),
+            "frozen": online_lora.init_frozen(backbone, spec, learner_config,
+                                              initial_frozen_lora),
             "buffer": online_lora.init_buffer(learner_config, c.buffer_size, ctx.batch_size,
                                               ctx.image_shape)}
 
@@ -64,8 +75,11 @@ def build(ctx: base.Context) -> base.Method:
   def predict(s, images):
     return learner.predict(s["state"], s["frozen"], images)
 
-  def after_step(s, host, step, batch, scalars, scores):
-    state, frozen, events, values = s["state"], s["frozen"], (), {}
+  def after_step(s, host, step, batch, scalars, scores, finite, trace):
+    state, frozen, events, values, stats = s["state"], s["frozen"], (), {}, None
+    if not finite:  # skipped: no window value, no buffer update
+      trace.record_step(step, scalars, None, scores, buffer_updated=False)
+      return s, host, base.StepReport()
     if incremental:
       window, stats = plateau_lib.update(window_from_json(host["window"]),
                                          scalars["window_value"], plateau_config)
@@ -73,13 +87,26 @@ def build(ctx: base.Context) -> base.Method:
       values = dict(window_mean=stats.mean, window_var=stats.var)
       if stats.fired:
         # Importance on the buffer used in this step, then merge (paper steps 4a-4d).
+        merged_lora = trace.fetch(state.trainable["lora"])  # consolidate donates the state
         state, frozen = learner.consolidate(state, frozen, s["buffer"])
+        trace.record_plateau(step, merged_lora, state.omega,
+                             frozen.get(online_lora.FROZEN_LORA))
         events = (("plateau", dict(n_plateaus=window.n_plateaus, window_mean=stats.mean,
                                    window_var=stats.var)),)
     buf = learner.update_buffer(s["buffer"], batch, scores)  # paper step 5, after step 4
+    trace.record_step(step, scalars, stats, scores, buffer_updated=True)
     return ({"state": state, "frozen": frozen, "buffer": buf}, host,
             base.StepReport(events=events, train_values=values))
 
+  def finish(s, workdir):
+    """The final model in the authors' layout, for their code to load."""
+    state, frozen = s["state"], s["frozen"]
+    pretrained_lib.save_online_lora_safetensors(
+        {**{k: v for k, v in frozen.items() if k != online_lora.FROZEN_LORA},
+         "head": state.trainable["head"]}, state.trainable["lora"],
+        os.path.join(workdir, EXPORT_FILENAME), frozen_lora=frozen.get(online_lora.FROZEN_LORA))
+
   return base.Method(name="online_lora", init=init, train_step=train_step, predict=predict,
                      after_step=after_step,
-                     init_host=lambda: {"window": window_to_json(plateau_lib.init())})
+                     init_host=lambda: {"window": window_to_json(plateau_lib.init())},
+                     finish=finish if ctx.config.export_online_lora else None)

@@ -8,7 +8,7 @@ Tree layout (the paper's W^{A,l}, W^{B,l} for attention layer l; `D` width, `r` 
 The projection computes `x @ W + (x @ lora_a) @ lora_b`: in the paper's (out, in) notation,
 `W + B A`. A fresh LoRA has `lora_a ~ U(-1/sqrt(D), 1/sqrt(D))` (PyTorch's
 `kaiming_uniform_(a=sqrt(5))` on an (r, D) weight, as the released code does) and `lora_b = 0`,
-so the model's function is unchanged until the first update (DESIGN.md section 2).
+so the model's function is unchanged until the first update (docs/method.md).
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ def merge_factor_sum(frozen_lora: LoRATree, lora: LoRATree) -> LoRATree:
 
   The frozen pair is one rank-r adapter that starts at zero; after merges of LoRAs 1..k its
   delta is (B_1 + ... + B_k)(A_1 + ... + A_k), not sum_i B_i A_i: the cross terms B_i A_j make the
-  model's function jump at every merge from the second on (DESIGN.md section 2).
+  model's function jump at every merge from the second on (docs/fidelity.md).
   """
   return jax.tree.map(jnp.add, frozen_lora, lora)
 
