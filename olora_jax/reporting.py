@@ -418,13 +418,16 @@ def write_csv(rows: list[dict], path: str, metrics: Sequence[str] = DEFAULT_METR
 
 def find_runs(paths: Sequence[str]) -> tuple[list[str], list[str]]:
   """(finished, unfinished) run directories under `paths`: a path holding config.json is a run
-  (finished once it holds results.json); any other directory is searched below, e.g. the
-  ROOT/setting/method/seedN tree of launch/sweep.py. FileNotFoundError for a missing path or a
-  tree with no run."""
+  and must be finished (hold results.json); any other directory is searched below, e.g. the
+  ROOT/setting/method/seedN tree of launch/sweep.py, where a run still missing results.json is
+  returned as unfinished. FileNotFoundError for a missing path, an unfinished run given by
+  name, or a tree with no run."""
   finished, unfinished = [], []
   for path in paths:
     if not os.path.isdir(path):
       raise FileNotFoundError(f"{path!r} is not a directory; pass run directories or a sweep ROOT")
+    if os.path.isfile(os.path.join(path, "config.json")):
+      Run(path)  # a run given by name must be finished (a clear error otherwise)
     found = []
     for here, dirs, files in os.walk(path):
       if "config.json" in files:

@@ -309,6 +309,8 @@ def test_paper_layouts_from_a_sweep_tree(tmp_path):
   (root / "split_cifar100" / "er" / "seed0" / "config.json").write_text("{}")
   finished, unfinished = reporting.find_runs([str(root)])
   assert len(finished) == 8 and unfinished == [str(root / "split_cifar100" / "er" / "seed0")]
+  with pytest.raises(FileNotFoundError, match="not a finished run"):  # given by name: refused
+    reporting.find_runs([str(root / "split_cifar100" / "er" / "seed0")])
   rows, table = reporting.layout_table(finished, "table1")
   assert [r["method"] for r in rows] == ["GDumb", "PCR", "LODE (DER++)"]  # Table 1's order
   assert table.startswith("Table 1: disjoint class-incremental")
