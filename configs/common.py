@@ -47,8 +47,8 @@ Keys that matter:
                                 start from / end with given weights, the authors' layout
   trace.enabled                 WORKDIR/trace.npz: per-step buffer ids, window, Omega
   method                        'online_lora' (configured by `learner`) | 'finetune' | 'iid' |
-                                'er' | 'der_pp' | 'ewc_pp' | 'agem' | 'mir' | 'gdumb' | 'l2p' |
-                                'mvp', each
+                                'er' | 'der_pp' | 'ewc_pp' | 'agem' | 'mir' | 'gdumb' | 'pcr' |
+                                'lode' | 'ema_der_pp' | 'ema_rar' | 'l2p' | 'mvp', each
                                 configured by the block of its name (docs/methods.md)
   checkpoint_every, max_to_keep full-state orbax checkpoints in WORKDIR/checkpoints; the same
                                 --workdir resumes (a different config is refused)
@@ -169,6 +169,21 @@ def get_config() -> ml_collections.ConfigDict:
   # min_learning_rate: end of the cosine; epochs: over the buffer at each evaluation
   config.gdumb = _baseline(learning_rate=1e-3, min_learning_rate=5e-4, weight_decay=1e-4,
                            clip_norm=10.0, epochs=30, buffer_size=500)
+  # replay_batch: "episode memory per batch"; temperature: of the cosine logits; warmup_batches:
+  # "warmup of buffer before retrieve" (steps before the first replay)
+  config.pcr = _baseline(learning_rate=1e-4, weight_decay=1e-4, buffer_size=500, replay_batch=10,
+                         temperature=0.09, warmup_batches=4)
+  # DER++'s keys and values (LR 3e-4) plus LODE's C (new classes' CE weight) and rho (new-vs-old
+  # term weight, scaled by |new| / |old|)
+  config.lode = _baseline(learning_rate=3e-4, weight_decay=0.0, buffer_size=500, replay_batch=64,
+                          alpha=0.2, beta=0.5, c=1.0, rho=0.1)
+  # EMA of the weights (lambda: ema_warmup_decay for ema_warmup_steps steps, *ours*, then
+  # ema_decay) on DER++ (its keys) and on RAR (ER's keys; repeats: rehearsals per batch, *ours*);
+  # no WD in the table
+  ema = dict(learning_rate=2e-4, weight_decay=0.0, buffer_size=500, ema_decay=0.99,
+             ema_warmup_decay=0.9, ema_warmup_steps=100)
+  config.ema_der_pp = _baseline(**ema, replay_batch=64, alpha=0.2, beta=0.5)
+  config.ema_rar = _baseline(**ema, replay_batch=10, repeats=3)
   # Prompt methods: trainable 'prompts' = a pool of pool_size prompts of prompt_length tokens with
   # one key each, plus the head, on the frozen backbone; each image prepends the top_k prompts
   # whose keys are nearest its frozen class token. No weight decay in the paper's table.

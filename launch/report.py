@@ -2,6 +2,13 @@
 
     .venv/bin/python launch/report.py RUN_DIR [RUN_DIR ...] [--csv report.csv] \
         [--metrics A_final,forgetting] [--plots DIR]
+    .venv/bin/python launch/report.py --layout table1 ROOT   # the paper's Table 1 (table2: 2)
+
+A RUN_DIR may also be a directory of runs (e.g. the ROOT of launch/sweep.py): every run below it
+is read; unfinished ones are named on stderr and left out. `--layout table1` prints the paper's
+Table 1 (disjoint runs: A_final / Forgetting), `--layout table2` its Table 2 (Si-Blurry runs:
+A_auc / A_final), with the paper's own numbers in a "(paper)" column where a setting matches
+(olora_jax/reporting.py: PAPER_RESULTS).
 
 Runs are grouped by their whole config.json except `seed` (give seeds with `--config.seed=N` to
 launch/run.py). Rows are methods in the order of the paper's Table 1 (`--config.method=NAME`
@@ -27,19 +34,29 @@ _CSV = flags.DEFINE_string("csv", "report.csv", "Where to write the table as CSV
 _METRICS = flags.DEFINE_list("metrics", list(reporting.DEFAULT_METRICS),
                              "results.json metrics to tabulate, comma separated.")
 _PLOTS = flags.DEFINE_string("plots", "", "Directory for the overlay figure ('' = no figure).")
+_LAYOUT = flags.DEFINE_enum("layout", None, list(reporting.LAYOUTS),
+                            "Print one of the paper's tables (its metrics; --metrics is ignored).")
 
 
 def main(argv):
   run_dirs = argv[1:]
   if not run_dirs:
     raise app.UsageError("give one or more run directories: launch/report.py RUN_DIR [RUN_DIR ...]")
+  metrics = reporting.LAYOUTS[_LAYOUT.value].metrics if _LAYOUT.value else _METRICS.value
   try:
-    rows = reporting.aggregate(run_dirs, _METRICS.value)
+    run_dirs, unfinished = reporting.find_runs(run_dirs)
+    for d in unfinished:
+      print(f"note: {d} is not finished (no results.json); left out", file=sys.stderr)
+    if _LAYOUT.value:
+      rows, table = reporting.layout_table(run_dirs, _LAYOUT.value)
+    else:
+      rows = reporting.aggregate(run_dirs, metrics)
+      table = reporting.markdown_table(rows, metrics)
   except (ValueError, FileNotFoundError) as e:
     print(f"error: {e}", file=sys.stderr)
     sys.exit(2)
-  print(reporting.markdown_table(rows, _METRICS.value))
-  reporting.write_csv(rows, _CSV.value, _METRICS.value)
+  print(table)
+  reporting.write_csv(rows, _CSV.value, metrics)
   print(f"\nCSV written to {_CSV.value}")
   if _PLOTS.value:
     path = plots.write_overlay_plot(rows, _PLOTS.value)

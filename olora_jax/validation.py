@@ -172,9 +172,19 @@ def check_method(config: ml_collections.ConfigDict) -> None:
     _require(0 <= b.alpha <= upper, f"{p}alpha={b.alpha} must be in [0, {upper}]")
   if "margin" in values:  # MVP's feature scale 1 - cos + m must stay positive
     _require(b.margin > 0, f"{p}margin={b.margin} must be > 0 (the paper: 0.5)")
-  for key in ("fisher_every", "epochs"):
+  for key in ("fisher_every", "epochs", "repeats"):
     if key in values:
       _require(values[key] >= 1, f"{p}{key}={values[key]} must be >= 1")
+  for key in ("temperature", "c"):
+    if key in values:
+      _require(values[key] > 0, f"{p}{key}={values[key]} must be > 0")
+  for key in ("warmup_batches", "rho", "ema_warmup_steps"):
+    if key in values:
+      _require(values[key] >= 0, f"{p}{key}={values[key]} must be >= 0")
+  for key in ("ema_decay", "ema_warmup_decay"):
+    if key in values:
+      _require(0 <= values[key] < 1, f"{p}{key}={values[key]} must be in [0, 1); the paper uses"
+               " 0.99 (0.9 during warm-up)")
 
 
 def check_source(labels: np.ndarray, images: np.ndarray, num_classes: int, what: str) -> None:

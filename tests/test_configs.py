@@ -47,7 +47,7 @@ def load_config(name: str, *args):
 
 def test_every_config_file_is_covered():
   files = {p.stem for p in CONFIGS.glob("*.py")} - {"__init__", "common", "benchmark"}
-  assert files == set(BENCHMARKS) | {"demo", "tiny", "rotated_mnist"}
+  assert files == set(BENCHMARKS) | {"demo", "demo_si_blurry", "tiny", "rotated_mnist"}
 
 
 @pytest.fixture(scope="module")
@@ -99,12 +99,16 @@ def test_benchmark_config_builds_its_stream(name, core50_data_dir, tmp_path):
   assert manifest_sha256(_setup(other, data_dir).manifest) != manifest_sha256(setup.manifest)
 
 
-@pytest.mark.parametrize("name", ["demo", "tiny", "rotated_mnist"])
+@pytest.mark.parametrize("name", ["demo", "demo_si_blurry", "tiny", "rotated_mnist"])
 def test_embedded_configs_build_their_streams(name):
   setup = trainer.Setup(load_config(name))
   ids = np.concatenate(setup.stream.steps)
   assert len(np.unique(ids)) == len(ids) == len(setup.train_source)
   assert setup.stream.n_tasks == 5 and setup.train_source.num_classes == 10
+  if name == "demo_si_blurry":  # blurry: some digit is met in more than one task
+    assert sum(len(c) for c in setup.stream.task_classes) > 10
+    assert manifest_sha256(setup.manifest) != manifest_sha256(
+        trainer.Setup(load_config("demo")).manifest)
 
 
 def test_backbone_override_through_the_command_line_flag():

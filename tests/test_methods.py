@@ -1,5 +1,6 @@
 """The baselines' parts against hand computations: replay buffer policies, AGEM's projection,
-EWC++'s running Fisher, MIR's retrieval, DER++'s stored logits, the trainable split."""
+EWC++'s running Fisher, MIR's retrieval, DER++'s stored logits, PCR's and LODE's losses against
+NumPy, EMA's average by hand, RAR's augmentation, the trainable split."""
 
 import jax
 import jax.numpy as jnp
@@ -10,7 +11,20 @@ from numerics import assert_close
 from configs import tiny
 from olora_jax import validation
 from olora_jax.data import streams
-from olora_jax.methods import REGISTRY, agem, base, common, ewc_pp, mir, mvp, prompt_pool, replay
+from olora_jax.methods import (
+    REGISTRY,
+    agem,
+    base,
+    common,
+    ewc_pp,
+    lode,
+    mir,
+    mvp,
+    pcr,
+    prompt_pool,
+    rar,
+    replay,
+)
 from olora_jax.models.vit import VisionTransformer, ViTSpec
 
 SPEC = ViTSpec(width=16, depth=1, num_heads=2, mlp_dim=32, patch_size=4, image_size=16)
@@ -210,6 +224,117 @@ def test_der_pp_stores_insertion_logits_and_distils_towards_them():
   np.testing.assert_allclose(scalars["logit_mse"], expected, rtol=1e-5)
 
 
+def _np_log_softmax(x):
+  x = x - x.max(axis=-1, keepdims=True)
+  return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
+
+
+def test_pcr_loss_against_numpy():
+  rng = np.random.default_rng(0)
+  features, kernel = rng.normal(size=(6, 5)), rng.normal(size=(5, C))
+  labels = np.array([0, 2, 2, 0, 1, 3])
+  mask = np.array([True, True, True, True, True, False])  # class 3 only on a padded item
+  temperature = 0.09
+  logits = pcr.cosine_logits(jnp.asarray(features, jnp.float32),
+                             {"kernel": jnp.asarray(kernel, jnp.float32)}, temperature)
+  loss = float(pcr.proxy_contrastive_loss(logits, jnp.asarray(labels), jnp.asarray(mask)))
+  # By hand: cosine to each proxy / T, softmax over the classes present among valid anchors.
+  f = features / np.linalg.norm(features, axis=1, keepdims=True)
+  w = kernel / np.linalg.norm(kernel, axis=0, keepdims=True)
+  np.testing.assert_allclose(logits, f @ w / temperature, rtol=1e-5)
+  present = [0, 1, 2]
+  nll = [-_np_log_softmax((f[i] @ w / temperature)[present])[present.index(labels[i])]
+         for i in range(5)]
+  np.testing.assert_allclose(loss, np.mean(nll), rtol=1e-5)
+
+
+def test_pcr_replays_only_after_the_warmup():
+  ctx = context("pcr", trainable="head", buffer_size=16, replay_batch=4, warmup_batches=2)
+  method = REGISTRY["pcr"](ctx)
+  step = jax.jit(method.train_step)
+  state = method.init(jax.random.key(0), init_params())
+  replayed = []
+  for t in range(4):
+    state, scalars, _ = step(state, batch(t))
+    replayed.append(int(scalars["replayed"]))
+  assert replayed == [0, 0, 4, 4]
+
+
+def test_lode_loss_against_numpy():
+  rng = np.random.default_rng(1)
+  logits = rng.normal(size=(5, 6)).astype(np.float32)
+  labels = np.array([3, 4, 3, 4, 0])
+  mask = np.array([True, True, True, True, False])  # the padded item's class 0 is not new
+  seen = np.array([True, True, False, True, False, False])  # 0, 1 seen before; 3 again now
+  c, rho = 1.5, 0.1
+  loss, terms = lode.decoupled_loss(jnp.asarray(logits), jnp.asarray(labels), jnp.asarray(mask),
+                                    jnp.asarray(seen), c, rho)
+  new, old = [3, 4], [0, 1]  # old: seen before and absent from this batch
+  lse = lambda x: np.log(np.exp(x).sum())  # noqa: E731
+  intra = np.mean([-_np_log_softmax(logits[i, new])[new.index(labels[i])] for i in range(4)])
+  inter = np.mean([-(lse(logits[i, new]) - np.logaddexp(lse(logits[i, new]),
+                                                        lse(logits[i, old]))) for i in range(4)])
+  expected = c * intra + rho * len(new) / len(old) * inter
+  np.testing.assert_allclose(loss, expected, rtol=1e-5)
+  np.testing.assert_allclose(terms["lode_inter"], inter, rtol=1e-5)
+  assert int(terms["old_classes"]) == 2
+  # No old class yet (the stream's first classes): plain CE over all classes.
+  first, _ = lode.decoupled_loss(jnp.asarray(logits), jnp.asarray(labels), jnp.asarray(mask),
+                                 jnp.zeros(6, bool), c, rho)
+  ce = np.mean([-_np_log_softmax(logits[i])[labels[i]] for i in range(4)])
+  np.testing.assert_allclose(first, ce, rtol=1e-5)
+
+
+def test_lode_learns_the_seen_classes_from_the_stream():
+  method = REGISTRY["lode"](context("lode", trainable="head", buffer_size=8, replay_batch=4))
+  step = jax.jit(method.train_step)
+  state = method.init(jax.random.key(0), init_params())
+  state, scalars, _ = step(state, batch(0, labels=[0, 1] * 4))
+  assert int(scalars["old_classes"]) == 0
+  state, scalars, _ = step(state, batch(1, labels=[2, 3] * 4, valid=6))
+  assert int(scalars["old_classes"]) == 2
+  np.testing.assert_array_equal(state["class_seen"], [True] * 4)
+
+
+def test_ema_weights_are_the_hand_computed_average():
+  name = "ema_rar"  # the wrapper is shared with ema_der_pp (both run end to end elsewhere)
+  warmup, warm_decay, decay = 2, 0.5, 0.9
+  method = REGISTRY[name](context(name, trainable="head", buffer_size=8, replay_batch=4,
+                                  learning_rate=0.05, ema_warmup_steps=warmup,
+                                  ema_warmup_decay=warm_decay, ema_decay=decay))
+  step = jax.jit(method.train_step)
+  state = method.init(jax.random.key(0), init_params())
+  expected = jax.tree.map(np.array, state["params"])
+  for t in range(4):
+    state, _, _ = step(state, batch(t))
+    lam = warm_decay if t + 1 <= warmup else decay
+    expected = jax.tree.map(lambda e, p, lam=lam: lam * e + (1 - lam) * np.asarray(p), expected,
+                            state["params"])
+    jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-7),
+                 state["ema_params"], expected)
+  assert int(state["step"]) == 4  # RAR's repeats count as one step per batch
+  # The evaluator reads the average, not the trained weights.
+  images, predict = batch(9)["images"], jax.jit(method.predict)
+  averaged = predict({**state, "params": state["ema_params"]}, images)
+  np.testing.assert_array_equal(predict(state, images), averaged)
+  assert not np.allclose(averaged, predict({**state, "ema_params": state["params"]}, images))
+
+
+def test_rar_augment_flips_and_shifts_within_the_image():
+  images = jnp.asarray(np.random.default_rng(0).random((32, 16, 16, 3)), jnp.float32)
+  out = np.asarray(rar.augment(jax.random.key(0), images))
+  assert out.shape == images.shape
+  pad, x = 2, np.asarray(images)
+  for i in range(32):  # each output is one of the flipped/unflipped edge-padded shifts
+    found = False
+    for im in (x[i], x[i, :, ::-1]):
+      padded = np.pad(im, ((pad, pad), (pad, pad), (0, 0)), mode="edge")
+      found |= any(np.array_equal(out[i], padded[dy:dy + 16, dx:dx + 16])
+                   for dy in range(2 * pad + 1) for dx in range(2 * pad + 1))
+    assert found
+  assert sum(not np.array_equal(out[i], x[i]) for i in range(32)) > 16
+
+
 # --------------------------------------------------------------------------------------------
 # What each method trains; config checks; the i.i.d. order.
 
@@ -243,6 +368,10 @@ def test_trainable_split(mode, moved):
     ("mvp.top_k", 10, r"mvp.top_k=10 must be in \[1, mvp.pool_size - 1\]"),
     ("mvp.margin", 0.0, r"mvp.margin=0.0 must be > 0"),
     ("mvp.alpha", 1.5, r"mvp.alpha=1.5 must be in \[0, 1.0\]"),
+    ("pcr.temperature", 0.0, r"pcr.temperature=0.0 must be > 0"),
+    ("lode.rho", -0.1, r"lode.rho=-0.1 must be >= 0"),
+    ("ema_der_pp.ema_decay", 1.0, r"ema_der_pp.ema_decay=1.0 must be in \[0, 1\)"),
+    ("ema_rar.repeats", 0, r"ema_rar.repeats=0 must be >= 1"),
 ])
 def test_bad_method_config_is_refused(key, value, match):
   config = tiny.get_config()

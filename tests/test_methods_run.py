@@ -16,7 +16,8 @@ from configs import tiny
 from olora_jax import checkpointing, plots, trainer
 from olora_jax.methods import common
 
-BASELINES = ("finetune", "iid", "er", "der_pp", "ewc_pp", "agem", "mir", "gdumb", "l2p", "mvp")
+BASELINES = ("finetune", "iid", "er", "der_pp", "ewc_pp", "agem", "mir", "gdumb", "pcr", "lode",
+             "ema_der_pp", "ema_rar", "l2p", "mvp")
 STOP_AFTER = 6  # stream steps done when the signal arrives
 
 
@@ -27,14 +28,17 @@ def _config(method: str):
   c.eval.eval_every = 200
   c.eval.write_plots = False
   c.checkpoint_every = 4
-  for block in ("er", "der_pp", "agem", "mir", "gdumb"):
+  for block in ("er", "der_pp", "agem", "mir", "gdumb", "pcr", "lode", "ema_der_pp", "ema_rar"):
     c[block].buffer_size = 24
-  for block in ("er", "der_pp", "agem", "mir"):
+  for block in ("er", "der_pp", "agem", "mir", "pcr", "lode", "ema_der_pp", "ema_rar"):
     c[block].replay_batch = 4
   c.mir.n_candidates = 8
   c.gdumb.epochs = 2
   c.ewc_pp.fisher_every = 3
-  for block in ("finetune", "iid", "er", "der_pp", "ewc_pp", "agem", "mir"):
+  c.ema_der_pp.ema_warmup_steps = c.ema_rar.ema_warmup_steps = 3
+  c.ema_rar.repeats = 2
+  for block in ("finetune", "iid", "er", "der_pp", "ewc_pp", "agem", "mir", "pcr", "lode",
+                "ema_der_pp", "ema_rar"):
     c[block].learning_rate = 3e-3
   for block in ("l2p", "mvp"):  # a small pool: 4 prompts of 2 tokens
     c[block].pool_size, c[block].prompt_length = 4, 2

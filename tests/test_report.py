@@ -252,13 +252,14 @@ def test_matrix_cells_round_half_up():
   assert reporting.format_half_up(float("nan")) == "n/a"
 
 
-def write_method_run(path, seed, method, manifest, a_final, trainable="all", wall=10.0):
+def write_method_run(path, seed, method, manifest, a_final, trainable="all", wall=10.0,
+                     **config_overrides):
   results = {"A_final": a_final, "forgetting": 0.1, "A_auc": None if method == "gdumb" else 0.5,
              "stream_manifest_sha256": manifest, "wall_seconds": wall}
   if method == "iid":  # trained on a shuffle of the benchmark stream `manifest`
     results.update(stream_manifest_sha256="shuffled" + manifest,
                    benchmark_manifest_sha256=manifest)
-  run = write_run(path, seed, results)
+  run = write_run(path, seed, results, **config_overrides)
   with open(os.path.join(run, "config.json")) as f:
     config = json.load(f)
   config["method"] = method
@@ -301,3 +302,77 @@ def test_prompt_methods_are_labelled_by_name_and_ordered_before_online_lora():
   assert labels == ["MVP", "L2P"]
   order = sorted(labels + ["Online-LoRA", "DER++"], key=reporting._row_order)
   assert order == ["DER++", "L2P", "MVP", "Online-LoRA"]
+
+
+def test_paper_layouts_from_a_sweep_tree(tmp_path):
+  root = tmp_path / "root"
+  for seed in (0, 1):
+    m = f"stream{seed}"
+    for method, a_final in (("pcr", 0.40 + 0.02 * seed), ("lode", 0.30), ("gdumb", 0.2)):
+      write_method_run(root / "split_cifar100" / method / f"seed{seed}", seed, method, m, a_final)
+    write_method_run(root / "si_blurry_cifar100" / "online_lora" / f"seed{seed}", seed,
+                     "online_lora", "blurry" + m, 0.6, data__scenario="si_blurry",
+                     data__n_tasks=5, learner__hard_loss=False)
+  os.makedirs(root / "split_cifar100" / "er" / "seed0")  # a run the sweep has not finished
+  (root / "split_cifar100" / "er" / "seed0" / "config.json").write_text("{}")
+  finished, unfinished = reporting.find_runs([str(root)])
+  assert len(finished) == 8 and unfinished == [str(root / "split_cifar100" / "er" / "seed0")]
+  with pytest.raises(FileNotFoundError, match="not a finished run"):  # given by name: refused
+    reporting.find_runs([str(root / "split_cifar100" / "er" / "seed0")])
+  rows, table = reporting.layout_table(finished, "table1")
+  assert [r["method"] for r in rows] == ["GDumb", "PCR", "LODE (DER++)"]  # Table 1's order
+  assert table.startswith("Table 1: disjoint class-incremental")
+  setting = "cifar100 disjoint/10 vit_b16"  # the paper's setting: its numbers join each metric
+  assert (f"| method | {setting}: A_final ↑ | (paper) | {setting}: Forgetting ↓ | (paper) |"
+          in table)
+  assert "| PCR | 41.00 ± 1.41 | 48.48 ± 0.15 | 10.00 ± 0.00 | 46.23 ± 1.29 |" in table
+  assert "| GDumb | 20.00 ± 0.00 | 41.00 ± 19.97 | 10.00 ± 0.00 |  |" in table  # paper: "-"
+  rows, table = reporting.layout_table(finished, "table2")
+  assert [r["method"] for r in rows] == ["Online-LoRA w/o hard loss"]
+  setting = "cifar100 si_blurry/5 vit_b16"
+  assert f"| method | {setting}: A_auc ↑ | (paper) | {setting}: A_final ↑ | (paper) |" in table
+  assert "| Online-LoRA w/o hard loss | 50.00 ± 0.00 | 60.12 ± 5.79 | 60.00 ± 0.00 |" in table
+  # Runs of one setting and seed on different streams are refused by both layouts.
+  write_method_run(root / "split_cifar100" / "mir" / "seed1", 1, "mir", "other", 0.5)
+  finished, _ = reporting.find_runs([str(root)])
+  for layout in ("table1", "table2"):
+    with pytest.raises(ValueError, match="different streams"):
+      reporting.layout_table(finished, layout)
+  with pytest.raises(ValueError, match="unknown layout 'table3'"):
+    reporting.layout_table(finished, "table3")
+  os.makedirs(tmp_path / "empty")
+  with pytest.raises(FileNotFoundError, match="no run"):
+    reporting.find_runs([str(tmp_path / "empty")])
+  with pytest.raises(FileNotFoundError, match="is not a directory"):
+    reporting.find_runs([str(tmp_path / "missing")])
+
+
+def test_sweep_runs_skips_and_fills_a_table(tmp_path):
+  root = str(tmp_path / "sweep")
+  command = [sys.executable, str(ROOT / "launch" / "sweep.py"), f"--root={root}",
+             "--settings=configs/tiny.py", "--methods=finetune", "--seeds=0", "--",
+             "--config.data.test_fraction=0.7", "--config.eval.write_plots=False"]
+  proc = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=ROOT)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  workdir = os.path.join(root, "tiny", "finetune", "seed0")
+  assert os.path.isfile(os.path.join(workdir, "results.json"))
+  again = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=ROOT)
+  assert again.returncode == 0 and f"{workdir}: finished, skipped" in again.stdout
+  # Another seed would run (or resume) with the same command line but its seed and workdir.
+  dry = subprocess.run([*command[:5], "--seeds=0,1", "--dry_run", *command[6:]],
+                       capture_output=True, text=True, timeout=120, cwd=ROOT)
+  assert dry.returncode == 0
+  assert (f"--workdir={os.path.join(root, 'tiny', 'finetune', 'seed1')} --config.method=finetune"
+          " --config.seed=1 --config.data.test_fraction=0.7" in dry.stdout)
+  bad = subprocess.run([*command[:4], "--methods=nope"], capture_output=True, text=True,
+                       timeout=120, cwd=ROOT)
+  assert bad.returncode == 2 and "unknown method(s) ['nope']" in bad.stderr
+  report = subprocess.run([sys.executable, str(ROOT / "launch" / "report.py"), "--layout=table1",
+                           root, f"--csv={tmp_path / 't.csv'}"], capture_output=True, text=True,
+                          timeout=120)
+  assert report.returncode == 0, report.stderr
+  assert "| Fine-tuning | " in report.stdout and "sklearn_digits disjoint/5 custom" in report.stdout
+  none = subprocess.run([sys.executable, str(ROOT / "launch" / "report.py"), "--layout=table2",
+                         root, f"--csv={tmp_path / 't.csv'}"], capture_output=True, text=True,
+                        timeout=120)
+  assert none.returncode == 2 and "no run with data.scenario in ('si_blurry',)" in none.stderr

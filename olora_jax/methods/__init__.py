@@ -10,14 +10,17 @@ from olora_jax.methods import (
   agem,
   base,
   der_pp,
+  ema,
   er,
   ewc_pp,
   finetune,
   gdumb,
   l2p,
+  lode,
   mir,
   mvp,
   online_lora,
+  pcr,
 )
 
 # method name -> builder; every baseline `name` reads the config block `config.<name>`.
@@ -31,6 +34,10 @@ REGISTRY = {
     "agem": agem.build,
     "mir": mir.build,
     "gdumb": gdumb.build,
+    "pcr": pcr.build,
+    "lode": lode.build,
+    "ema_der_pp": ema.build_der_pp,
+    "ema_rar": ema.build_rar,
     "l2p": l2p.build,
     "mvp": mvp.build,
 }

@@ -77,6 +77,20 @@ def make_adam(learning_rate, weight_decay: float, clip_norm: float = 0.0
   return optax.chain(*parts)
 
 
+ABSENT_LOGIT = -1e9  # the logit of a class left out of a softmax (exp underflows to exactly 0)
+
+
+def restrict_logits(logits: jax.Array, classes: jax.Array) -> jax.Array:
+  """logits (N, C) with the classes outside `classes` (C,) bool set to ABSENT_LOGIT: a softmax
+  over the result is the softmax over `classes` alone; finite, so no inf reaches a gradient."""
+  return jnp.where(classes, logits, ABSENT_LOGIT)
+
+
+def classes_in(labels: jax.Array, mask: jax.Array, num_classes: int) -> jax.Array:
+  """(C,) bool: the classes of the valid items (labels (N,), mask (N,))."""
+  return jnp.any(jax.nn.one_hot(labels, num_classes, dtype=bool) & mask[:, None], axis=0)
+
+
 def per_example_ce(logits: jax.Array, labels: jax.Array) -> jax.Array:
   return optax.softmax_cross_entropy_with_integer_labels(logits, labels)
 

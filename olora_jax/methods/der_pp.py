@@ -16,13 +16,21 @@ from olora_jax.methods import base, common, replay
 from olora_jax.methods.er import init_with_buffer
 
 
-def build(ctx: base.Context) -> base.Method:
-  block, scale = ctx.config.der_pp, ctx.config.data.input_scale
+def ce_current(state, logits, batch):
+  """DER++'s loss on the current batch: CE over all classes; (loss, terms). Pure."""
+  ce = common.masked_mean(common.per_example_ce(logits, batch["labels"]), batch["mask"])
+  return ce, dict(ce_current=ce)
+
+
+def make(ctx: base.Context, name: str, block, current_loss=ce_current) -> base.Method:
+  """DER++ with `current_loss(state, logits (B, C), batch) -> (loss, terms)` on the current batch
+  (LODE decouples it); the replay terms and the buffer are DER++'s."""
+  scale = ctx.config.data.input_scale
   tx = common.make_adam(block.learning_rate, block.weight_decay)
   apply = common.make_apply(ctx.model)
 
   def train_step(state, batch):
-    common.TRACE_COUNTS["der_pp.train_step"] += 1
+    common.TRACE_COUNTS[f"{name}.train_step"] += 1
     base.check_batch(batch)
     key_logits, key_labels, update_key = jax.random.split(common.step_key(state), 3)
     m1 = replay.sample(state["buffer"], key_logits, block.replay_batch, scale)
@@ -32,14 +40,13 @@ def build(ctx: base.Context) -> base.Method:
     def loss_fn(params):
       images = jnp.concatenate([batch["images"], m1["images"], m2["images"]])
       logits = apply(state["frozen"], params, images)
-      ce_current = common.masked_mean(
-          common.per_example_ce(logits[:n], batch["labels"]), batch["mask"])
+      current, terms = current_loss(state, logits[:n], batch)
       logit_mse = common.masked_mean(
           jnp.mean(jnp.square(logits[n:n + r] - m1["logits"]), axis=-1), m1["mask"])
       ce_replay = common.masked_mean(
           common.per_example_ce(logits[n + r:], m2["labels"]), m2["mask"])
-      loss = ce_current + block.alpha * logit_mse + block.beta * ce_replay
-      return loss, dict(ce_current=ce_current, logit_mse=logit_mse, ce_replay=ce_replay,
+      loss = current + block.alpha * logit_mse + block.beta * ce_replay
+      return loss, dict(**terms, logit_mse=logit_mse, ce_replay=ce_replay,
                         batch_logits=logits[:n])
 
     (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["params"])
@@ -48,6 +55,10 @@ def build(ctx: base.Context) -> base.Method:
     state["buffer"] = replay.reservoir_update(state["buffer"], batch, update_key, scale, stored)
     return state, {"loss": loss, **aux}, {}
 
-  return base.Method(name="der_pp", init=init_with_buffer(ctx, block, tx, ctx.num_classes),
+  return base.Method(name=name, init=init_with_buffer(ctx, block, tx, ctx.num_classes),
                      train_step=train_step,
                      predict=lambda s, x: apply(s["frozen"], s["params"], x))
+
+
+def build(ctx: base.Context) -> base.Method:
+  return make(ctx, "der_pp", ctx.config.der_pp)

@@ -1,0 +1,56 @@
+"""LODE, loss decoupling (Liang & Li 2023), on DER++.
+
+DER++ (der_pp.py) with its CE on the current batch replaced by LODE's decoupled loss:
+    C * CE over the new classes' logits only                       (tell new classes apart)
+  + rho * |new| / |old| * mean -log sigma(lse(new logits) - lse(old logits))   (new vs old)
+where lse is log-sum-exp. Task-free: the new classes are those in the current batch, the old ones
+those seen in earlier batches and absent from this one (`lode.class_seen` in the state, updated
+after each step); no task id is used. While no old class exists the term is DER++'s plain CE.
+DER++'s replay terms (logit MSE, replayed CE) and buffer are unchanged. Paper: C 1.0, rho 0.1,
+LR 3e-4 (DER++'s alpha 0.2 and beta 0.5).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from olora_jax.methods import base, common, der_pp
+
+
+def decoupled_loss(logits: jax.Array, labels: jax.Array, mask: jax.Array, class_seen: jax.Array,
+                   c: float, rho: float) -> tuple[jax.Array, dict]:
+  """LODE's loss on the current batch (module docstring); logits (B, C), labels (B,), mask (B,),
+  class_seen (C,) bool before this batch. (loss, terms). Pure."""
+  new = common.classes_in(labels, mask, logits.shape[-1])
+  old = class_seen & ~new
+  n_new, n_old = jnp.sum(new), jnp.sum(old)
+  intra_new = common.masked_mean(
+      common.per_example_ce(common.restrict_logits(logits, new), labels), mask)
+  lse_new = jax.nn.logsumexp(common.restrict_logits(logits, new), axis=-1)
+  lse_old = jax.nn.logsumexp(common.restrict_logits(logits, old), axis=-1)
+  inter = common.masked_mean(jnp.logaddexp(lse_new, lse_old) - lse_new, mask)
+  lode = c * intra_new + rho * n_new / jnp.maximum(n_old, 1) * inter
+  plain = common.masked_mean(common.per_example_ce(logits, labels), mask)
+  loss = jnp.where(n_old > 0, lode, plain)
+  return loss, dict(ce_current=loss, lode_inter=inter, old_classes=n_old)
+
+
+def build(ctx: base.Context) -> base.Method:
+  block, num_classes = ctx.config.lode, ctx.num_classes
+
+  def current_loss(state, logits, batch):
+    return decoupled_loss(logits, batch["labels"], batch["mask"], state["class_seen"], block.c,
+                          block.rho)
+
+  inner = der_pp.make(ctx, "lode", block, current_loss)
+
+  def init(key, params):
+    return {**inner.init(key, params), "class_seen": jnp.zeros((num_classes,), bool)}
+
+  def train_step(state, batch):
+    state, scalars, extras = inner.train_step(state, batch)
+    seen = state["class_seen"] | common.classes_in(batch["labels"], batch["mask"], num_classes)
+    return {**state, "class_seen": seen}, scalars, extras
+
+  return base.Method(name="lode", init=init, train_step=train_step, predict=inner.predict)

@@ -1,0 +1,67 @@
+"""RAR, repeated augmented rehearsal (Zhang et al. 2022), on ER.
+
+ER (er.py) where each incoming batch is rehearsed `repeats` times: each repeat draws a fresh
+`replay_batch` of stored samples uniformly, augments the current and replayed images (`augment`:
+a random horizontal flip and a random shift of up to 1/8 of the side, edges replicated) and takes
+one Adam step on CE(batch) + CE(replayed); then the batch enters the reservoir once. `step`
+counts batches, as for every method. The paper runs RAR only under EMA (`ema_rar`, ema.py) and
+gives no RAR values: `repeats` (3) and the augmentation are *ours*, the buffer and the 10
+replayed samples per batch are ER's.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from olora_jax.methods import base, common, er, replay
+
+
+def augment(key: jax.Array, images: jax.Array) -> jax.Array:
+  """images (N, H, W, 3) -> (N, H, W, 3): per image a random horizontal flip and a random shift
+  by up to max(H // 8, 1) pixels in each direction (edge pixels replicated). Pure."""
+  n, h, w, _ = images.shape
+  pad = max(h // 8, 1)
+  flip_key, y_key, x_key = jax.random.split(key, 3)
+  flip = jax.random.bernoulli(flip_key, 0.5, (n,))
+  images = jnp.where(flip[:, None, None, None], images[:, :, ::-1], images)
+  padded = jnp.pad(images, ((0, 0), (pad, pad), (pad, pad), (0, 0)), mode="edge")
+  dy = jax.random.randint(y_key, (n,), 0, 2 * pad + 1)
+  dx = jax.random.randint(x_key, (n,), 0, 2 * pad + 1)
+  crop = lambda im, y, x: jax.lax.dynamic_slice(im, (y, x, 0), (h, w, im.shape[-1]))  # noqa: E731
+  return jax.vmap(crop)(padded, dy, dx)
+
+
+def make(ctx: base.Context, name: str, block) -> base.Method:
+  scale = ctx.config.data.input_scale
+  tx = common.make_adam(block.learning_rate, block.weight_decay)
+  apply = common.make_apply(ctx.model)
+  loss_fn = jax.value_and_grad(functools.partial(er.replay_loss, apply), has_aux=True)
+
+  def train_step(state, batch):
+    common.TRACE_COUNTS[f"{name}.train_step"] += 1
+    base.check_batch(batch)
+    key, update_key = jax.random.split(common.step_key(state))
+    step = state["step"]
+
+    def rehearse(r, carry):
+      state, _ = carry
+      sample_key, aug_key, mem_aug_key = jax.random.split(jax.random.fold_in(key, r), 3)
+      mem = replay.sample(state["buffer"], sample_key, block.replay_batch, scale)
+      seen = {**batch, "images": augment(aug_key, batch["images"])}
+      mem = {**mem, "images": augment(mem_aug_key, mem["images"])}
+      (loss, aux), grads = loss_fn(state["params"], state["frozen"], seen, mem)
+      return common.apply_gradients(state, grads, tx), {"loss": loss, **aux}
+
+    zero = jnp.zeros((), jnp.float32)
+    state, scalars = jax.lax.fori_loop(
+        0, block.repeats, rehearse,
+        (state, {"loss": zero, "ce_current": zero, "ce_replay": zero}))
+    state = {**state, "step": step + 1,
+             "buffer": replay.reservoir_update(state["buffer"], batch, update_key, scale)}
+    return state, scalars, {}  # the last repeat's loss
+
+  return base.Method(name=name, init=er.init_with_buffer(ctx, block, tx), train_step=train_step,
+                     predict=lambda s, x: apply(s["frozen"], s["params"], x))
