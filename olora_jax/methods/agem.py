@@ -24,16 +24,14 @@ def project(grads, ref_grads):
 
 def build(ctx: base.Context) -> base.Method:
   block, scale = ctx.config.agem, ctx.config.data.input_scale
-  tx = common.make_adam(block.learning_rate, block.weight_decay)
-  apply = common.make_apply(ctx.model)
+  tx, apply = common.optimizer_and_apply(ctx, block)
 
   def ce(params, frozen, images, labels, mask):
     logits = apply(frozen, params, images)
     return common.masked_mean(common.per_example_ce(logits, labels), mask)
 
+  @common.train_step("agem")
   def train_step(state, batch):
-    common.TRACE_COUNTS["agem.train_step"] += 1
-    base.check_batch(batch)
     sample_key, update_key = jax.random.split(common.step_key(state))
     mem = replay.sample(state["buffer"], sample_key, block.replay_batch, scale)
     grad_fn = jax.value_and_grad(ce)

@@ -15,12 +15,14 @@ All functions are pure; none takes a task id.
 from __future__ import annotations
 
 import collections
+import functools
 
 import jax
 import jax.numpy as jnp
 import optax
 
 from olora_jax.learner.online_lora import masked_mean  # noqa: F401 (shared: mean over a mask)
+from olora_jax.methods import base
 from olora_jax.models import lora as lora_lib
 
 TRAINABLE = ("all", "head", "lora", "prompts")
@@ -75,6 +77,29 @@ def make_adam(learning_rate, weight_decay: float, clip_norm: float = 0.0
     parts.append(optax.add_decayed_weights(weight_decay))
   parts.append(optax.adam(learning_rate))
   return optax.chain(*parts)
+
+
+def optimizer_and_apply(ctx, block) -> tuple[optax.GradientTransformation, object]:
+  """(tx, apply) of a baseline: Adam with its block's `learning_rate` and `weight_decay`
+  (`make_adam`) and the split-aware forward pass of the run's model (`make_apply`)."""
+  return make_adam(block.learning_rate, block.weight_decay), make_apply(ctx.model)
+
+
+def train_step(name: str):
+  """Decorates a method's train step `(state, batch) -> (state, metrics, report)`: each trace is
+  counted in TRACE_COUNTS["<name>.train_step"] and a batch carrying anything but images, labels
+  and mask is refused (base.check_batch: the learner is task-free)."""
+
+  def decorate(step):
+    @functools.wraps(step)
+    def checked(state, batch):
+      TRACE_COUNTS[f"{name}.train_step"] += 1
+      base.check_batch(batch)
+      return step(state, batch)
+
+    return checked
+
+  return decorate
 
 
 ABSENT_LOGIT = -1e9  # the logit of a class left out of a softmax (exp underflows to exactly 0)

@@ -26,12 +26,10 @@ def make(ctx: base.Context, name: str, block, current_loss=ce_current) -> base.M
   """DER++ with `current_loss(state, logits (B, C), batch) -> (loss, terms)` on the current batch
   (LODE decouples it); the replay terms and the buffer are DER++'s."""
   scale = ctx.config.data.input_scale
-  tx = common.make_adam(block.learning_rate, block.weight_decay)
-  apply = common.make_apply(ctx.model)
+  tx, apply = common.optimizer_and_apply(ctx, block)
 
+  @common.train_step(name)
   def train_step(state, batch):
-    common.TRACE_COUNTS[f"{name}.train_step"] += 1
-    base.check_batch(batch)
     key_logits, key_labels, update_key = jax.random.split(common.step_key(state), 3)
     m1 = replay.sample(state["buffer"], key_logits, block.replay_batch, scale)
     m2 = replay.sample(state["buffer"], key_labels, block.replay_batch, scale)

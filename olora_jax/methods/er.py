@@ -40,12 +40,10 @@ def make(ctx: base.Context, name: str, block, retrieve) -> base.Method:
   the reservoir. `retrieve(apply, state, batch, key) -> replay.sample-like dict` picks what to
   replay from the buffer (ER: uniformly; MIR: the most interfered)."""
   scale = ctx.config.data.input_scale
-  tx = common.make_adam(block.learning_rate, block.weight_decay)
-  apply = common.make_apply(ctx.model)
+  tx, apply = common.optimizer_and_apply(ctx, block)
 
+  @common.train_step(name)
   def train_step(state, batch):
-    common.TRACE_COUNTS[f"{name}.train_step"] += 1
-    base.check_batch(batch)
     retrieve_key, update_key = jax.random.split(common.step_key(state))
     mem = retrieve(apply, state, batch, retrieve_key)
     (loss, aux), grads = jax.value_and_grad(functools.partial(replay_loss, apply), has_aux=True)(

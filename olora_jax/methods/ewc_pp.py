@@ -23,8 +23,7 @@ def update_fisher(fisher, accumulator, alpha: float, every: int):
 
 def build(ctx: base.Context) -> base.Method:
   block = ctx.config.ewc_pp
-  tx = common.make_adam(block.learning_rate, block.weight_decay)
-  apply = common.make_apply(ctx.model)
+  tx, apply = common.optimizer_and_apply(ctx, block)
 
   def init(key, params):
     state = common.init_state(key, params, block.trainable, ctx.spec, ctx.config.learner.rank, tx)
@@ -32,9 +31,8 @@ def build(ctx: base.Context) -> base.Method:
     return {**state, "fisher": zeros, "fisher_accumulator": jax.tree.map(jnp.zeros_like, zeros),
             "anchor": jax.tree.map(jnp.array, state["params"])}
 
+  @common.train_step("ewc_pp")
   def train_step(state, batch):
-    common.TRACE_COUNTS["ewc_pp.train_step"] += 1
-    base.check_batch(batch)
 
     def ce(params):
       logits = apply(state["frozen"], params, batch["images"])

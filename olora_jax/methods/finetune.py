@@ -17,16 +17,14 @@ from olora_jax.methods import base, common
 
 
 def make(ctx: base.Context, name: str, block, iid_stream: bool = False) -> base.Method:
-  tx = common.make_adam(block.learning_rate, block.weight_decay)
-  apply = common.make_apply(ctx.model)
+  tx, apply = common.optimizer_and_apply(ctx, block)
   rank = ctx.config.learner.rank
 
   def init(key, params):
     return common.init_state(key, params, block.trainable, ctx.spec, rank, tx)
 
+  @common.train_step(name)
   def train_step(state, batch):
-    common.TRACE_COUNTS[f"{name}.train_step"] += 1
-    base.check_batch(batch)
 
     def loss_fn(params):
       logits = apply(state["frozen"], params, batch["images"])

@@ -39,9 +39,8 @@ def build(ctx: base.Context) -> base.Method:
             "buffer": replay.init(capacity, ctx.image_shape),
             "class_seen": jnp.zeros((ctx.num_classes,), bool)}
 
+  @common.train_step("gdumb")
   def train_step(state, batch):
-    common.TRACE_COUNTS["gdumb.train_step"] += 1
-    base.check_batch(batch)
     buf, class_seen = replay.class_balanced_update(
         state["buffer"], state["class_seen"], batch, common.step_key(state), scale)
     state = {**state, "buffer": buf, "class_seen": class_seen, "step": state["step"] + 1}

@@ -21,8 +21,7 @@ from olora_jax.methods import base, common, prompt_pool
 
 def build(ctx: base.Context) -> base.Method:
   block = ctx.config.l2p
-  tx = common.make_adam(block.learning_rate, block.weight_decay)
-  apply = common.make_apply(ctx.model)
+  tx, apply = common.optimizer_and_apply(ctx, block)
 
   def init(key, params):
     return common.init_state(
@@ -38,9 +37,8 @@ def build(ctx: base.Context) -> base.Method:
                    prompts=prompt_pool.prompt_tokens(params["prompt_pool"], idx))
     return logits, jnp.take_along_axis(distance, idx, axis=1), idx
 
+  @common.train_step("l2p")
   def train_step(state, batch):
-    common.TRACE_COUNTS["l2p.train_step"] += 1
-    base.check_batch(batch)
     queries = prompt_pool.query(apply, state["frozen"], batch["images"])
 
     def loss_fn(params):

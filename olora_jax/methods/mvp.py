@@ -79,8 +79,7 @@ def contrastive_key_loss(distance, weight, idx, keys, valid) -> jax.Array:
 
 def build(ctx: base.Context) -> base.Method:
   block = ctx.config.mvp
-  tx = common.make_adam(block.learning_rate, block.weight_decay)
-  apply = common.make_apply(ctx.model)
+  tx, apply = common.optimizer_and_apply(ctx, block)
 
   def init(key, params):
     state = common.init_state(
@@ -99,9 +98,8 @@ def build(ctx: base.Context) -> base.Method:
                      prompts=prompt_pool.prompt_tokens(pool, idx))
     return features, instance_mask(pool["masks"], idx), distance, weight, idx
 
+  @common.train_step("mvp")
   def train_step(state, batch):
-    common.TRACE_COUNTS["mvp.train_step"] += 1
-    base.check_batch(batch)
     queries = prompt_pool.query(apply, state["frozen"], batch["images"])
 
     def loss_fn(params):

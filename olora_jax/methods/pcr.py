@@ -37,16 +37,14 @@ def proxy_contrastive_loss(logits: jax.Array, labels: jax.Array, mask: jax.Array
 
 def build(ctx: base.Context) -> base.Method:
   block, scale = ctx.config.pcr, ctx.config.data.input_scale
-  tx = common.make_adam(block.learning_rate, block.weight_decay)
-  apply = common.make_apply(ctx.model)
+  tx, apply = common.optimizer_and_apply(ctx, block)
 
   def logits_of(params, frozen, images):
     features = apply(frozen, params, images, pre_logits=True)
     return cosine_logits(features, params["head"], block.temperature)
 
+  @common.train_step("pcr")
   def train_step(state, batch):
-    common.TRACE_COUNTS["pcr.train_step"] += 1
-    base.check_batch(batch)
     retrieve_key, update_key = jax.random.split(common.step_key(state))
     mem = replay.sample(state["buffer"], retrieve_key, block.replay_batch, scale)
     mem_mask = mem["mask"] & (state["step"] >= block.warmup_batches)

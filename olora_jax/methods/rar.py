@@ -36,13 +36,11 @@ def augment(key: jax.Array, images: jax.Array) -> jax.Array:
 
 def make(ctx: base.Context, name: str, block) -> base.Method:
   scale = ctx.config.data.input_scale
-  tx = common.make_adam(block.learning_rate, block.weight_decay)
-  apply = common.make_apply(ctx.model)
+  tx, apply = common.optimizer_and_apply(ctx, block)
   loss_fn = jax.value_and_grad(functools.partial(er.replay_loss, apply), has_aux=True)
 
+  @common.train_step(name)
   def train_step(state, batch):
-    common.TRACE_COUNTS[f"{name}.train_step"] += 1
-    base.check_batch(batch)
     key, update_key = jax.random.split(common.step_key(state))
     step = state["step"]
 
