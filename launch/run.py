@@ -11,6 +11,10 @@ checkpoint (a different config is refused); on a finished DIR it says so and run
 process at a time holds DIR (an OS lock on DIR/.lock, released when the process ends).
 Aggregate several runs with launch/report.py.
 
+Compiled programs are kept in JAX's persistent compilation cache (`--compilation_cache`, by
+default ~/.cache/olora_jax/jax): a later run of the same shapes loads them instead of compiling,
+with identical results. `--compilation_cache=off` compiles everything afresh.
+
 Exit codes (olora_jax/errors.py); every non-zero exit ends stderr with one `error: ...` line that
 names the cause and the fix, and writes the full traceback to DIR/error.log (or, when DIR cannot
 be written, to the system's temp directory; `--traceback` also prints it):
@@ -47,7 +51,7 @@ from absl import app, flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
 from configs import common  # noqa: E402
-from olora_jax import errors, trainer, validation  # noqa: E402
+from olora_jax import compute, errors, trainer, validation  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a config file (configs/*.py).",
                                           lock_config=True)
@@ -55,6 +59,11 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for this run's output
 _TRACEBACK = flags.DEFINE_bool("traceback", False,
                                "On an error, also print the full traceback to stderr (it is"
                                " always written to the error log).")
+_COMPILATION_CACHE = flags.DEFINE_string(
+    "compilation_cache", "auto",
+    "Directory of JAX's persistent compilation cache, where compiled programs are kept for later"
+    " runs of the same shapes: 'auto' is $JAX_COMPILATION_CACHE_DIR when set, else"
+    " ~/.cache/olora_jax/jax ($XDG_CACHE_HOME respected); 'off' compiles everything afresh.")
 flags.mark_flags_as_required(["config", "workdir"])
 
 
@@ -158,6 +167,10 @@ def main(argv):
   py_logging.getLogger().setLevel(py_logging.WARNING)
   sys.excepthook = threading.excepthook = sys.unraisablehook = _keep_background_error
   workdir = _WORKDIR.value
+  if _COMPILATION_CACHE.value != "off":
+    compute.enable_compilation_cache(compute.default_cache_dir()
+                                     if _COMPILATION_CACHE.value == "auto"
+                                     else _COMPILATION_CACHE.value)
   try:
     config = _load_config()
     validation.check_known_keys(config, common.get_config())

@@ -81,6 +81,8 @@ class Progress:
   metrics_bytes: int = 0  # length of metrics.jsonl when this record was checkpointed
   metrics_sha256: str = ""  # SHA-256 of those bytes ("" in checkpoints older than the field)
   wall_seconds: float = 0.0  # compute time before the current process (not part of the result)
+  # The compute ledger's totals so far (olora_jax/compute.py; not part of the result).
+  compute: dict = dataclasses.field(default_factory=dict)
 
   @classmethod
   def initial(cls, eval_every: int, method_host: dict | None = None) -> Progress:

@@ -26,11 +26,12 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.backends.backend_pdf import FigureCanvasPdf
-from matplotlib.figure import Figure
+
+if TYPE_CHECKING:
+  from matplotlib.figure import Figure
 
 from olora_jax import reporting, validation
 
@@ -56,11 +57,21 @@ def read_events(path: str) -> dict[str, list[dict]]:
 
 def _save(fig: Figure, path: str) -> str:
   """Writes `path` (PNG) and the same figure as a vector PDF beside it; returns `path`."""
+  from matplotlib.backends.backend_agg import FigureCanvasAgg
+  from matplotlib.backends.backend_pdf import FigureCanvasPdf
+
   FigureCanvasAgg(fig)
   fig.savefig(path, dpi=DPI)
   FigureCanvasPdf(fig)
   fig.savefig(os.path.splitext(path)[0] + ".pdf")
   return path
+
+
+def _figure(**kwargs) -> Figure:
+  """A matplotlib Figure; matplotlib (a second of imports) loads only when a run draws."""
+  from matplotlib.figure import Figure
+
+  return Figure(**kwargs)
 
 
 def _titled(title: str, run_name: str) -> str:
@@ -85,7 +96,7 @@ def plot_loss_surface(samples: np.ndarray, window_value: np.ndarray,
                       path: str, mean_threshold: float | None = None,
                       run_name: str = "", value_label: str = "loss-window value") -> str:
   """The loss surface with detected plateaus (red) and true task boundaries (grey, dashed)."""
-  fig = Figure(figsize=(10.5, 4), layout="constrained")
+  fig = _figure(figsize=(10.5, 4), layout="constrained")
   ax = fig.add_subplot()
   ax.plot(samples, window_value, color="tab:blue", linewidth=0.8, label=value_label)
   if window_mean is not None and np.isfinite(window_mean).any():
@@ -109,7 +120,7 @@ def plot_loss_surface(samples: np.ndarray, window_value: np.ndarray,
 def plot_anytime_accuracy(samples: np.ndarray, accuracy: np.ndarray, boundary_samples,
                           path: str, run_name: str = "") -> str:
   """Anytime accuracy (%) on the seen classes against samples seen."""
-  fig = Figure(figsize=(7, 4), layout="constrained")
+  fig = _figure(figsize=(7, 4), layout="constrained")
   ax = fig.add_subplot()
   accuracy = 100 * np.asarray(accuracy, np.float64)
   ax.plot(samples, accuracy, marker="o", markersize=3, color="tab:blue",
@@ -133,7 +144,7 @@ def plot_accuracy_matrix(acc: np.ndarray, path: str, run_name: str = "",
   acc = 100 * np.asarray(acc, np.float64)
   t = acc.shape[0]
   side = min(2.0 + 0.7 * t, 14.0)
-  fig = Figure(figsize=(side + 1.2, side), layout="constrained")
+  fig = _figure(figsize=(side + 1.2, side), layout="constrained")
   ax = fig.add_subplot()
   image = ax.imshow(acc, vmin=0, vmax=100, cmap="viridis")
   fig.colorbar(image, ax=ax, label="accuracy (%)")
@@ -208,7 +219,7 @@ def plot_anytime_overlay(groups: Mapping[str, Sequence[tuple[np.ndarray, np.ndar
                          path: str, title: str) -> str:
   """Anytime accuracy (%) of several runs: per group label, its runs (samples, accuracy in
   [0, 1]) thin, their mean bold with a +-1 std band. Returns `path` (a PDF is written too)."""
-  fig = Figure(figsize=(8, 5), layout="constrained")
+  fig = _figure(figsize=(8, 5), layout="constrained")
   ax = fig.add_subplot()
   colours = [f"C{i % 10}" for i in range(len(groups))]
   for colour, (label, curves) in zip(colours, groups.items(), strict=True):

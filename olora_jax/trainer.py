@@ -43,6 +43,7 @@ from olora_jax import (
     tb_writer,
     validation,
 )
+from olora_jax import compute as compute_lib
 from olora_jax import fidelity as fidelity_lib
 from olora_jax import methods as methods_lib
 from olora_jax import metrics as metrics_lib
@@ -270,6 +271,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   compute and before anything is written), `NonFiniteLoss`, `EnvironmentFailure` (disk full,
   read-only or busy workdir: the newest good checkpoint is intact), `InternalError`.
   """
+  compile_start = compute_lib.COMPILE_CLOCK.snapshot()  # the ledger counts this call's compiles
   setup = Setup(config)  # every config or data error surfaces here, before any compute or file
   config = setup.config  # fidelity keys resolved: config.json records what actually ran
   init_key, method_key = jax.random.split(jax.random.key(config.seed))
@@ -284,8 +286,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
                         ", ".join(missing), workdir)
         _guarded(lambda: plots_lib.write_run_plots(workdir), workdir)
       return {**finished, "already_finished": workdir_lib.finished_at(workdir)}
-    return _guarded(lambda: _train_and_evaluate(setup, params, method_key, workdir, progress),
-                    workdir)
+    return _guarded(lambda: _train_and_evaluate(setup, params, method_key, workdir, progress,
+                                                compile_start), workdir)
 
 
 def _guarded(fn: Callable, workdir: str):
@@ -310,7 +312,7 @@ def _guarded(fn: Callable, workdir: str):
 
 
 def _train_and_evaluate(setup: Setup, params: dict, method_key: jax.Array, workdir: str,
-                        progress: bool) -> dict:
+                        progress: bool, compile_start: tuple[float, int]) -> dict:
   """The run itself, in a locked workdir whose config has been checked."""
   config = c = setup.config
   spec, stream, method = setup.spec, setup.stream, setup.method
@@ -340,6 +342,7 @@ def _train_and_evaluate(setup: Setup, params: dict, method_key: jax.Array, workd
                tb_writer.make_scalar_writer(os.path.join(workdir, "tensorboard")),
                truncate_to=p.metrics_bytes)
   wall_before = p.wall_seconds  # compute time of earlier processes of this run
+  ledger = compute_lib.Ledger(p.compute, compile_start)  # results.json "compute"
   # Per-step records into WORKDIR/trace.npz when trace.enabled (olora_jax/trace.py), else no-ops.
   trace = trace_lib.make_trace(c.trace.enabled, workdir, stream,
                                manifest_lib.record_ids(setup.train_source), c.learner.buffer_unit,
@@ -348,6 +351,7 @@ def _train_and_evaluate(setup: Setup, params: dict, method_key: jax.Array, workd
   def save():
     p.metrics_bytes, p.metrics_sha256 = log.size(), log.sha256()
     p.wall_seconds = wall_before + time.time() - start
+    p.compute = ledger.checkpoint_record()
     checkpointer.save(state, p, meta)
     trace.save()
 
@@ -355,16 +359,23 @@ def _train_and_evaluate(setup: Setup, params: dict, method_key: jax.Array, workd
   # Which test examples are "task i's test data": by class, or by domain (docs/streams.md).
   groups = stream.evaluation_groups(sources_lib.domains_of(setup.test_source))
   max_skipped = int(c.learner.max_skipped_fraction * len(stream.steps))
+  # smoothing=0: the rate is the average over the steps since _steady_eta restarted it.
   bar = tqdm.tqdm(total=len(stream.steps), initial=p.cursor, disable=not progress, unit="step",
-                  dynamic_ncols=True, mininterval=0.5)
+                  dynamic_ncols=True, mininterval=0.5, smoothing=0)
+  first_step = p.cursor
   # The files are closed however the loop ends (finished, preempted, non-finite loss). Host
   # threads prepare the next batches while the device runs (data/pipeline.py); a batch is a pure
   # function of its step, so a resumed run sees the same batches.
   with StopSignal() as stop, contextlib.closing(log), contextlib.closing(checkpointer), bar:
     for step, host_batch in enumerate(setup.pipeline.iterate(p.cursor), start=p.cursor):
       batch = sharding.shard_batch(host_batch, setup.mesh)
-      state, scalars, extras = train_step(state, batch)
-      scalars = jax.device_get(scalars)
+      with compute_lib.Stopwatch() as step_time:
+        state, scalars, extras = train_step(state, batch)
+        scalars = jax.device_get(scalars)
+      ledger.timed_step(int(host_batch["mask"].sum()), step_time.seconds)
+      if "flops_per_step" not in ledger.record:  # XLA's estimate; the trace is reused
+        ledger.set_flops(compute_lib.flops(train_step.lower(state, batch)),
+                         forward_flops_per_image(setup, params))
       finite = bool(np.isfinite(scalars["loss"]))
       if not finite and not c.learner.skip_nonfinite:
         save()  # the state is the one before this step: the last good state
@@ -411,8 +422,10 @@ def _train_and_evaluate(setup: Setup, params: dict, method_key: jax.Array, workd
                         else None)
         # One pass serves both evaluations when they coincide: the whole test set at a task
         # end, the seen classes' test data otherwise (same class mask, same predictions).
-        counts = (evaluator.all_counts(model, seen) if at_task_end
-                  else evaluator.seen_counts(model, seen, seen_domains))
+        with compute_lib.Stopwatch() as eval_time:
+          counts = (evaluator.all_counts(model, seen) if at_task_end
+                    else evaluator.seen_counts(model, seen, seen_domains))
+        ledger.timed_eval(eval_time.seconds)
         seen_mask = np.isin(np.arange(setup.num_classes), seen)
       if anytime_due:
         p.next_eval += c.eval.eval_every * (
@@ -447,6 +460,8 @@ def _train_and_evaluate(setup: Setup, params: dict, method_key: jax.Array, workd
             f"stopped by signal {stop.signum} after stream step {step}; checkpointed in"
             f" {checkpointer.directory}/{p.cursor}: run the same command to resume"))
       bar.update(1)
+      if step == first_step:
+        _steady_eta(bar)
       bar.set_postfix(loss=f"{scalars['loss']:.3f}", plateaus=len(p.plateau_steps))
     save()  # the final state (a no-op if the last periodic save already wrote it)
   if method.finish is not None:  # e.g. Online-LoRA's export in the authors' layout
@@ -488,6 +503,7 @@ def _train_and_evaluate(setup: Setup, params: dict, method_key: jax.Array, workd
       **({} if setup.benchmark_manifest_sha256 is None else {
           "benchmark_manifest_sha256": setup.benchmark_manifest_sha256}),
       "wall_seconds": wall_before + time.time() - start,
+      "compute": ledger.results(),
       "metric_notes": notes,
   }
   if groups.by_domain:  # rows of acc_matrix are domains: forgetting of each one
@@ -500,6 +516,21 @@ def _train_and_evaluate(setup: Setup, params: dict, method_key: jax.Array, workd
   if c.eval.write_plots:
     plots_lib.write_run_plots(workdir)
   return results
+
+
+def _steady_eta(bar: tqdm.tqdm) -> None:
+  """Restarts the bar's clock after a process's first step, which compiles: the rate and ETA
+  then come from steady-state steps (evaluations and checkpoints included), not from the
+  compilation (the elapsed time shown counts from here too)."""
+  bar.initial = bar.n
+  bar.start_t = bar.last_print_t = time.time()
+
+
+def forward_flops_per_image(setup: Setup, params: dict) -> float | None:
+  """XLA's estimate of the backbone's forward pass on one image (lowered, not compiled)."""
+  size = setup.spec.image_size
+  image = jax.ShapeDtypeStruct((1, size, size, 3), jnp.float32)
+  return compute_lib.flops(jax.jit(setup.model.apply).lower({"params": params}, image))
 
 
 def _fmt(v, spec: str = ".2f") -> str:

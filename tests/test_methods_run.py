@@ -68,7 +68,7 @@ class _SignalAfter(trainer.StopSignal):
 
 def _outputs(workdir) -> tuple[dict, bytes, dict]:
   results = json.loads((workdir / "results.json").read_text())
-  del results["wall_seconds"]
+  del results["wall_seconds"], results["compute"]
   steps = sorted(int(d.name) for d in (workdir / "checkpoints").iterdir() if d.name.isdigit())
   checksums = json.loads((workdir / "checkpoints" / str(steps[-1]) / "checksums" / "metadata")
                          .read_text())["arrays"]

@@ -50,7 +50,7 @@ def _run(workdir, **overrides):
 
 def _outputs(workdir):
   results = json.loads((workdir / "results.json").read_text())
-  del results["wall_seconds"]
+  del results["wall_seconds"], results["compute"]
   return results, (workdir / "metrics.jsonl").read_text()
 
 

@@ -35,9 +35,15 @@ def test_sigkill_at_two_steps_then_sigterm_then_resume_is_bit_exact(tmp_path, ti
   events = [json.loads(x) for x in (workdir / "metrics.jsonl").read_text().splitlines()]
   assert events[-1]["step"] == last - 1  # nothing logged past the checkpointed step
 
+  host = json.loads((workdir / "checkpoints" / str(last) / "host" / "metadata").read_text())
+  before = host["progress"]["compute"]  # the ledger of the three stopped processes
+
   done = tiny_run.run(workdir, cache)
   assert done.returncode == 0, done.stderr[-2000:]
-  assert_same_run(workdir, reference)
+  assert_same_run(workdir, reference)  # the compute ledger is left out of the comparison
+  after = json.loads((workdir / "results.json").read_text())["compute"]
+  assert after["step_seconds"] > before["step_seconds"] > 0  # the last process added its part
+  assert after["n_compilations"] > before["n_compilations"] > 0
 
 
 def test_resume_falls_back_over_a_damaged_newest_checkpoint(tmp_path, tiny_reference, caplog):

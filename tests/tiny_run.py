@@ -75,7 +75,7 @@ def final_checksums(workdir: Path) -> dict:
 
 def results(workdir: Path) -> dict:
   out = json.loads((workdir / "results.json").read_text())
-  del out["wall_seconds"]
+  del out["wall_seconds"], out["compute"]
   return out
 
 

@@ -1,0 +1,191 @@
+"""What a run costs: the compute ledger of results.json, and JAX's persistent compilation cache.
+
+The ledger (`results.json["compute"]`) sums over every process of a run (a resumed run adds
+its part), so the cost of a published number is on record beside it:
+
+  device               platform, device kind and count the run used (the last process's)
+  step_seconds         host time spent in train steps, from dispatch until the step's scalars
+                       are back on the host (the loop reads them every step): device time plus
+                       dispatch; the first step of each process (it compiles) included
+  eval_seconds         time spent in evaluations (test-set passes)
+  steady_samples_per_second   stream samples trained per second of train step, leaving out
+                       each process's first step (compilation)
+  flops_per_step       XLA's estimate of the floating-point operations of one train step
+  forward_flops_per_image     the same for the backbone's forward pass on one image
+  passes_per_step      flops_per_step / forward_flops_per_image: the step's cost in image
+                       forward passes (a backward pass costs about two)
+  achieved_flops_per_second   flops_per_step x steady steps / their seconds
+  compile_seconds, n_compilations   JAX tracing, lowering and backend compilation (persistent
+                       cache loads included) and how many backend compilations
+  peak_device_bytes    the device allocator's peak (None where the backend does not report it,
+                       e.g. CPU); peak_host_rss_bytes: the process's peak resident memory
+
+The ledger is a measurement, not a result: it differs between identical runs, and resumed runs
+are compared without it (and without `wall_seconds`).
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import time
+
+import jax
+
+# JAX's duration events of one compilation: tracing, lowering to MLIR, backend compile (or a
+# persistent-cache load).
+COMPILE_EVENTS = ("/jax/core/compile/jaxpr_trace_duration",
+                  "/jax/core/compile/jaxpr_to_mlir_module_duration",
+                  "/jax/core/compile/backend_compile_duration")
+BACKEND_COMPILE = COMPILE_EVENTS[-1]
+
+
+class _CompileClock:
+  """Process-wide totals of JAX's compilation events (one listener, registered once)."""
+
+  def __init__(self):
+    self.seconds = 0.0
+    self.count = 0
+    self._registered = False
+
+  def register(self) -> None:
+    if not self._registered:
+      jax.monitoring.register_event_duration_secs_listener(self._on_event)
+      self._registered = True
+
+  def _on_event(self, event: str, duration: float, **kwargs) -> None:
+    if event in COMPILE_EVENTS:
+      self.seconds += duration
+      self.count += event == BACKEND_COMPILE
+
+
+  def snapshot(self) -> tuple[float, int]:
+    return self.seconds, self.count
+
+
+COMPILE_CLOCK = _CompileClock()
+COMPILE_CLOCK.register()  # at import: a run's compilations before its loop count too
+
+
+def default_cache_dir() -> str:
+  """Where launch/run.py keeps compiled programs unless told otherwise: $JAX_COMPILATION_CACHE_DIR
+  when set, else $XDG_CACHE_HOME/olora_jax/jax (~/.cache/olora_jax/jax)."""
+  if os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+    return os.environ["JAX_COMPILATION_CACHE_DIR"]
+  base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+  return os.path.join(base, "olora_jax", "jax")
+
+
+def enable_compilation_cache(directory: str) -> None:
+  """JAX's persistent compilation cache in `directory`, for every program however fast it
+  compiled (JAX's defaults skip programs under a second, which is all of a small model's): a
+  later run of the same shapes loads them instead of compiling. The cached programs are the
+  ones a fresh compile makes, so results do not change."""
+  jax.config.update("jax_compilation_cache_dir", directory)
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+  jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
+def flops(lowered) -> float | None:
+  """XLA's floating-point operation estimate of a lowered program (None where unavailable)."""
+  try:
+    cost = lowered.cost_analysis()
+  except Exception:  # the estimate is optional: some backends do not provide it
+    return None
+  if isinstance(cost, (list, tuple)):
+    cost = cost[0] if cost else None
+  value = (cost or {}).get("flops")
+  return float(value) if value is not None and value >= 0 else None
+
+
+def peak_device_bytes() -> int | None:
+  """The largest peak among the local devices' allocators (None where not reported)."""
+  peaks = [(d.memory_stats() or {}).get("peak_bytes_in_use") for d in jax.local_devices()]
+  peaks = [p for p in peaks if p is not None]
+  return max(peaks) if peaks else None
+
+
+def peak_host_rss_bytes() -> int:
+  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+
+
+def device_description() -> str:
+  devices = jax.devices()
+  return f"{devices[0].platform}: {len(devices)} x {devices[0].device_kind}"
+
+
+class Ledger:
+  """Accumulates one process's part of a run's compute and merges it with the earlier
+  processes' totals (`record`, carried in the checkpoint)."""
+
+  def __init__(self, record: dict, compile_start: tuple[float, int] | None = None):
+    """`record`: the earlier processes' totals; `compile_start`: COMPILE_CLOCK.snapshot() when
+    this process's part began (default: now)."""
+    self.record = dict(record)
+    self._compile_start = compile_start or COMPILE_CLOCK.snapshot()
+    self._steps = 0
+
+  def timed_step(self, samples: int, seconds: float) -> None:
+    """One train step of `samples` stream samples that took `seconds` (dispatch to scalars)."""
+    r = self.record
+    r["step_seconds"] = r.get("step_seconds", 0.0) + seconds
+    if self._steps:  # the process's first step compiles: not steady state
+      r["steady_steps"] = r.get("steady_steps", 0) + 1
+      r["steady_seconds"] = r.get("steady_seconds", 0.0) + seconds
+      r["steady_samples"] = r.get("steady_samples", 0) + samples
+    self._steps += 1
+
+  def timed_eval(self, seconds: float) -> None:
+    self.record["eval_seconds"] = self.record.get("eval_seconds", 0.0) + seconds
+
+  def set_flops(self, flops_per_step: float | None, forward_flops_per_image: float | None
+                ) -> None:
+    self.record["flops_per_step"] = flops_per_step
+    self.record["forward_flops_per_image"] = forward_flops_per_image
+
+  def checkpoint_record(self) -> dict:
+    """The totals so far, this process included: what a checkpoint stores."""
+    r = dict(self.record)
+    seconds, count = COMPILE_CLOCK.seconds, COMPILE_CLOCK.count
+    r["compile_seconds"] = r.get("compile_seconds", 0.0) + seconds - self._compile_start[0]
+    r["n_compilations"] = r.get("n_compilations", 0) + count - self._compile_start[1]
+    device_peak = peak_device_bytes()
+    r["peak_device_bytes"] = max((p for p in (r.get("peak_device_bytes"), device_peak)
+                                  if p is not None), default=None)
+    r["peak_host_rss_bytes"] = max(r.get("peak_host_rss_bytes", 0), peak_host_rss_bytes())
+    r["device"] = device_description()
+    return r
+
+  def results(self) -> dict:
+    """The ledger for results.json (derived rates included)."""
+    r = self.checkpoint_record()
+    steady_seconds = r.get("steady_seconds", 0.0)
+    rate = r.get("steady_samples", 0) / steady_seconds if steady_seconds else None
+    fps = r.get("flops_per_step")
+    fwd = r.get("forward_flops_per_image")
+    return {
+        "device": r["device"],
+        "step_seconds": r.get("step_seconds", 0.0),
+        "eval_seconds": r.get("eval_seconds", 0.0),
+        "steady_samples_per_second": rate,
+        "flops_per_step": fps,
+        "forward_flops_per_image": fwd,
+        "passes_per_step": fps / fwd if fps and fwd else None,
+        "achieved_flops_per_second": (fps * r["steady_steps"] / steady_seconds
+                                      if fps and steady_seconds else None),
+        "compile_seconds": r["compile_seconds"],
+        "n_compilations": r["n_compilations"],
+        "peak_device_bytes": r["peak_device_bytes"],
+        "peak_host_rss_bytes": r["peak_host_rss_bytes"],
+    }
+
+
+class Stopwatch:
+  """`with Stopwatch() as t: ...; t.seconds`."""
+
+  def __enter__(self) -> Stopwatch:
+    self._start = time.perf_counter()
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self.seconds = time.perf_counter() - self._start

@@ -1,0 +1,84 @@
+"""What a run costs: the compute ledger in results.json (summed over the processes of a resumed
+run), the persistent compilation cache launch/run.py turns on, and launch/bench.py (numbers not
+asserted: it must run and report every column)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import jax
+import pytest
+
+from olora_jax import compute
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "launch"))
+import bench  # noqa: E402
+
+
+def test_the_ledger_leaves_out_each_process_first_step_and_sums_over_processes():
+  first = compute.Ledger({})
+  first.timed_step(16, 5.0)  # compiles: not steady state
+  first.timed_step(16, 0.5)
+  first.timed_step(8, 0.5)
+  first.timed_eval(2.0)
+  first.set_flops(1e9, 1e7)
+  record = first.checkpoint_record()
+  assert record["step_seconds"] == pytest.approx(6.0)
+  assert first.results()["steady_samples_per_second"] == pytest.approx(24 / 1.0)
+  second = compute.Ledger(json.loads(json.dumps(record)))  # as a checkpoint carries it
+  second.timed_step(16, 4.0)  # the resumed process compiles again
+  second.timed_step(16, 1.0)
+  out = second.results()
+  assert out["step_seconds"] == pytest.approx(11.0)
+  assert out["eval_seconds"] == pytest.approx(2.0)
+  assert out["steady_samples_per_second"] == pytest.approx(40 / 2.0)
+  assert out["passes_per_step"] == pytest.approx(100.0)
+  assert out["achieved_flops_per_second"] == pytest.approx(3 * 1e9 / 2.0)
+  assert out["compile_seconds"] >= record["compile_seconds"] >= 0
+  assert out["peak_host_rss_bytes"] > 0 and out["device"].startswith(jax.default_backend())
+
+
+def test_results_carry_the_ledger_and_run_py_fills_the_compilation_cache(
+    tiny_reference, compilation_cache):
+  ledger = json.loads((tiny_reference / "results.json").read_text())["compute"]
+  assert ledger["step_seconds"] > 0 and ledger["eval_seconds"] > 0
+  assert ledger["steady_samples_per_second"] > 0
+  assert ledger["flops_per_step"] > ledger["forward_flops_per_image"] > 0
+  assert ledger["passes_per_step"] > 1  # forward and backward over the batch at least
+  assert ledger["n_compilations"] >= 1 and ledger["compile_seconds"] > 0
+  # tiny_run sets $JAX_COMPILATION_CACHE_DIR; run.py's default ('auto') uses it
+  assert any(Path(compilation_cache).iterdir())
+
+
+def test_default_cache_dir(monkeypatch, tmp_path):
+  monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path / "jax"))
+  assert compute.default_cache_dir() == str(tmp_path / "jax")
+  monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR")
+  monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+  assert compute.default_cache_dir() == os.path.join(tmp_path, "xdg", "olora_jax", "jax")
+
+
+def test_bench_runs_the_tiny_model_and_reports_every_column(tmp_path, compilation_cache):
+  out = tmp_path / "bench.json"
+  bench.main(["--sizes=tiny", "--fidelities=paper", "--steps=2", "--warmup=1",
+              f"--compilation_cache={compilation_cache}", f"--out={out}"])
+  (row,) = json.loads(out.read_text())
+  for name, _ in bench.COLUMNS:
+    assert row[name] is not None, name
+  assert row["step_ms_median"] > 0 and row["passes_per_step"] > 1
+  assert row["implicit_transfers"] == "none"  # the step moves nothing behind our back
+  assert row["h2d_arrays"] == 3 and row["d2h_arrays"] >= 1
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--sizes=vit_h14"], "--sizes='vit_h14'"),
+    (["--fidelities=fast"], "--fidelities='fast'"),
+    (["--steps=0"], "at least 1"),
+    (["--out=/nonexistent/dir/b.json"], "its directory does not exist"),
+])
+def test_bench_refuses_bad_arguments_before_any_compute(argv, message):
+  with pytest.raises(SystemExit, match=message):
+    bench.main(argv)
