@@ -18,6 +18,14 @@ and where the stream stands. A checkpoint therefore holds the whole run (docs/ch
   checksums (orbax JsonSave)     SHA-256 of every array (dtype, shape, bytes) and of the host
                                   record, taken before the save
 
+Leaves the run has not changed since its initial state (the frozen backbone until a merge
+changes it, every frozen weight of a LoRA, head-only or prompt method) are not stored again: the
+checkpoint records their SHA-256 under `checksums["from_initial"]`, and a restore takes them from
+the run's freshly built initial state (the pretrained file and the seed), checking them against
+those digests. A ViT-B/16 checkpoint therefore holds the LoRA, head, optimizer state and buffers,
+plus after a merge the merged q/v weights, instead of the whole backbone every time; a pretrained
+file changed since the checkpoint was written is refused (`WorkdirError`) instead of resumed.
+
 Orbax does not notice flipped bytes (a damaged array can restore as NaN without an error), so
 `Checkpointer.restore_latest` recomputes the checksums after every restore, and falls back to the
 newest checkpoint that restores and verifies, moving damaged ones to `corrupt_checkpoints/` with a
@@ -53,6 +61,10 @@ OPERATIONAL_KEYS = ("checkpoint_every", "max_to_keep")
 
 class WorkdirError(errors.BadInput):
   """A workdir that cannot be resumed with this config (exit code 2)."""
+
+
+class InitialStateChanged(WorkdirError):
+  """A checkpoint's left-out leaves no longer match the run's initial state (exit code 2)."""
 
 
 NonFiniteLossError = errors.NonFiniteLoss
@@ -145,10 +157,13 @@ def _like_template(restored: Any, template: Any) -> Any:
   return jax.tree.map(leaf, restored, template)
 
 
-def _drop_empty(tree: Any) -> Any:
+def _drop_empty(tree: Any, also: frozenset = frozenset()) -> Any:
   """Zero-size leaves (e.g. the buffer with learner.buffer_size=0) hold no data and orbax
-  refuses to save them: they become None, and are rebuilt from the template on restore."""
-  return jax.tree.map(lambda x: None if np.size(x) == 0 else x, tree)
+  refuses to save them: they become None, and are rebuilt from the template on restore. So do
+  the leaves whose tree path is in `also` (those unchanged since the initial state)."""
+  return jax.tree_util.tree_map_with_path(
+      lambda path, x: None if np.size(x) == 0 or jax.tree_util.keystr(path) in also else x,
+      tree)
 
 
 def _digest(x: np.ndarray) -> str:
@@ -175,8 +190,11 @@ def _json_digest(obj: Any) -> str:
 class Checkpointer:
   """Saves and restores the whole run under `workdir/checkpoints` with orbax."""
 
-  def __init__(self, workdir: str, max_to_keep: int):
+  def __init__(self, workdir: str, max_to_keep: int, initial: Any = None):
+    """`initial`: the run's initial state (what `restore_latest` gets as its template); its
+    unchanged leaves are not stored again (module docstring). None stores every leaf."""
     self.workdir = workdir
+    self._initial = {} if initial is None else array_checksums(to_numpy(initial))
     self.directory = os.path.join(os.path.abspath(workdir), CHECKPOINT_DIR)
     options = ocp.CheckpointManagerOptions(
         max_to_keep=max_to_keep, create=True, enable_async_checkpointing=False,
@@ -192,25 +210,48 @@ class Checkpointer:
     step = progress.cursor
     if step in self._manager.all_steps():
       return  # this exact state is already saved (e.g. a periodic save at the last step)
-    host_arrays = _drop_empty(to_numpy(arrays))
+    host_arrays = to_numpy(arrays)
+    digests = array_checksums(host_arrays)
+    from_initial = {k: v for k, v in digests.items() if self._initial.get(k) == v}
+    host_arrays = _drop_empty(host_arrays, frozenset(from_initial))
     host = {"progress": progress.to_json(), **meta}
-    checksums = {"arrays": array_checksums(host_arrays), "host": _json_digest(host)}
+    checksums = {"arrays": array_checksums(host_arrays), "from_initial": from_initial,
+                 "host": _json_digest(host)}
     self._manager.save(step, force=True, args=ocp.args.Composite(
         arrays=ocp.args.StandardSave(host_arrays), host=ocp.args.JsonSave(host),
         checksums=ocp.args.JsonSave(checksums)))
     self._manager.wait_until_finished()
 
-  def _restore_verified(self, step: int, target: Any) -> tuple[Any, dict]:
+  def _restore_verified(self, step: int, target: Any, initial: Any) -> tuple[Any, dict]:
+    """(arrays, host) of checkpoint `step`, every array verified: the stored ones against
+    their checksums, those left out as unchanged taken from `initial` (numpy, like `target`)."""
+    checksums = self._manager.restore(step, args=ocp.args.Composite(
+        checksums=ocp.args.JsonRestore()))["checksums"]
+    from_initial = checksums.get("from_initial", {})  # absent in older checkpoints
     out = self._manager.restore(step, args=ocp.args.Composite(
-        arrays=ocp.args.StandardRestore(target), host=ocp.args.JsonRestore(),
-        checksums=ocp.args.JsonRestore()))
-    arrays, host, checksums = out["arrays"], out["host"], out["checksums"]
+        arrays=ocp.args.StandardRestore(_drop_empty(target, frozenset(from_initial))),
+        host=ocp.args.JsonRestore()))
+    arrays, host = out["arrays"], out["host"]
     if _json_digest(host) != checksums["host"]:
       raise ValueError("the host record does not match its checksum")
     found = array_checksums(arrays)
     bad = [k for k, v in checksums["arrays"].items() if found.get(k) != v]
     if bad or set(found) != set(checksums["arrays"]):
       raise ValueError(f"{len(bad)} array(s) do not match their checksums, e.g. {bad[:2]}")
+    initial_digests = array_checksums(initial) if from_initial else {}
+    changed = [k for k, v in from_initial.items() if initial_digests.get(k) != v]
+    if changed:
+      raise InitialStateChanged(
+          f"checkpoint {step} in {self.directory} relies on this run's initial weights, but"
+          f" {len(changed)} of them differ from when it was written (e.g. {changed[0]}): the"
+          " pretrained file (or the code that builds the initial state) changed; restore the"
+          " original file, or pass a new --workdir to start over")
+    # Left-out leaves back: the empty ones from the template's shapes, the unchanged ones
+    # from the initial state.
+    arrays = jax.tree_util.tree_map_with_path(
+        lambda path, r, t, i: r if r is not None else (
+            i if jax.tree_util.keystr(path) in from_initial else t),
+        arrays, target, initial, is_leaf=lambda x: x is None)
     return arrays, host
 
   def restore_latest(self, template: Any) -> tuple[Any, dict] | None:
@@ -221,11 +262,14 @@ class Checkpointer:
     later save over their step numbers. Returns None when no checkpoint is usable.
     """
     target = jax.tree.map(lambda x: np.zeros(x.shape, x.dtype), to_numpy_shapes(template))
+    initial = None
     for step in sorted(self._manager.all_steps(), reverse=True):
       try:
-        arrays, host = self._restore_verified(step, _drop_empty(target))
-        arrays = jax.tree.map(lambda r, t: t if r is None else r, arrays, target,
-                              is_leaf=lambda x: x is None)  # the empty leaves back
+        if initial is None:  # the template is the run's initial state
+          initial = to_numpy(template)
+        arrays, host = self._restore_verified(step, target, initial)
+      except InitialStateChanged:
+        raise  # not damage: every checkpoint of the run would say the same
       except Exception as e:  # any failure to restore means: do not use it
         reason = str(e).splitlines()[0] if str(e) else type(e).__name__
         moved = self._quarantine(step)

@@ -321,7 +321,7 @@ def _train_and_evaluate(setup: Setup, params: dict, method_key: jax.Array, workd
   state = method.init(method_key, params)  # the method's whole state: one pytree
 
   # Resume: the whole run state from the newest checkpoint that verifies.
-  checkpointer = checkpointing.Checkpointer(workdir, c.max_to_keep)
+  checkpointer = checkpointing.Checkpointer(workdir, c.max_to_keep, initial=state)
   meta = {"config": checkpointing.config_to_dict(config), "stream_sha256": stream.sha256()}
   restored = checkpointing.restore_run(checkpointer, state, config, meta["stream_sha256"])
   if restored is None:

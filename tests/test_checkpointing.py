@@ -179,3 +179,78 @@ def test_a_checkpoint_of_another_stream_or_config_is_refused(tmp_path):
   config.seed = 1
   with pytest.raises(checkpointing.WorkdirError, match=r"different config \(seed: 0 -> 1\)"):
     checkpointing.restore_run(ckpt, _tree(0.0), config, "a" * 64)
+
+
+def test_leaves_unchanged_since_the_initial_state_are_not_stored(tmp_path):
+  """The frozen backbone is checkpointed once in the pretrained file, not in every checkpoint."""
+  initial = {"frozen": jnp.arange(64 * 1024, dtype=jnp.float32), **_tree(0.0)}
+  ckpt = checkpointing.Checkpointer(str(tmp_path), max_to_keep=3, initial=initial)
+  state = {**_tree(2.0), "frozen": initial["frozen"]}  # everything trained but the backbone
+  ckpt.save(state, _progress(2), {"config": {}, "stream_sha256": "s"})
+  sums = json.loads((tmp_path / "checkpoints" / "2" / "checksums" / "metadata").read_text())
+  assert "['frozen']" in sums["from_initial"] and "['frozen']" not in sums["arrays"]
+  assert "['w']" in sums["arrays"]  # changed: stored
+  stored = sum(os.path.getsize(os.path.join(r, n))
+               for r, _, names in os.walk(tmp_path / "checkpoints" / "2" / "arrays") for n in names)
+  assert stored < initial["frozen"].nbytes / 4
+  arrays, _ = ckpt.restore_latest(initial)
+  _assert_tree_equal(arrays, state)
+  # The backbone changes (a merge): stored from then on, and restored from the checkpoint.
+  merged = {**state, "frozen": state["frozen"] + 1.0}
+  ckpt.save(merged, _progress(3), {"config": {}, "stream_sha256": "s"})
+  _assert_tree_equal(ckpt.restore_latest(initial)[0], merged)
+
+
+def test_a_changed_initial_state_is_refused_and_the_checkpoint_kept(tmp_path):
+  initial = {"frozen": jnp.ones(256), **_tree(0.0)}
+  ckpt = checkpointing.Checkpointer(str(tmp_path), max_to_keep=3, initial=initial)
+  ckpt.save({**_tree(2.0), "frozen": initial["frozen"]}, _progress(2),
+            {"config": {}, "stream_sha256": "s"})
+  other = {**initial, "frozen": initial["frozen"].at[7].set(2.0)}  # the pretrained file changed
+  with pytest.raises(checkpointing.InitialStateChanged,
+                     match=r"relies on this run's initial weights.*\['frozen'\].*pass a new"):
+    checkpointing.Checkpointer(str(tmp_path), 3, initial=other).restore_latest(other)
+  assert ckpt.steps() == [2] and not (tmp_path / "corrupt_checkpoints").exists()
+
+
+def test_a_run_resumed_on_a_changed_pretrained_file_is_refused(tmp_path):
+  """End to end: a tiny run from a pretrained file, stopped, the file edited, resumed: exit 2
+  naming the cause; with the original file back it resumes and finishes."""
+  from olora_jax.models.vit import VisionTransformer, spec_from_config
+  from olora_jax.pretrained import save_timm_safetensors
+
+  config = tiny.get_config()
+  config.eval.write_plots = False
+  spec = spec_from_config(config.model)
+  params = jax.jit(VisionTransformer(spec, 10).init)(
+      jax.random.key(3), jnp.zeros((1, spec.image_size, spec.image_size, 3)))["params"]
+  path = tmp_path / "backbone.safetensors"
+  save_timm_safetensors(jax.device_get(params), path)
+  config.pretrained.path, config.pretrained.format = str(path), "timm"
+  config.checkpoint_every = 0  # the one checkpoint: the stop's
+  workdir = str(tmp_path / "run")
+
+  class StopAt10(trainer.StopSignal):
+    @property
+    def signum(self):
+      self._n = getattr(self, "_n", 0) + 1
+      return 15 if self._n >= 10 else None
+
+    @signum.setter
+    def signum(self, value):
+      pass
+
+  patch = pytest.MonkeyPatch()
+  patch.setattr(trainer, "StopSignal", StopAt10)
+  with pytest.raises(checkpointing.Preempted):
+    trainer.train_and_evaluate(config, workdir, progress=False)
+  patch.undo()
+  original = path.read_bytes()
+  edited = jax.device_get(params)
+  fc1 = edited["encoderblock_0"]["mlp"]["fc1"]
+  fc1["kernel"] = fc1["kernel"] * 2  # a weight no merge touches
+  save_timm_safetensors(edited, path)
+  with pytest.raises(checkpointing.InitialStateChanged, match="pretrained file"):
+    trainer.train_and_evaluate(config, workdir, progress=False)
+  path.write_bytes(original)
+  assert trainer.train_and_evaluate(config, workdir, progress=False)["n_steps"] == 46
