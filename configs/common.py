@@ -8,6 +8,8 @@ Keys that matter:
   model.name                    'vit_ti16' | 'vit_s16' | 'vit_b16' | 'custom' (then width, depth,
                                 num_heads, mlp_dim, patch_size apply)
   model.image_size              input resolution; pretrained position embeddings are resampled
+  model.compute_dtype           'float32' | 'bfloat16': the ViT's computation dtype (parameters,
+                                optimizer state, Omega, losses and the window stay float32)
   pretrained.path, .format      local checkpoint ('' = random init, for tests only);
                                 format 'auto' | 'timm' | 'augreg' | 'big_vision'
   data.dataset                  embedded 'mnist_5k' | 'sklearn_digits' | 'rotated_mnist_5k', TFDS
@@ -80,6 +82,9 @@ def get_config() -> ml_collections.ConfigDict:
   config.model.num_heads = 4
   config.model.mlp_dim = 256
   config.model.patch_size = 4
+  # The ViT's computation dtype: 'float32' or 'bfloat16' (mixed precision for GPU/TPU:
+  # parameters, optimizer state, Omega, losses and the loss window stay float32).
+  config.model.compute_dtype = "float32"
 
   config.pretrained = ml_collections.ConfigDict()
   config.pretrained.path = ""

@@ -30,6 +30,7 @@ import numpy as np
 
 from olora_jax import errors
 from olora_jax.data.streams import SCENARIOS
+from olora_jax.models.vit import COMPUTE_DTYPES
 
 
 class InputError(errors.BadInput):
@@ -97,6 +98,9 @@ def check_config(config: ml_collections.ConfigDict, width: int) -> None:
   _require(lr.batch_size >= 1, f"learner.batch_size={lr.batch_size} must be >= 1")
   _require(lr.buffer_size >= 0, f"learner.buffer_size={lr.buffer_size} must be >= 0")
   _require(lr.reg_lambda >= 0, f"learner.reg_lambda={lr.reg_lambda} must be >= 0")
+  _require(c.model.compute_dtype in COMPUTE_DTYPES,
+           f"model.compute_dtype={c.model.compute_dtype!r} must be one of"
+           f" {sorted(COMPUTE_DTYPES)}; bfloat16 pays off on GPUs and TPUs")
   _require(c.data.n_tasks >= 1, f"data.n_tasks={c.data.n_tasks} must be >= 1")
   _require(c.eval.eval_every >= 1, f"eval.eval_every={c.eval.eval_every} must be >= 1")
   _require(c.eval.batch_size >= 1, f"eval.batch_size={c.eval.batch_size} must be >= 1")

@@ -106,3 +106,27 @@ def test_prompts_carry_no_position_embedding(model_and_params):
     assert np.abs(np.asarray(out - plain)).max() > 1e-3
   with pytest.raises(ValueError, match="'prompts' needs prompts"):
     model.apply({"params": params}, images, pool="prompts")
+
+
+def test_bfloat16_compute_tracks_float32(model_and_params):
+  """Logits within 3% of their scale and LoRA gradients aligned (cosine > 0.99); parameters and
+  gradients stay float32, logits come back float32."""
+  model, params, images = model_and_params
+  bf16 = VisionTransformer(SPEC, num_classes=5, dtype=jnp.bfloat16)
+  lora = jax.tree.map(lambda x: x + 0.05, lora_lib.init_lora(jax.random.key(3), SPEC, rank=4))
+  labels = jnp.array([0, 3, 4])
+
+  def loss(m, lora):
+    logits = m.apply({"params": params}, images, lora=lora)
+    return jnp.mean(-jax.nn.log_softmax(logits)[jnp.arange(3), labels]), logits
+
+  (loss32, logits32), grads32 = jax.value_and_grad(lambda f: loss(model, f), has_aux=True)(lora)
+  (loss16, logits16), grads16 = jax.value_and_grad(lambda f: loss(bf16, f), has_aux=True)(lora)
+  assert logits16.dtype == jnp.float32 and loss16.dtype == jnp.float32
+  scale = float(jnp.max(jnp.abs(logits32)))
+  assert float(jnp.max(jnp.abs(logits16 - logits32))) < 0.03 * scale
+  assert float(abs(loss16 - loss32)) < 0.03 * float(loss32)
+  g32 = jnp.concatenate([g.ravel() for g in jax.tree.leaves(grads32)])
+  g16 = jnp.concatenate([g.ravel() for g in jax.tree.leaves(grads16)])
+  assert g16.dtype == jnp.float32
+  assert float(g16 @ g32 / (jnp.linalg.norm(g16) * jnp.linalg.norm(g32))) > 0.99

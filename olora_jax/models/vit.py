@@ -26,6 +26,12 @@ Prompts (L2P, MVP; `olora_jax.methods.prompt_pool`) are likewise not Flax parame
 so they carry none (as L2P's prompts). `pool='prompts'` pools the mean of the prompt tokens'
 outputs instead of the class token (L2P's classifier input). With `prompts=None` the model
 computes exactly what it computes without the argument.
+
+`dtype` is the computation dtype: float32 (the default) or bfloat16 (`model.compute_dtype`).
+Parameters stay float32 and are cast where they are used, so gradients, optimizer state and
+Omega stay float32; with bfloat16, attention softmax and LayerNorm statistics run in float32 and
+the logits come back as float32, so every loss is computed in float32. With float32 every cast
+is a no-op and the model computes exactly what it did before the option existed.
 """
 
 from __future__ import annotations
@@ -40,6 +46,8 @@ LAYER_NORM_EPS = 1e-6
 
 # Names of the LoRA-carrying projections inside `attn`, in the paper's q, v order.
 LORA_TARGETS = ("query", "value")
+# The computation dtypes of `model.compute_dtype` (parameters are float32 in every case).
+COMPUTE_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 # What the classifier reads: the class token, or the mean of the prompt tokens' outputs (L2P).
 POOLING = ("token", "prompts")
 
@@ -100,14 +108,15 @@ class LoRADense(nn.Module):
   """`nn.Dense` (D -> D) plus an optional low-rank update `(x @ lora_a) @ lora_b`."""
 
   features: int
+  dtype: Any = jnp.float32
 
   @nn.compact
   def __call__(self, x: jnp.ndarray, lora: dict | None = None) -> jnp.ndarray:
     kernel = self.param("kernel", nn.initializers.lecun_normal(), (x.shape[-1], self.features))
     bias = self.param("bias", nn.initializers.zeros, (self.features,))
-    y = x @ kernel + bias
-    if lora is not None:
-      y = y + (x @ lora["lora_a"]) @ lora["lora_b"]  # (.., D) @ (D, r) @ (r, D)
+    y = x @ kernel.astype(self.dtype) + bias.astype(self.dtype)
+    if lora is not None:  # (.., D) @ (D, r) @ (r, D)
+      y = y + (x @ lora["lora_a"].astype(self.dtype)) @ lora["lora_b"].astype(self.dtype)
     return y
 
 
@@ -115,6 +124,7 @@ class Attention(nn.Module):
   """Multi-head self-attention with separate q, k, v, out projections (D x D each)."""
 
   num_heads: int
+  dtype: Any = jnp.float32
 
   @nn.compact
   def __call__(self, x: jnp.ndarray, lora: dict | None = None) -> jnp.ndarray:
@@ -123,36 +133,38 @@ class Attention(nn.Module):
     lora = lora or {}
 
     def heads(name: str) -> jnp.ndarray:
-      y = LoRADense(width, name=name)(x, lora.get(name))
+      y = LoRADense(width, dtype=self.dtype, name=name)(x, lora.get(name))
       return y.reshape(batch, tokens, self.num_heads, head_dim)
 
     q, k, v = heads("query"), heads("key"), heads("value")
     logits = jnp.einsum("bqhd,bkhd->bhqk", q, k) / jnp.sqrt(head_dim).astype(x.dtype)
-    weights = nn.softmax(logits, axis=-1)
+    weights = nn.softmax(logits.astype(jnp.float32), axis=-1).astype(self.dtype)
     out = jnp.einsum("bhqk,bkhd->bqhd", weights, v).reshape(batch, tokens, width)
-    return LoRADense(width, name="out")(out)
+    return LoRADense(width, dtype=self.dtype, name="out")(out)
 
 
 class MlpBlock(nn.Module):
   mlp_dim: int
+  dtype: Any = jnp.float32
 
   @nn.compact
   def __call__(self, x: jnp.ndarray) -> jnp.ndarray:
-    y = nn.Dense(self.mlp_dim, name="fc1")(x)
+    y = nn.Dense(self.mlp_dim, dtype=self.dtype, name="fc1")(x)
     y = nn.gelu(y, approximate=False)
-    return nn.Dense(x.shape[-1], name="fc2")(y)
+    return nn.Dense(x.shape[-1], dtype=self.dtype, name="fc2")(y)
 
 
 class EncoderBlock(nn.Module):
   num_heads: int
   mlp_dim: int
+  dtype: Any = jnp.float32
 
   @nn.compact
   def __call__(self, x: jnp.ndarray, lora: dict | None = None) -> jnp.ndarray:
-    y = nn.LayerNorm(epsilon=LAYER_NORM_EPS, name="LayerNorm_0")(x)
-    x = x + Attention(self.num_heads, name="attn")(y, lora)
-    y = nn.LayerNorm(epsilon=LAYER_NORM_EPS, name="LayerNorm_1")(x)
-    return x + MlpBlock(self.mlp_dim, name="mlp")(y)
+    y = nn.LayerNorm(epsilon=LAYER_NORM_EPS, dtype=self.dtype, name="LayerNorm_0")(x)
+    x = x + Attention(self.num_heads, self.dtype, name="attn")(y, lora)
+    y = nn.LayerNorm(epsilon=LAYER_NORM_EPS, dtype=self.dtype, name="LayerNorm_1")(x)
+    return x + MlpBlock(self.mlp_dim, self.dtype, name="mlp")(y)
 
 
 # A fresh classifier head as timm creates it for a new class count (the released code's model):
@@ -175,6 +187,7 @@ class VisionTransformer(nn.Module):
 
   spec: ViTSpec
   num_classes: int
+  dtype: Any = jnp.float32  # the computation dtype (module docstring); parameters are float32
 
   @nn.compact
   def __call__(self, images: jnp.ndarray, lora: dict | None = None,
@@ -184,25 +197,26 @@ class VisionTransformer(nn.Module):
       raise ValueError(f"pool={pool!r} must be one of {POOLING}; 'prompts' needs prompts")
     s = self.spec
     x = nn.Conv(s.width, (s.patch_size, s.patch_size), strides=s.patch_size, padding="VALID",
-                name="embedding")(images)
+                dtype=self.dtype, name="embedding")(images)
     batch = x.shape[0]
     x = x.reshape(batch, -1, s.width)  # (B, N, D)
     cls = self.param("cls", nn.initializers.zeros, (1, 1, s.width))
     x = jnp.concatenate([jnp.broadcast_to(cls, (batch, 1, s.width)).astype(x.dtype), x], axis=1)
     pos = self.param("pos_embedding", nn.initializers.normal(0.02), (1, 1 + s.num_patches, s.width))
-    x = x + pos
+    x = x + pos.astype(x.dtype)
     if prompts is not None:  # (B, 1 + Lp + N, D): class token, prompts, patches
       x = jnp.concatenate([x[:, :1], prompts.astype(x.dtype), x[:, 1:]], axis=1)
     lora = lora or {}
     for i in range(s.depth):
       name = f"encoderblock_{i}"
-      x = EncoderBlock(s.num_heads, s.mlp_dim, name=name)(x, lora.get(name))
-    x = nn.LayerNorm(epsilon=LAYER_NORM_EPS, name="encoder_norm")(x)
+      x = EncoderBlock(s.num_heads, s.mlp_dim, self.dtype, name=name)(x, lora.get(name))
+    x = nn.LayerNorm(epsilon=LAYER_NORM_EPS, dtype=self.dtype, name="encoder_norm")(x)
     if pool == "token":
       features = x[:, 0]  # class-token pooling, (B, D)
     else:
       features = jnp.mean(x[:, 1:1 + prompts.shape[1]], axis=1)  # prompt tokens' mean, (B, D)
     if pre_logits:
-      return features
-    return nn.Dense(self.num_classes, kernel_init=HEAD_KERNEL_INIT, name="head")(features)
+      return features.astype(jnp.float32)
+    return nn.Dense(self.num_classes, kernel_init=HEAD_KERNEL_INIT, dtype=self.dtype,
+                    name="head")(features).astype(jnp.float32)
 
