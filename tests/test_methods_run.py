@@ -1,24 +1,30 @@
 """Every baseline on the one loop: a tiny stream end to end, each jitted function traced once, and
-a run stopped by a signal mid-stream then resumed ends bit-identical to an uninterrupted one
-(results.json but wall time, metrics.jsonl, every array of the final checkpoint: weights,
-optimizer state, replay buffers, Fisher, prompt pools and MVP's selection counts, PRNG key)."""
+a run killed mid-stream then resumed ends bit-identical to an uninterrupted one (results.json but
+wall time and the compute ledger, metrics.jsonl, every array of the final checkpoint: weights,
+optimizer state, replay buffers, Fisher, prompt pools and MVP's selection counts, PRNG key).
+
+The kill is simulated from the uninterrupted run's own files, as SIGKILL leaves them right after
+checkpoint KILLED_AFTER: its checkpoints up to that step, metrics.jsonl longer than that
+checkpoint recorded, no results.json (the signal path itself, SIGTERM included, is the same loop
+code for every method and is tested in test_resume.py and test_failures.py)."""
 
 from __future__ import annotations
 
 import json
-import signal
+import logging
+import shutil
 
 import jax
 import pytest
 from jax._src import compilation_cache
 
 from configs import tiny
-from olora_jax import checkpointing, plots, trainer
+from olora_jax import plots, trainer
 from olora_jax.methods import common
 
 BASELINES = ("finetune", "iid", "er", "der_pp", "ewc_pp", "agem", "mir", "gdumb", "pcr", "lode",
              "ema_der_pp", "ema_rar", "l2p", "mvp")
-STOP_AFTER = 6  # stream steps done when the signal arrives
+KILLED_AFTER = 8  # the checkpoint a killed run resumes from (of 17 steps)
 
 
 def _config(method: str):
@@ -28,6 +34,7 @@ def _config(method: str):
   c.eval.eval_every = 200
   c.eval.write_plots = False
   c.checkpoint_every = 4
+  c.max_to_keep = 10  # operational: the resume may keep fewer
   for block in ("er", "der_pp", "agem", "mir", "gdumb", "pcr", "lode", "ema_der_pp", "ema_rar"):
     c[block].buffer_size = 24
   for block in ("er", "der_pp", "agem", "mir", "pcr", "lode", "ema_der_pp", "ema_rar"):
@@ -46,24 +53,15 @@ def _config(method: str):
   return c
 
 
-class _SignalAfter(trainer.StopSignal):
-  """A StopSignal that reports SIGTERM at the end of stream step STOP_AFTER - 1."""
+class _Messages(logging.Handler):
+  """Collects the log lines of a run (to see that it resumed rather than started over)."""
 
-  def __enter__(self):
-    self._reads = 0
-    return self
+  def __init__(self):
+    super().__init__(logging.WARNING)
+    self.lines = []
 
-  def __exit__(self, *exc):
-    pass
-
-  @property
-  def signum(self):
-    self._reads += 1
-    return signal.SIGTERM if self._reads >= STOP_AFTER else None
-
-  @signum.setter
-  def signum(self, value):
-    pass
+  def emit(self, record):
+    self.lines.append(record.getMessage())
 
 
 def _outputs(workdir) -> tuple[dict, bytes, dict]:
@@ -93,7 +91,7 @@ def compile_once(tmp_path_factory):
 
 @pytest.fixture(scope="module", params=BASELINES)
 def runs(request, tmp_path_factory):
-  """(method, traces of the uninterrupted run, its outputs, outputs of the stopped + resumed,
+  """(method, traces of the uninterrupted run, its outputs, outputs of the killed + resumed,
   the uninterrupted run's workdir)."""
   name = request.param
   root = tmp_path_factory.mktemp(name)
@@ -103,14 +101,21 @@ def runs(request, tmp_path_factory):
   trainer.train_and_evaluate(config, str(root / "full"), progress=False)
   traces = dict(common.TRACE_COUNTS)
   full = _outputs(root / "full")
-  patch = pytest.MonkeyPatch()
-  patch.setattr(trainer, "StopSignal", _SignalAfter)
-  with pytest.raises(checkpointing.Preempted):
-    trainer.train_and_evaluate(_config(name), str(root / "stopped"), progress=False)
-  patch.undo()
-  assert not (root / "stopped" / "results.json").exists()
-  trainer.train_and_evaluate(_config(name), str(root / "stopped"), progress=False)
-  return name, traces, full, _outputs(root / "stopped"), root / "full"
+  killed = root / "killed"  # what SIGKILL right after checkpoint KILLED_AFTER leaves
+  shutil.copytree(root / "full", killed, ignore=shutil.ignore_patterns("plots", "results.json"))
+  later = [d for d in (killed / "checkpoints").iterdir()
+           if d.name.isdigit() and int(d.name) > KILLED_AFTER]
+  assert later and (killed / "checkpoints" / str(KILLED_AFTER)).is_dir()
+  for d in later:
+    shutil.rmtree(d)
+  messages = _Messages()
+  logging.getLogger().addHandler(messages)
+  try:
+    trainer.train_and_evaluate(config, str(killed), progress=False)
+  finally:
+    logging.getLogger().removeHandler(messages)
+  assert any(f"at stream step {KILLED_AFTER} of" in m for m in messages.lines), messages.lines
+  return name, traces, full, _outputs(killed), root / "full"
 
 
 def test_runs_end_to_end_and_traces_each_function_once(runs):
