@@ -325,7 +325,8 @@ def _train_and_evaluate(setup: Setup, params: dict, method_key: jax.Array, workd
   spec, stream, method = setup.spec, setup.stream, setup.method
   start = time.time()
   train_step = make_guarded_step(method.train_step)
-  state = method.init(method_key, params)  # the method's whole state: one pytree
+  # The method's whole state, one pytree, built by one compiled program (not op by op).
+  state = jax.jit(method.init)(method_key, params)
 
   # Resume: the whole run state from the newest checkpoint that verifies.
   checkpointer = checkpointing.Checkpointer(workdir, c.max_to_keep, initial=state)
