@@ -176,11 +176,16 @@ PAPER_RESULTS = {
 
 @dataclasses.dataclass(frozen=True)
 class Layout:
-  """One of the paper's tables: which runs it shows (by `data.scenario`) and its metrics."""
+  """One of the paper's tables: which runs it shows (by `data.scenario`), the paper's two
+  metrics (PAPER_RESULTS holds their values, in this order) and the wall time per method."""
 
   title: str
   scenarios: tuple[str, ...]
-  metrics: tuple[str, str]
+  paper_metrics: tuple[str, str]
+
+  @property
+  def metrics(self) -> tuple[str, ...]:
+    return (*self.paper_metrics, "wall_seconds")
 
 
 LAYOUTS = {
@@ -377,15 +382,18 @@ def markdown_table(rows: list[dict], metrics: Sequence[str] = DEFAULT_METRICS,
                    paper: dict | None = None) -> str:
   """Methods down (in the paper's Table 1 order), settings across (each with its metrics).
   `paper` (one table of PAPER_RESULTS, its values in the order of `metrics`): a setting it
-  holds gets a "(paper)" column after each metric, the paper's number for the row's method."""
+  holds gets a "(paper)" column after each metric the paper reports (the first ones of
+  `metrics`), the paper's number for the row's method."""
   paper = paper or {}
   settings = sorted({r["setting"] for r in rows})
   methods = sorted({r["method"] for r in rows}, key=lambda m: (_row_order(m), m))
   cells = {(r["method"], r["setting"]): r for r in rows}
   header = ["method"]
+  n_paper = len(next(iter(next(iter(paper.values())).values()))) if paper else 0
   for s in settings:
-    for m in metrics:
-      header += [f"{s}: {METRIC_LABELS.get(m, m)}"] + (["(paper)"] if s in paper else [])
+    for i, m in enumerate(metrics):
+      header += [f"{s}: {METRIC_LABELS.get(m, m)}"] + (
+          ["(paper)"] if s in paper and i < n_paper else [])
   lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
   for method in methods:
     out = [method]
@@ -393,8 +401,8 @@ def markdown_table(rows: list[dict], metrics: Sequence[str] = DEFAULT_METRICS,
       row = cells.get((method, s))
       for i, m in enumerate(metrics):
         out.append(_cell(row[m]) if row else "")
-        if s in paper:
-          value = paper[s].get(method, (None,) * len(metrics))[i]
+        if s in paper and i < n_paper:
+          value = paper[s].get(method, (None,) * n_paper)[i]
           out.append("" if value is None else f"{value[0]:.2f} ± {value[1]:.2f}")
     lines.append("| " + " | ".join(out) + " |")
   n_seeds = sorted({len(r["seeds"]) for r in rows})
