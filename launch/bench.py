@@ -99,7 +99,7 @@ def bench_case(size: str, fidelity: str, method: str, steps: int, warmup: int,
   config, m = setup.config, setup.method
   init_key, method_key = jax.random.split(jax.random.key(config.seed))
   params = trainer.initial_params(setup, config, init_key)
-  state = sharding.replicate(m.init(method_key, params), setup.mesh)
+  state = sharding.replicate(trainer.initial_state(m, method_key, params), setup.mesh)
   step_fn = trainer.make_guarded_step(m.train_step)
   host = m.init_host()
   trace = trace_lib.NullTrace()

@@ -41,7 +41,7 @@ def main() -> None:
   setup = trainer.Setup(bench.case_config(args.size, args.fidelity, "online_lora", None))
   init_key, method_key = jax.random.split(jax.random.key(0))
   params = trainer.initial_params(setup, setup.config, init_key)
-  initial = setup.method.init(method_key, params)
+  initial = trainer.initial_state(setup.method, method_key, params)
   lora = jax.tree.map(lambda x: x + 0.01, initial["state"].trainable["lora"])  # non-zero B
   factor_sum = online_lora.FROZEN_LORA in initial["frozen"]  # reference fidelity
   if factor_sum:
