@@ -135,7 +135,7 @@ def test_runs_end_to_end_and_traces_each_function_once(runs):
     assert (workdir / "plots" / plot).stat().st_size > 1000
 
 
-def test_resumes_bit_exactly_after_a_stop(runs):
+def test_resumes_bit_exactly_after_a_kill(runs):
   _, _, (results, metrics, checksums), (results2, metrics2, checksums2), _ = runs
   assert results2 == results
   assert metrics2 == metrics
