@@ -3,11 +3,14 @@
 Each setting fixes its dataset, scenario and plateau thresholds (docs/fidelity.md) and calls
 `benchmark_config`. The backbone is chosen by the config-file argument: ViT-B/16 by default,
 ViT-S/16 with `--config=configs/SETTING.py:vit_s16`, which sets the model, its checkpoint and the
-paper's ViT-S learning rate (5e-4) together. Both are ImageNet-21k backbones in timm's safetensors
-layout, as the released code uses them; they are never downloaded. Put the files at
+paper's ViT-S learning rate (5e-4) together; `:vit_l16` and `:vit_h14` (ViT-L/16, ViT-H/14, beyond
+the paper, with ViT-B's learning rate) likewise. All are ImageNet-21k backbones in timm's
+safetensors layout, as the released code uses them; they are never downloaded. Put the files at
 
     checkpoints/vit_base_patch16_224.augreg2_in21k_ft_in1k.safetensors   (timm, ViT-B/16)
     checkpoints/vit_small_patch16_224.augreg_in21k_ft_in1k.safetensors   (timm, ViT-S/16)
+    checkpoints/vit_large_patch16_224.augreg_in21k_ft_in1k.safetensors   (timm, ViT-L/16)
+    checkpoints/vit_huge_patch14_224.orig_in21k.safetensors               (timm, ViT-H/14)
 
 or point `--config.pretrained.path` elsewhere (a Google AugReg / big_vision `.npz` also loads).
 TFDS datasets are read from `--config.data.data_dir` (see olora_jax/data/tfds_sources.py for how
@@ -24,6 +27,10 @@ BACKBONES = {
                 2e-4),
     "vit_s16": ("vit_s16", "checkpoints/vit_small_patch16_224.augreg_in21k_ft_in1k.safetensors",
                 5e-4),
+    # Beyond the paper (no learning rate of its own: ViT-B/16's).
+    "vit_l16": ("vit_l16", "checkpoints/vit_large_patch16_224.augreg_in21k_ft_in1k.safetensors",
+                2e-4),
+    "vit_h14": ("vit_h14", "checkpoints/vit_huge_patch14_224.orig_in21k.safetensors", 2e-4),
 }
 
 

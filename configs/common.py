@@ -5,7 +5,8 @@ is locked: a misspelt key given on the command line is an error, not a silently 
 
 Keys that matter:
   seed                          root seed: LoRA inits and the stream order derive from it
-  model.name                    'vit_ti16' | 'vit_s16' | 'vit_b16' | 'custom' (then width, depth,
+  model.name                    'vit_ti16' | 'vit_s16' | 'vit_b16' | 'vit_l16' | 'vit_h14' |
+                                'custom' (then width, depth,
                                 num_heads, mlp_dim, patch_size apply)
   model.image_size              input resolution; pretrained position embeddings are resampled
   model.compute_dtype           'float32' | 'bfloat16': the ViT's computation dtype (parameters,

@@ -298,8 +298,8 @@ def _tiny(workdir: Path, *overrides: str) -> subprocess.CompletedProcess:
 
 @pytest.mark.parametrize("args,message", [
     (["--config", "configs/absent.py"], "error: config file 'configs/absent.py' does not exist;"),
-    (["--config", "configs/split_cifar100.py:vit_l16"],
-     "error: ValueError: unknown backbone 'vit_l16' after the config file's ':'"),
+    (["--config", "configs/split_cifar100.py:vit_g14"],
+     "error: ValueError: unknown backbone 'vit_g14' after the config file's ':'"),
     (["--config", "configs/tiny.py", "--config.seed=99999999999999999999"],
      "error: seed=99999999999999999999 must be an integer in [0, 4294967295]"),
     (["--config", "configs/tiny.py", "--config.seed=-1"],

@@ -130,3 +130,15 @@ def test_bfloat16_compute_tracks_float32(model_and_params):
   g16 = jnp.concatenate([g.ravel() for g in jax.tree.leaves(grads16)])
   assert g16.dtype == jnp.float32
   assert float(g16 @ g32 / (jnp.linalg.norm(g16) * jnp.linalg.norm(g32))) > 0.99
+
+
+@pytest.mark.parametrize("name, params", [("vit_ti16", 5_717_416), ("vit_s16", 22_050_664),
+                                          ("vit_b16", 86_567_656), ("vit_l16", 304_326_632),
+                                          ("vit_h14", 632_045_800)])
+def test_presets_have_timms_parameter_counts(name, params):
+  """timm's counts for vit_{tiny,small,base,large}_patch16_224 and vit_huge_patch14_224 with a
+  1000-class head (shapes only: jax.eval_shape, no FLOPs)."""
+  spec = ViTSpec(image_size=224, **PRESETS[name])
+  shapes = jax.eval_shape(VisionTransformer(spec, 1000).init, jax.random.key(0),
+                          jnp.zeros((1, 224, 224, 3)))
+  assert sum(int(np.prod(x.shape)) for x in jax.tree.leaves(shapes)) == params

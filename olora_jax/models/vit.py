@@ -85,6 +85,9 @@ PRESETS = {
     "vit_ti16": dict(width=192, depth=12, num_heads=3, mlp_dim=768, patch_size=16),
     "vit_s16": dict(width=384, depth=12, num_heads=6, mlp_dim=1536, patch_size=16),
     "vit_b16": dict(width=768, depth=12, num_heads=12, mlp_dim=3072, patch_size=16),
+    # Larger than the paper's backbones (for users past ViT-B; same layouts, timm and AugReg).
+    "vit_l16": dict(width=1024, depth=24, num_heads=16, mlp_dim=4096, patch_size=16),
+    "vit_h14": dict(width=1280, depth=32, num_heads=16, mlp_dim=5120, patch_size=14),
 }
 
 
