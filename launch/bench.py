@@ -49,7 +49,7 @@ from configs import demo  # noqa: E402
 from olora_jax import compute, sharding, trainer  # noqa: E402
 from olora_jax import trace as trace_lib  # noqa: E402
 
-SIZES = ("tiny", "vit_ti16", "vit_s16", "vit_b16")
+SIZES = ("tiny", "vit_ti16", "vit_s16", "vit_b16", "vit_l16", "vit_h14")
 FIDELITIES = ("paper", "reference")
 
 

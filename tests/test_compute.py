@@ -76,7 +76,7 @@ def test_bench_runs_the_tiny_model_and_reports_every_column(tmp_path, compilatio
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--sizes=vit_h14"], "--sizes='vit_h14'"),
+    (["--sizes=vit_g14"], "--sizes='vit_g14'"),
     (["--fidelities=fast"], "--fidelities='fast'"),
     (["--steps=0"], "at least 1"),
     (["--out=/nonexistent/dir/b.json"], "its directory does not exist"),
