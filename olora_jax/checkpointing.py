@@ -55,8 +55,9 @@ from olora_jax import errors, validation
 
 CHECKPOINT_DIR = "checkpoints"
 CORRUPT_DIR = "corrupt_checkpoints"
-# Keys that change how a run is checkpointed, not what it computes: they may differ on resume.
-OPERATIONAL_KEYS = ("checkpoint_every", "max_to_keep")
+# Keys that change how a run is checkpointed or drawn, not what it computes: they may differ on
+# resume.
+OPERATIONAL_KEYS = ("checkpoint_every", "max_to_keep", "eval.write_plots")
 
 
 class WorkdirError(errors.BadInput):
