@@ -215,17 +215,21 @@ class Checkpointer:
     digests = array_checksums(host_arrays)
     from_initial = {k: v for k, v in digests.items() if self._initial.get(k) == v}
     host_arrays = _drop_empty(host_arrays, frozenset(from_initial))
+    stored = [jax.tree_util.keystr(path) for path, _ in  # tree order; None leaves left out
+              jax.tree_util.tree_flatten_with_path(host_arrays)[0]]
     host = {"progress": progress.to_json(), **meta}
-    checksums = {"arrays": array_checksums(host_arrays), "from_initial": from_initial,
+    checksums = {"arrays": {k: digests[k] for k in stored}, "from_initial": from_initial,
                  "host": _json_digest(host)}
     self._manager.save(step, force=True, args=ocp.args.Composite(
         arrays=ocp.args.StandardSave(host_arrays), host=ocp.args.JsonSave(host),
         checksums=ocp.args.JsonSave(checksums)))
     self._manager.wait_until_finished()
 
-  def _restore_verified(self, step: int, target: Any, initial: Any) -> tuple[Any, dict]:
+  def _restore_verified(self, step: int, target: Any, initial: Any,
+                        initial_digests: dict[str, str]) -> tuple[Any, dict]:
     """(arrays, host) of checkpoint `step`, every array verified: the stored ones against
-    their checksums, those left out as unchanged taken from `initial` (numpy, like `target`)."""
+    their checksums, those left out as unchanged taken from `initial` (numpy, like `target`;
+    `initial_digests` its `array_checksums`)."""
     checksums = self._manager.restore(step, args=ocp.args.Composite(
         checksums=ocp.args.JsonRestore()))["checksums"]
     from_initial = checksums.get("from_initial", {})  # absent in older checkpoints
@@ -239,7 +243,6 @@ class Checkpointer:
     bad = [k for k, v in checksums["arrays"].items() if found.get(k) != v]
     if bad or set(found) != set(checksums["arrays"]):
       raise ValueError(f"{len(bad)} array(s) do not match their checksums, e.g. {bad[:2]}")
-    initial_digests = array_checksums(initial) if from_initial else {}
     changed = [k for k, v in from_initial.items() if initial_digests.get(k) != v]
     if changed:
       raise InitialStateChanged(
@@ -263,12 +266,13 @@ class Checkpointer:
     later save over their step numbers. Returns None when no checkpoint is usable.
     """
     target = jax.tree.map(lambda x: np.zeros(x.shape, x.dtype), to_numpy_shapes(template))
-    initial = None
+    initial = initial_digests = None
     for step in sorted(self._manager.all_steps(), reverse=True):
       try:
         if initial is None:  # the template is the run's initial state
           initial = to_numpy(template)
-        arrays, host = self._restore_verified(step, target, initial)
+          initial_digests = array_checksums(initial)
+        arrays, host = self._restore_verified(step, target, initial, initial_digests)
       except InitialStateChanged:
         raise  # not damage: every checkpoint of the run would say the same
       except Exception as e:  # any failure to restore means: do not use it
