@@ -32,6 +32,10 @@ import time
 
 import jax
 
+# results.json keys that are measurements, not results: they differ between identical runs, and
+# comparisons of runs (a resumed run against an uninterrupted one) leave them out.
+MEASUREMENT_KEYS = ("wall_seconds", "compute")
+
 # JAX's duration events of one compilation: tracing, lowering to MLIR, backend compile (or a
 # persistent-cache load).
 COMPILE_EVENTS = ("/jax/core/compile/jaxpr_trace_duration",
@@ -137,6 +141,11 @@ class Ledger:
 
   def timed_eval(self, seconds: float) -> None:
     self.record["eval_seconds"] = self.record.get("eval_seconds", 0.0) + seconds
+
+  @property
+  def needs_flops(self) -> bool:
+    """True until `set_flops` has run in this run (once, in its first process)."""
+    return "flops_per_step" not in self.record
 
   def set_flops(self, flops_per_step: float | None, forward_flops_per_image: float | None
                 ) -> None:

@@ -385,8 +385,9 @@ def _train_and_evaluate(setup: Setup, params: dict, method_key: jax.Array, workd
       with compute_lib.Stopwatch() as step_time:
         state, scalars, extras = train_step(state, batch)
         scalars = jax.device_get(scalars)
-      ledger.timed_step(int(host_batch["mask"].sum()), step_time.seconds)
-      if "flops_per_step" not in ledger.record:  # XLA's estimate; the trace is reused
+      n_samples = int(host_batch["mask"].sum())
+      ledger.timed_step(n_samples, step_time.seconds)
+      if ledger.needs_flops:  # XLA's estimate; the trace is reused
         ledger.set_flops(compute_lib.flops(train_step.lower(state, batch)),
                          forward_flops_per_image(setup, params))
       finite = bool(np.isfinite(scalars["loss"]))
@@ -405,7 +406,7 @@ def _train_and_evaluate(setup: Setup, params: dict, method_key: jax.Array, workd
             f" good state is checkpointed in {checkpointer.directory}/{step}; lower"
             " learner.learning_rate or check the data, or raise learner.max_skipped_fraction")
       mask = host_batch["mask"]
-      p.samples_seen += int(mask.sum())
+      p.samples_seen += n_samples
       p.seen_classes = sorted(set(p.seen_classes) | set(
           np.unique(host_batch["labels"][mask]).tolist()))
 

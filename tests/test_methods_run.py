@@ -19,7 +19,7 @@ import pytest
 from jax._src import compilation_cache
 
 from configs import tiny
-from olora_jax import plots, trainer
+from olora_jax import compute, plots, trainer
 from olora_jax.methods import common
 
 BASELINES = ("finetune", "iid", "er", "der_pp", "ewc_pp", "agem", "mir", "gdumb", "pcr", "lode",
@@ -66,7 +66,8 @@ class _Messages(logging.Handler):
 
 def _outputs(workdir) -> tuple[dict, bytes, dict]:
   results = json.loads((workdir / "results.json").read_text())
-  del results["wall_seconds"], results["compute"]
+  for key in compute.MEASUREMENT_KEYS:
+    del results[key]
   steps = sorted(int(d.name) for d in (workdir / "checkpoints").iterdir() if d.name.isdigit())
   checksums = json.loads((workdir / "checkpoints" / str(steps[-1]) / "checksums" / "metadata")
                          .read_text())["arrays"]

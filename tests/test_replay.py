@@ -18,7 +18,7 @@ from safetensors.numpy import load_file, save_file
 from test_pretrained import FIX, SPEC, np_vit_timm
 
 from configs import tiny
-from olora_jax import pretrained, trainer
+from olora_jax import compute, pretrained, trainer
 from olora_jax import trace as trace_lib
 from olora_jax.data import manifest as manifest_lib
 from olora_jax.data import sources
@@ -50,7 +50,8 @@ def _run(workdir, **overrides):
 
 def _outputs(workdir):
   results = json.loads((workdir / "results.json").read_text())
-  del results["wall_seconds"], results["compute"]
+  for key in compute.MEASUREMENT_KEYS:
+    del results[key]
   return results, (workdir / "metrics.jsonl").read_text()
 
 

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from configs import tiny
+from olora_jax import compute
 
 ROOT = Path(__file__).resolve().parents[1]
 # 46 steps; checkpoints at 4, 8, ..., 44, 46; these thresholds make plateaus (merges, Omega, the
@@ -75,7 +76,8 @@ def final_checksums(workdir: Path) -> dict:
 
 def results(workdir: Path) -> dict:
   out = json.loads((workdir / "results.json").read_text())
-  del out["wall_seconds"], out["compute"]
+  for key in compute.MEASUREMENT_KEYS:
+    del out[key]
   return out
 
 
