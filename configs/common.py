@@ -11,6 +11,11 @@ Keys that matter:
   model.image_size              input resolution; pretrained position embeddings are resampled
   model.compute_dtype           'float32' | 'bfloat16': the ViT's computation dtype (parameters,
                                 optimizer state, Omega, losses and the window stay float32)
+  sharding.fsdp                 devices over which each weight matrix of the state is split
+                                (FSDP); 1 = replicated, plain data parallelism
+  distributed.initialize, .coordinator_address, .num_processes, .process_id
+                                several processes on one run (jax.distributed): 'auto' | 'cluster'
+                                | 'off' (docs/performance.md)
   pretrained.path, .format      local checkpoint ('' = random init, for tests only);
                                 format 'auto' | 'timm' | 'augreg' | 'big_vision'
   data.dataset                  embedded 'mnist_5k' | 'sklearn_digits' | 'rotated_mnist_5k', TFDS
@@ -86,6 +91,21 @@ def get_config() -> ml_collections.ConfigDict:
   # The ViT's computation dtype: 'float32' or 'bfloat16' (mixed precision for GPU/TPU:
   # parameters, optimizer state, Omega, losses and the loss window stay float32).
   config.model.compute_dtype = "float32"
+
+  # Where arrays live (olora_jax/sharding.py): fsdp > 1 splits every weight matrix of the state
+  # (the frozen backbone, and whatever the method trains whole) over that many devices, FSDP
+  # style; batches are split over every device. It must divide the device count.
+  config.sharding = ml_collections.ConfigDict()
+  config.sharding.fsdp = 1
+
+  # Several processes, one run (olora_jax/distributed.py): 'auto' joins one when
+  # coordinator_address or $JAX_COORDINATOR_ADDRESS is given, 'cluster' lets JAX find the
+  # cluster (TPU pod, SLURM, Open MPI), 'off' never joins.
+  config.distributed = ml_collections.ConfigDict()
+  config.distributed.initialize = "auto"
+  config.distributed.coordinator_address = ""  # 'host:port' of process 0
+  config.distributed.num_processes = 0  # 0: from the environment
+  config.distributed.process_id = -1  # -1: from the environment
 
   config.pretrained = ml_collections.ConfigDict()
   config.pretrained.path = ""

@@ -33,6 +33,11 @@ warning. The checkpoint's step number is the stream cursor: the number of stream
 
 Typed PRNG keys are stored as their raw key data and re-wrapped on restore with the template's
 implementation. Saves are synchronous: the next train step donates the state's buffers.
+
+In a multi-process run (olora_jax/distributed.py) every process takes part in each save and
+restore: the arrays are gathered whole into every process (their checksums are the same
+everywhere), orbax's primary process writes them, and every process restores them from the
+shared workdir. A damaged checkpoint is moved aside by process 0 while the others wait.
 """
 
 from __future__ import annotations
@@ -51,13 +56,16 @@ import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
 
-from olora_jax import errors, validation
+from olora_jax import errors, sharding, validation
 
 CHECKPOINT_DIR = "checkpoints"
 CORRUPT_DIR = "corrupt_checkpoints"
 # Keys that change how a run is checkpointed or drawn, not what it computes: they may differ on
-# resume.
-OPERATIONAL_KEYS = ("checkpoint_every", "max_to_keep", "eval.write_plots")
+# resume. So do the placement keys: the device mesh and the processes may change between the
+# processes of one run (results agree within float tolerance across meshes).
+OPERATIONAL_KEYS = ("checkpoint_every", "max_to_keep", "eval.write_plots", "sharding.fsdp",
+                    "distributed.initialize", "distributed.coordinator_address",
+                    "distributed.num_processes", "distributed.process_id")
 
 
 class WorkdirError(errors.BadInput):
@@ -144,9 +152,10 @@ def _is_key(x: Any) -> bool:
 
 
 def to_numpy(tree: Any) -> Any:
-  """A host copy of `tree` with typed PRNG keys replaced by their raw key data."""
+  """A host copy of `tree` with typed PRNG keys replaced by their raw key data (whole arrays,
+  also those other processes hold parts of)."""
   tree = jax.tree.map(lambda x: jax.random.key_data(x) if _is_key(x) else x, tree)
-  return jax.tree.map(np.asarray, jax.device_get(tree))
+  return jax.tree.map(sharding.to_host, tree)
 
 
 def _like_template(restored: Any, template: Any) -> Any:
@@ -277,7 +286,9 @@ class Checkpointer:
         raise  # not damage: every checkpoint of the run would say the same
       except Exception as e:  # any failure to restore means: do not use it
         reason = str(e).splitlines()[0] if str(e) else type(e).__name__
-        moved = self._quarantine(step)
+        moved = self._quarantine(step) if sharding.is_primary() else "corrupt_checkpoints/"
+        sharding.barrier(f"quarantined checkpoint {step}")
+        self._manager.reload()
         logging.warning("checkpoint %d in %s is damaged (%s: %s); moved it to %s and falling"
                         " back to an older one", step, self.directory, type(e).__name__,
                         reason[:200], moved)
@@ -292,7 +303,6 @@ class Checkpointer:
     while os.path.exists(dest):
       dest, n = os.path.join(dest_root, f"{step}.{n}"), n + 1
     shutil.move(os.path.join(self.directory, str(step)), dest)
-    self._manager.reload()
     return dest
 
   def close(self) -> None:

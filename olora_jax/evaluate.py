@@ -144,6 +144,8 @@ class Evaluator:
       self._domain_row = rows.astype(np.int32)
     self._count = make_count_fn(predict_fn, num_classes, len(self.domain_ids))
     self.mesh = mesh or sharding.make_mesh()  # batches split over devices (olora_jax/sharding.py)
+    # This process's rows of each test batch (all of them in a single-process run).
+    self.rows = sharding.local_rows(batch_size, self.mesh)
     self.input_scale = input_scale
     n_bytes = len(source) * image_size * image_size * 3 * 4
     self._inputs = None  # all test images preprocessed, when they fit CACHE_BYTES
@@ -152,17 +154,20 @@ class Evaluator:
       self._inputs = None if images is None else to_model_input(images, image_size, input_scale)
 
   def _batch(self, ids: np.ndarray) -> dict:
+    """This process's rows of the padded test batch of `ids`."""
+    ids = ids[self.rows]
+    n_rows = self.rows.stop - self.rows.start
     labels = self.source.labels[ids]
-    pad = self.batch_size - len(ids)
+    pad = n_rows - len(ids)
     domains = np.concatenate([self._domain_row[ids], np.zeros(pad, np.int32)])
     if self._inputs is None:
-      batch = make_batch(self.source.get(ids)[0], labels, self.batch_size, self.image_size,
+      batch = make_batch(self.source.get(ids)[0], labels, n_rows, self.image_size,
                          self.input_scale)
       return {**batch, "domains": domains}
     x = self._inputs[ids]
     return {"images": np.concatenate([x, np.zeros((pad, *x.shape[1:]), np.float32)]),
             "labels": np.concatenate([labels, np.zeros(pad, labels.dtype)]).astype(np.int32),
-            "domains": domains, "mask": np.arange(self.batch_size) < len(ids)}
+            "domains": domains, "mask": np.arange(n_rows) < len(ids)}
 
   def class_mask(self, seen_classes: np.ndarray) -> np.ndarray:
     """The logits the model may predict: the seen classes when masking, else every class."""
@@ -192,8 +197,9 @@ class Evaluator:
       batch = sharding.shard_batch(self._batch(ids[start:start + self.batch_size]), self.mesh)
       correct, total = self._count(state, batch["images"], batch["labels"], batch["domains"],
                                    batch["mask"], class_mask, correct, total)
-    correct, total = jax.device_get((correct, total))  # one transfer per evaluation
-    correct, total = np.asarray(correct, np.int64), np.asarray(total, np.int64)
+    # One transfer per evaluation (the counts are replicated: no communication either).
+    correct = np.asarray(sharding.to_host(correct), np.int64)
+    total = np.asarray(sharding.to_host(total), np.int64)
     return ClassCounts(correct.sum(0), total.sum(0), correct, total, self.domain_ids)
 
   def seen_counts(self, state: Any, seen_classes: np.ndarray,

@@ -36,6 +36,7 @@ import tqdm
 
 from olora_jax import (
     checkpointing,
+    distributed,
     errors,
     evaluate,
     reporting,
@@ -105,12 +106,14 @@ class Setup:
                                                    self.stream, self.train_source,
                                                    self.test_source)
       self.manifest["params"]["order"] = "iid"
-    self.pipeline = InputPipeline(self.train_source, self.stream, c.learner.batch_size,
-                                  self.spec.image_size, c.data.augment, c.seed, c.data.prefetch,
-                                  c.data.input_scale)
-    self.mesh = sharding.make_mesh()
+    self.mesh = sharding.make_mesh(c.sharding.fsdp)
     sharding.check_divisible(c.learner.batch_size, self.mesh, "learner.batch_size")
     sharding.check_divisible(c.eval.batch_size, self.mesh, "eval.batch_size")
+    # Each process prepares only its rows of every batch (all of them with one process).
+    self.pipeline = InputPipeline(self.train_source, self.stream, c.learner.batch_size,
+                                  self.spec.image_size, c.data.augment, c.seed, c.data.prefetch,
+                                  c.data.input_scale,
+                                  sharding.local_rows(c.learner.batch_size, self.mesh))
 
 
 def initial_params(setup: Setup, config: ml_collections.ConfigDict, key: jax.Array) -> dict:
@@ -131,10 +134,17 @@ def initial_params(setup: Setup, config: ml_collections.ConfigDict, key: jax.Arr
   return jax.jit(setup.model.init)(key, np.zeros((1, size, size, 3), np.float32))["params"]
 
 
-def initial_state(method: methods_base.Method, key: jax.Array, params: dict):
+def initial_state(method: methods_base.Method, key: jax.Array, params: dict,
+                  mesh: jax.sharding.Mesh | None = None):
   """The method's whole initial state, one pytree, built by one compiled program rather than op
-  by op (fewer, larger compilations; the same values)."""
-  return jax.jit(method.init)(key, params)
+  by op (fewer, larger compilations; the same values). With a mesh of several devices it is
+  built where it lives (`sharding.state_shardings`): a backbone split FSDP style is never whole
+  on one device."""
+  if mesh is None or mesh.devices.size == 1:
+    return jax.jit(method.init)(key, params)
+  key, params = sharding.replicate((key, params), mesh)
+  shardings = sharding.state_shardings(jax.eval_shape(method.init, key, params), mesh)
+  return jax.jit(method.init, out_shardings=shardings)(key, params)
 
 
 class RunLog:
@@ -180,6 +190,22 @@ class RunLog:
     self._file.close()
     if self._scalars is not None:
       self._scalars.close()
+
+
+class NullLog:
+  """The run log of a process that does not write the run's files (not process 0)."""
+
+  def size(self) -> int:
+    return 0
+
+  def sha256(self) -> str:
+    return hashlib.sha256().hexdigest()
+
+  def write(self, event: str, step: int, samples_seen: int, **values) -> None:
+    pass
+
+  def close(self) -> None:
+    pass
 
 
 def _jsonable(v):
@@ -285,16 +311,21 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   read-only or busy workdir: the newest good checkpoint is intact), `InternalError`.
   """
   compile_start = compute_lib.COMPILE_CLOCK.snapshot()  # the ledger counts this call's compiles
+  # A multi-process run (olora_jax/distributed.py) is joined before any backend starts.
+  distributed.initialize(config.distributed)
   setup = Setup(config)  # every config or data error surfaces here, before any compute or file
   config = setup.config  # fidelity keys resolved: config.json records what actually ran
   init_key, method_key = jax.random.split(jax.random.key(config.seed))
   params = initial_params(setup, config, init_key)  # a bad pretrained file fails before any file
   _check_workdir(workdir, config)  # a different config is refused before anything is written
-  with workdir_lib.WorkdirLock(workdir):  # one process per workdir, from here to the end
+  primary = sharding.is_primary()  # the process that writes the files (process 0)
+  # One run per workdir, from here to the end; in a multi-process run process 0 holds the lock.
+  with workdir_lib.WorkdirLock(workdir) if primary else contextlib.nullcontext():
     finished = _check_workdir(workdir, config)
+    sharding.barrier("workdir checked")  # nothing is written before every process has read
     if finished is not None:
       missing = workdir_lib.missing_plots(workdir, plots_lib.PLOT_FILES)
-      if config.eval.write_plots and missing:
+      if config.eval.write_plots and missing and primary:
         logging.warning("redrawing the missing plot(s) %s of the finished run in %s",
                         ", ".join(missing), workdir)
         _guarded(lambda: plots_lib.write_run_plots(workdir), workdir)
@@ -330,8 +361,11 @@ def _train_and_evaluate(setup: Setup, params: dict, method_key: jax.Array, workd
   config = c = setup.config
   spec, stream, method = setup.spec, setup.stream, setup.method
   start = time.time()
+  primary = sharding.is_primary()  # writes the run's files; every process computes
   train_step = make_guarded_step(method.train_step)
-  state = initial_state(method, method_key, params)
+  state = initial_state(method, method_key, params, setup.mesh)
+  shardings = sharding.state_shardings(state, setup.mesh)
+  several_devices = setup.mesh.devices.size > 1
 
   # Resume: the whole run state from the newest checkpoint that verifies.
   checkpointer = checkpointing.Checkpointer(workdir, c.max_to_keep, initial=state)
@@ -341,23 +375,27 @@ def _train_and_evaluate(setup: Setup, params: dict, method_key: jax.Array, workd
     p = checkpointing.Progress.initial(c.eval.eval_every, method.init_host())
   else:
     state, p = restored
-    workdir_lib.verify_run_log(workdir, p.metrics_bytes, p.metrics_sha256, p.cursor)
+    if primary:
+      workdir_lib.verify_run_log(workdir, p.metrics_bytes, p.metrics_sha256, p.cursor)
     logging.warning("resuming %s at stream step %d of %d", workdir, p.cursor, len(stream.steps))
-  state = sharding.replicate(state, setup.mesh)
-  _write_json(os.path.join(workdir, "config.json"), meta["config"])
-  manifest_sha256 = manifest_lib.write_manifest(os.path.join(workdir, "stream_manifest.json"),
-                                                setup.manifest)
+  state = sharding.place_state(state, shardings)
+  if primary:
+    _write_json(os.path.join(workdir, "config.json"), meta["config"])
+    manifest_sha256 = manifest_lib.write_manifest(
+        os.path.join(workdir, "stream_manifest.json"), setup.manifest)
+  else:
+    manifest_sha256 = manifest_lib.manifest_sha256(setup.manifest)
   # The evaluator reads the state through the method's pure `predict` and never changes it.
   evaluator = Evaluator(setup.test_source, spec.image_size, c.eval.batch_size, setup.num_classes,
                         method.predict, c.eval.mask_unseen_logits, mesh=setup.mesh,
                         input_scale=c.data.input_scale)
-  log = RunLog(os.path.join(workdir, "metrics.jsonl"),
-               tb_writer.make_scalar_writer(os.path.join(workdir, "tensorboard")),
-               truncate_to=p.metrics_bytes)
+  log = (RunLog(os.path.join(workdir, "metrics.jsonl"),
+                tb_writer.make_scalar_writer(os.path.join(workdir, "tensorboard")),
+                truncate_to=p.metrics_bytes) if primary else NullLog())
   wall_before = p.wall_seconds  # compute time of earlier processes of this run
   ledger = compute_lib.Ledger(p.compute, compile_start)  # results.json "compute"
   # Per-step records into WORKDIR/trace.npz when trace.enabled (olora_jax/trace.py), else no-ops.
-  trace = trace_lib.make_trace(c.trace.enabled, workdir, stream,
+  trace = trace_lib.make_trace(c.trace.enabled and primary, workdir, stream,
                                manifest_lib.record_ids(setup.train_source), c.learner.buffer_unit,
                                c.learner.buffer_size, c.learner.batch_size, p.cursor)
 
@@ -384,8 +422,9 @@ def _train_and_evaluate(setup: Setup, params: dict, method_key: jax.Array, workd
       batch = sharding.shard_batch(host_batch, setup.mesh)
       with compute_lib.Stopwatch() as step_time:
         state, scalars, extras = train_step(state, batch)
-        scalars = jax.device_get(scalars)
-      n_samples = int(host_batch["mask"].sum())
+        scalars = jax.tree.map(sharding.to_host, scalars)  # replicated: no communication
+      step_labels = setup.train_source.labels[stream.steps[step]]  # the whole batch's
+      n_samples = len(step_labels)
       ledger.timed_step(n_samples, step_time.seconds)
       if ledger.needs_flops:  # XLA's estimate; the trace is reused
         ledger.set_flops(compute_lib.flops(train_step.lower(state, batch)),
@@ -405,10 +444,8 @@ def _train_and_evaluate(setup: Setup, params: dict, method_key: jax.Array, workd
             f"{c.learner.max_skipped_fraction} of the {len(stream.steps)} steps allow; the last"
             f" good state is checkpointed in {checkpointer.directory}/{step}; lower"
             " learner.learning_rate or check the data, or raise learner.max_skipped_fraction")
-      mask = host_batch["mask"]
       p.samples_seen += n_samples
-      p.seen_classes = sorted(set(p.seen_classes) | set(
-          np.unique(host_batch["labels"][mask]).tolist()))
+      p.seen_classes = sorted(set(p.seen_classes) | set(np.unique(step_labels).tolist()))
 
       report = methods_base.StepReport()
       if not finite:  # learner.skip_nonfinite: the step left the state as it was
@@ -417,6 +454,8 @@ def _train_and_evaluate(setup: Setup, params: dict, method_key: jax.Array, workd
       if method.after_step is not None:  # also told of a skipped step (finite=False)
         state, p.method_host, report = method.after_step(state, p.method_host, step, batch,
                                                          scalars, extras, finite, trace)
+        if several_devices:  # the hook's programs may leave leaves elsewhere: put them back
+          state = sharding.place_state(state, shardings)
       for event, values in report.events:
         if event == "plateau":
           p.plateau_steps.append(step)
@@ -478,7 +517,7 @@ def _train_and_evaluate(setup: Setup, params: dict, method_key: jax.Array, workd
         _steady_eta(bar)
       bar.set_postfix(loss=f"{scalars['loss']:.3f}", plateaus=len(p.plateau_steps))
     save()  # the final state (a no-op if the last periodic save already wrote it)
-  if method.finish is not None:  # e.g. Online-LoRA's export in the authors' layout
+  if method.finish is not None and primary:  # e.g. Online-LoRA's export in the authors' layout
     method.finish(state, workdir)
 
   acc_matrix = np.array(p.acc_columns).T  # (T, T): acc[i, j] after task j on task i
@@ -526,9 +565,11 @@ def _train_and_evaluate(setup: Setup, params: dict, method_key: jax.Array, workd
     results["task_domains"] = groups.domains
     results["forgetting_per_domain"] = metrics_lib.forgetting_per_task(acc_matrix)
   results = {k: _jsonable(v) if not isinstance(v, dict) else v for k, v in results.items()}
-  _write_json(os.path.join(workdir, "results.json"), results)
-  if c.eval.write_plots:
-    plots_lib.write_run_plots(workdir)
+  if primary:
+    _write_json(os.path.join(workdir, "results.json"), results)
+    if c.eval.write_plots:
+      plots_lib.write_run_plots(workdir)
+  sharding.barrier("results written")  # every process returns once the run's files are there
   return results
 
 

@@ -101,6 +101,8 @@ def check_config(config: ml_collections.ConfigDict, width: int) -> None:
   _require(c.model.compute_dtype in COMPUTE_DTYPES,
            f"model.compute_dtype={c.model.compute_dtype!r} must be one of"
            f" {sorted(COMPUTE_DTYPES)}; bfloat16 pays off on GPUs and TPUs")
+  _require(isinstance(c.sharding.fsdp, int) and c.sharding.fsdp >= 1,
+           f"sharding.fsdp={c.sharding.fsdp!r} must be an integer >= 1 (1: no weight sharding)")
   _require(c.data.n_tasks >= 1, f"data.n_tasks={c.data.n_tasks} must be >= 1")
   _require(c.eval.eval_every >= 1, f"eval.eval_every={c.eval.eval_every} must be >= 1")
   _require(c.eval.batch_size >= 1, f"eval.batch_size={c.eval.batch_size} must be >= 1")

@@ -30,6 +30,8 @@ def to_model_input(images: np.ndarray, image_size: int, input_scale: str = "unit
     raise ValueError(
         f"images must be uint8 (N, H, W, 1|3), got {images.dtype} {images.shape};"
         " convert the dataset to 8-bit grey or RGB")
+  if not len(images):  # e.g. a process's rows of a short batch (olora_jax/sharding.py)
+    return np.zeros((0, image_size, image_size, 3), np.float32)
   if images.shape[1:3] != (image_size, image_size):
     resized = [np.asarray(Image.fromarray(im.squeeze(-1) if im.shape[-1] == 1 else im)
                           .resize((image_size, image_size), Image.BILINEAR)) for im in images]
@@ -85,19 +87,22 @@ def random_crop_box(height: int, width: int,
 
 
 def augment_images(images: list[np.ndarray], image_size: int, augment: str,
-                   rng: np.random.Generator) -> np.ndarray:
-  """Training images of any size -> (N, image_size, image_size, 3) uint8, augmented."""
+                   rng: np.random.Generator, keep: np.ndarray | None = None) -> np.ndarray:
+  """Training images of any size -> (N, image_size, image_size, 3) uint8, augmented. With `keep`
+  (indices into `images`), only those images are returned, augmented with the draws they get
+  when every image is: the draws of all images are made, in order."""
   if augment not in AUGMENTATIONS:
     raise ValueError(f"unknown data.augment={augment!r}; use one of {AUGMENTATIONS}")
+  kept = set(range(len(images)) if keep is None else np.asarray(keep).tolist())
   out = []
-  for image in images:
+  for i, image in enumerate(images):
     if augment == "crop_flip":
-      image = resize_image(image, image_size, random_crop_box(*image.shape[:2], rng))
-      if rng.uniform() < 0.5:
-        image = image[:, ::-1]
-    else:
-      image = resize_image(image, image_size)
-    out.append(image)
+      box, flip = random_crop_box(*image.shape[:2], rng), rng.uniform() < 0.5
+      if i in kept:
+        image = resize_image(image, image_size, box)
+        out.append(image[:, ::-1] if flip else image)
+    elif i in kept:
+      out.append(resize_image(image, image_size))
   if not out:
     return np.zeros((0, image_size, image_size, 3), np.uint8)
   return np.stack(out)

@@ -1,0 +1,147 @@
+"""Past one device: two processes on localhost (jax.distributed over gloo, CPU collectives) give
+the results of one process, and so does the backbone sharded FSDP style over 8 forced CPU
+devices. Each run is a subprocess of launch/run.py on the tiny stream (tiny_run)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+
+import numpy as np
+import tiny_run
+from tiny_run import ROOT, assert_same_run, command, env, results
+
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("localhost", 0))
+    return s.getsockname()[1]
+
+
+def _devices_env(cache, n: int) -> dict:
+  return {**env(cache), "JAX_PLATFORMS": "cpu",
+          "XLA_FLAGS": f"--xla_force_host_platform_device_count={n}"}
+
+
+def _run_processes(workdir, cache, n: int = 2) -> None:
+  """The tiny stream on `n` processes of one device each, joined through localhost."""
+  address = f"localhost:{_free_port()}"
+  procs = [subprocess.Popen(
+      command(workdir, f"--config.distributed.coordinator_address={address}",
+              f"--config.distributed.num_processes={n}", f"--config.distributed.process_id={i}",
+              "--config.eval.write_plots=False"),
+      cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+      env=_devices_env(cache, 1)) for i in range(n)]
+  outs = [p.communicate(timeout=600) for p in procs]
+  for p, (_, err) in zip(procs, outs, strict=True):
+    assert p.returncode == 0, err[-3000:]
+
+
+def _train_losses(workdir) -> np.ndarray:
+  lines = [json.loads(x) for x in (workdir / "metrics.jsonl").read_text().splitlines()]
+  return np.array([x["loss"] for x in lines if x["event"] == "train"])
+
+
+def _assert_close_to(workdir, reference) -> None:
+  """Same decisions and metrics as `reference`, losses within float tolerance (the gradient
+  reductions are summed in another order)."""
+  got, want = results(workdir), results(reference)
+  for key in ("plateau_steps", "task_end_steps", "n_steps", "samples_seen", "stream_sha256"):
+    assert got[key] == want[key], key
+  np.testing.assert_allclose(got["acc_matrix"], want["acc_matrix"], rtol=1e-6)
+  np.testing.assert_allclose(got["anytime_accuracy"], want["anytime_accuracy"], rtol=1e-6)
+  np.testing.assert_allclose(_train_losses(workdir), _train_losses(reference), rtol=1e-5)
+
+
+def test_two_processes_give_one_process_results_and_resume(tmp_path, compilation_cache,
+                                                           tiny_reference):
+  two = tmp_path / "two_processes"
+  _run_processes(two, compilation_cache)
+  # Process 0 alone wrote the run's files.
+  assert (two / "results.json").is_file() and not (two / "error.log").exists()
+
+  # One process with the same two devices: the same program, bit for bit.
+  one = tmp_path / "one_process"
+  done = subprocess.run(command(one, "--config.eval.write_plots=False"), cwd=ROOT,
+                        capture_output=True, text=True, timeout=600,
+                        env=_devices_env(compilation_cache, 2))
+  assert done.returncode == 0, done.stderr[-3000:]
+  assert_same_run(two, one)
+  # One device: the same run within float tolerance.
+  _assert_close_to(two, tiny_reference)
+
+  # Resumed by two processes from a mid-run checkpoint (as if both were killed after step 24).
+  resumed = tmp_path / "resumed"
+  shutil.copytree(two, resumed)
+  (resumed / "results.json").unlink()
+  for step in tiny_run.steps(resumed):
+    if step > 24:
+      shutil.rmtree(resumed / "checkpoints" / str(step))
+  _run_processes(resumed, compilation_cache)
+  assert_same_run(resumed, two)
+
+
+SHARDED_STATE = """
+import jax, numpy as np
+from configs import tiny
+from olora_jax import trainer
+config = tiny.get_config()
+config.sharding.fsdp = 8
+setup = trainer.Setup(config)
+init_key, method_key = jax.random.split(jax.random.key(0))
+params = trainer.initial_params(setup, setup.config, init_key)
+state = trainer.initial_state(setup.method, method_key, params, setup.mesh)
+qkv = state["frozen"]["encoderblock_0"]["attn"]["query"]["kernel"]
+shard = qkv.addressable_shards[0].data.shape
+assert len(qkv.sharding.device_set) == 8 and np.prod(shard) * 8 == qkv.size, (shard, qkv.shape)
+print("SHARDED", qkv.shape, shard)
+"""
+
+
+def test_backbone_sharded_over_eight_devices_matches_one_device(tmp_path, compilation_cache,
+                                                                tiny_reference):
+  check = subprocess.run([sys.executable, "-c", SHARDED_STATE], cwd=ROOT, capture_output=True,
+                         text=True, timeout=600, env={**_devices_env(compilation_cache, 8),
+                                                      "PYTHONPATH": str(ROOT)})
+  assert check.returncode == 0 and "SHARDED" in check.stdout, check.stderr[-3000:]
+
+  workdir = tmp_path / "fsdp8"
+  done = subprocess.run(command(workdir, "--config.sharding.fsdp=8",
+                                "--config.eval.write_plots=False"),
+                        cwd=ROOT, capture_output=True, text=True, timeout=600,
+                        env=_devices_env(compilation_cache, 8))
+  assert done.returncode == 0, done.stderr[-3000:]
+  _assert_close_to(workdir, tiny_reference)
+
+
+def test_bad_distributed_and_sharding_values_fail_before_compute(tmp_path, compilation_cache):
+  for override, message in (("--config.distributed.initialize=always", "distributed.initialize"),
+                            ("--config.distributed.process_id=-3", "distributed.process_id"),
+                            ("--config.sharding.fsdp=3", "sharding.fsdp=3")):
+    done = tiny_run.run(tmp_path / "bad", compilation_cache, override)
+    assert done.returncode == 2, (override, done.stderr[-2000:])
+    assert message in tiny_run.last_line(done.stderr), done.stderr[-2000:]
+    assert not os.path.exists(tmp_path / "bad"), override
+
+
+def test_a_process_rows_of_a_batch_are_those_of_the_whole_batch():
+  """Each process prepares only its rows; with augmentation they get the crops and flips they
+  get in the whole batch (the draws of every row are made, in order)."""
+  from olora_jax.data import sources, streams
+  from olora_jax.data.pipeline import InputPipeline
+
+  source = sources.load_source("sklearn_digits", "train", 0.2, 0)
+  stream = streams.disjoint_class_incremental(source.labels, 5, 16, seed=0)
+  short = next(i for i, ids in enumerate(stream.steps) if len(ids) < 16)
+  for augment in ("none", "crop_flip"):
+    whole = InputPipeline(source, stream, 16, 16, augment, seed=3)
+    for rows in (slice(0, 8), slice(8, 16)):
+      part = InputPipeline(source, stream, 16, 16, augment, seed=3, rows=rows)
+      for step in (0, short):
+        want, got = whole.batch(step), part.batch(step)
+        for key in ("images", "labels", "mask"):
+          np.testing.assert_array_equal(got[key], want[key][rows], err_msg=f"{augment} {key}")
