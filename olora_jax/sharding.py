@@ -143,6 +143,13 @@ def is_primary() -> bool:
   return jax.process_index() == 0
 
 
+def process_max(value: int) -> int:
+  """The largest of every process's `value` (`value` itself with one process)."""
+  if jax.process_count() == 1:
+    return value
+  return int(np.max(multihost_utils.process_allgather(np.int32(value))))
+
+
 def barrier(name: str) -> None:
   """Waits until every process reaches `name` (nothing to wait for with one process)."""
   if jax.process_count() > 1:

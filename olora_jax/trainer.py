@@ -507,10 +507,12 @@ def _train_and_evaluate(setup: Setup, params: dict, method_key: jax.Array, workd
       p.cursor = step + 1
       if c.checkpoint_every and p.cursor % c.checkpoint_every == 0:
         save()
-      if stop.signum is not None:
+      # Every process stops after the same step, however many of them got the signal.
+      signum = sharding.process_max(stop.signum or 0)
+      if signum:
         save()
-        raise errors.Preempted(stop.signum, (
-            f"stopped by signal {stop.signum} after stream step {step}; checkpointed in"
+        raise errors.Preempted(signum, (
+            f"stopped by signal {signum} after stream step {step}; checkpointed in"
             f" {checkpointer.directory}/{p.cursor}: run the same command to resume"))
       bar.update(1)
       if step == first_step:

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
+import signal
 import socket
 import subprocess
 import sys
+import time
 
 import numpy as np
 import tiny_run
@@ -27,18 +28,20 @@ def _devices_env(cache, n: int) -> dict:
           "XLA_FLAGS": f"--xla_force_host_platform_device_count={n}"}
 
 
-def _run_processes(workdir, cache, n: int = 2) -> None:
+def _start_processes(workdir, cache, n: int = 2) -> list[subprocess.Popen]:
   """The tiny stream on `n` processes of one device each, joined through localhost."""
   address = f"localhost:{_free_port()}"
-  procs = [subprocess.Popen(
+  return [subprocess.Popen(
       command(workdir, f"--config.distributed.coordinator_address={address}",
               f"--config.distributed.num_processes={n}", f"--config.distributed.process_id={i}",
               "--config.eval.write_plots=False"),
-      cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+      cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
       env=_devices_env(cache, 1)) for i in range(n)]
-  outs = [p.communicate(timeout=600) for p in procs]
-  for p, (_, err) in zip(procs, outs, strict=True):
-    assert p.returncode == 0, err[-3000:]
+
+
+def _wait(procs: list[subprocess.Popen]) -> list[tuple[int, str]]:
+  errs = [p.communicate(timeout=600)[1] for p in procs]
+  return [(p.returncode, err) for p, err in zip(procs, errs, strict=True)]
 
 
 def _train_losses(workdir) -> np.ndarray:
@@ -57,32 +60,35 @@ def _assert_close_to(workdir, reference) -> None:
   np.testing.assert_allclose(_train_losses(workdir), _train_losses(reference), rtol=1e-5)
 
 
-def test_two_processes_give_one_process_results_and_resume(tmp_path, compilation_cache,
-                                                           tiny_reference):
-  two = tmp_path / "two_processes"
-  _run_processes(two, compilation_cache)
-  # Process 0 alone wrote the run's files.
-  assert (two / "results.json").is_file() and not (two / "error.log").exists()
-
-  # One process with the same two devices: the same program, bit for bit.
+def test_two_processes_give_one_process_results_and_stop_together(tmp_path, compilation_cache,
+                                                                  tiny_reference):
+  # One process with two devices, the reference for two processes of one device each.
   one = tmp_path / "one_process"
   done = subprocess.run(command(one, "--config.eval.write_plots=False"), cwd=ROOT,
                         capture_output=True, text=True, timeout=600,
                         env=_devices_env(compilation_cache, 2))
   assert done.returncode == 0, done.stderr[-3000:]
+
+  # SIGTERM to process 1 alone: both processes checkpoint the same step and stop with 128 + 15.
+  two = tmp_path / "two_processes"
+  procs = _start_processes(two, compilation_cache)
+  deadline = time.time() + 600
+  while procs[1].poll() is None and not (tiny_run.steps(two) and tiny_run.steps(two)[-1] >= 8):
+    assert time.time() < deadline, "the run made no checkpoint in time"
+    time.sleep(0.005)
+  procs[1].send_signal(signal.SIGTERM)
+  for code, err in _wait(procs):
+    assert code == 128 + signal.SIGTERM, err[-3000:]
+  assert 8 <= tiny_run.steps(two)[-1] < tiny_run.N_STEPS and not (two / "results.json").exists()
+
+  # Resumed by the same two processes: the run of one process, bit for bit. Process 0 alone
+  # wrote the run's files.
+  for code, err in _wait(_start_processes(two, compilation_cache)):
+    assert code == 0, err[-3000:]
+  assert not (two / "error.log").exists()
   assert_same_run(two, one)
   # One device: the same run within float tolerance.
   _assert_close_to(two, tiny_reference)
-
-  # Resumed by two processes from a mid-run checkpoint (as if both were killed after step 24).
-  resumed = tmp_path / "resumed"
-  shutil.copytree(two, resumed)
-  (resumed / "results.json").unlink()
-  for step in tiny_run.steps(resumed):
-    if step > 24:
-      shutil.rmtree(resumed / "checkpoints" / str(step))
-  _run_processes(resumed, compilation_cache)
-  assert_same_run(resumed, two)
 
 
 SHARDED_STATE = """
