@@ -38,6 +38,8 @@ def level_table(input_scale: str) -> np.ndarray:
 
 
 PRECISION_BITS = 22  # PIL's fixed-point weights of its 8-bit resampling passes (32 - 8 - 2)
+SPLIT_BITS = 11  # a weight's low half, for exact float32 matmuls (`_pass`)
+HIGHEST = jax.lax.Precision.HIGHEST
 
 
 def bilinear_weights(in_size: int, start: jax.Array, length: jax.Array,
@@ -72,9 +74,25 @@ def check_sizes(height: int, width: int, image_size: int) -> None:
           f" {image_size} px; use data.preprocess='host'")
 
 
-def _pass(weights: jax.Array, x: jax.Array, spec: str) -> jax.Array:
-  """One of PIL's 8-bit passes: integer weighted sums, rounded half up, clipped to 0..255."""
-  acc = jnp.einsum(spec, weights, x, preferred_element_type=jnp.int32)
+def _exact_in_float32(in_size: int, image_size: int) -> bool:
+  """Whether a pass over an axis of `in_size` pixels can run as float32 matmuls exactly: split
+  into 11-bit halves, every weighted sum of a half stays an integer below 2**24 when at most 32
+  weights of an output pixel are non-zero (downsampling by less than 15x)."""
+  taps = 2 * -(-in_size // image_size) + 1
+  return 255 * ((1 << SPLIT_BITS) - 1) * taps < 2**24
+
+
+def _pass(weights: jax.Array, x: jax.Array, spec: str, in_float32: bool) -> jax.Array:
+  """One of PIL's 8-bit passes: integer weighted sums, rounded half up, clipped to 0..255. With
+  `in_float32` the sums are two float32 matmuls, one per 11-bit half of the weights, each exact
+  (integers below 2**24; HIGHEST: no TF32 on a GPU), which CPUs and GPUs run faster than int32."""
+  if in_float32:
+    x = x.astype(jnp.float32)
+    high, low = (jnp.einsum(spec, part.astype(jnp.float32), x, precision=HIGHEST)
+                 for part in (weights >> SPLIT_BITS, weights & ((1 << SPLIT_BITS) - 1)))
+    acc = (high.astype(jnp.int32) << SPLIT_BITS) + low.astype(jnp.int32)
+  else:
+    acc = jnp.einsum(spec, weights, x, preferred_element_type=jnp.int32)
   return jnp.clip((acc + (1 << (PRECISION_BITS - 1))) >> PRECISION_BITS, 0, 255)
 
 
@@ -84,22 +102,33 @@ def vertical_first(height, width, image_size: int):
   return (height - image_size > 0) & (height - image_size > 2 * (width - image_size))
 
 
-def resize_levels(image: jax.Array, box: jax.Array, image_size: int) -> jax.Array:
+def resize_levels(image: jax.Array, box: jax.Array, image_size: int,
+                  flip: jax.Array | None = None) -> jax.Array:
   """(H, W, C) uint8, `box` (4,) int (top, left, h, w) -> (image_size, image_size, C) int32
-  levels 0..255: PIL's BILINEAR resize of the cropped image, pass for pass."""
+  levels 0..255: PIL's BILINEAR resize of the cropped image, pass for pass; mirrored left-right
+  when `flip` (the horizontal weights' output rows reversed: the same sums, reordered)."""
   height, width = image.shape[:2]
   x = image.astype(jnp.int32)
   wx = bilinear_weights(width, box[1], box[3], image_size)  # (S, W)
+  if flip is not None:
+    wx = jnp.where(flip, wx[::-1], wx)
   wy = bilinear_weights(height, box[0], box[2], image_size)  # (S, H)
-  horizontal, vertical = "ow,hwc->hoc", "oh,hwc->owc"
+
+  def horizontal(x):
+    return _pass(wx, x, "ow,hwc->hoc", _exact_in_float32(width, image_size))
+
+  def vertical(x):
+    return _pass(wy, x, "oh,hwc->owc", _exact_in_float32(height, image_size))
+
   if isinstance(box, np.ndarray):  # a static box: one order
     if vertical_first(int(box[2]), int(box[3]), image_size):
-      return _pass(wx, _pass(wy, x, vertical), horizontal)
-    return _pass(wy, _pass(wx, x, horizontal), vertical)
+      return horizontal(vertical(x))
+    return vertical(horizontal(x))
+  if height <= image_size:  # no crop's height shrinks: always the horizontal pass first
+    return vertical(horizontal(x))
   # A crop box drawn per image: both orders, one kept (the passes are cheap next to the model).
-  h_first = _pass(wy, _pass(wx, x, horizontal), vertical)
-  v_first = _pass(wx, _pass(wy, x, vertical), horizontal)
-  return jnp.where(vertical_first(box[2], box[3], image_size), v_first, h_first)
+  return jnp.where(vertical_first(box[2], box[3], image_size), horizontal(vertical(x)),
+                   vertical(horizontal(x)))
 
 
 def preprocess_images(images: jax.Array, mask: jax.Array, image_size: int,
@@ -110,23 +139,27 @@ def preprocess_images(images: jax.Array, mask: jax.Array, image_size: int,
   `boxes` (B, 4) int (top, left, h, w) crop each image before the resize (None: the whole
   image), `flips` (B,) bool mirror the resized image left-right; rows with `mask` False are
   zero images."""
-  n, height, width, channels = images.shape
+  _, height, width, channels = images.shape
   if channels not in (1, 3):
     raise ValueError(f"images must be uint8 (B, H, W, 1|3), got {images.shape}")
   if boxes is None and (height, width) == (image_size, image_size):
     levels = images.astype(jnp.int32)  # nothing to resize (the host path does not resize either)
+    if flips is not None:
+      levels = jnp.where(flips[:, None, None, None], levels[:, :, ::-1], levels)
   else:
     check_sizes(height, width, image_size)
-    if boxes is None:  # the whole image: one static box, one pass order
-      whole = np.array([0, 0, height, width])
-      levels = jax.vmap(lambda im: resize_levels(im, whole, image_size))(images)
-    else:
-      levels = jax.vmap(lambda im, box: resize_levels(im, box, image_size))(images, boxes)
-  if flips is not None:
-    levels = jnp.where(flips[:, None, None, None], levels[:, :, ::-1], levels)
-  x = jnp.asarray(level_table(input_scale))[levels]
-  x = jnp.broadcast_to(x, (*x.shape[:3], 3))  # grey -> RGB
-  return jnp.where(mask[:, None, None, None], x, 0.0)
+    whole = np.array([0, 0, height, width])  # no boxes: one static box, one pass order
+
+    def one(image, box, flip):
+      return resize_levels(image, whole if box is None else box, image_size, flip)
+
+    axes = (0, None if boxes is None else 0, None if flips is None else 0)
+    levels = jax.vmap(one, in_axes=axes)(images, boxes, flips)
+  # Level 256 is a padding row's 0.0 (not level 0's value: -1.0 with 'signed').
+  levels = jnp.where(mask[:, None, None, None], levels, 256)
+  table = jnp.asarray(np.append(level_table(input_scale), np.float32(0.0)))
+  x = table[levels]
+  return jnp.broadcast_to(x, (*x.shape[:3], 3))  # grey -> RGB
 
 
 def make_batch_fn(image_size: int, input_scale: str = "unit") -> Callable[[dict], dict]:
