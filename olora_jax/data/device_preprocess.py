@@ -7,15 +7,16 @@ the crop, the bilinear resize to `image_size`, the flip, grey -> RGB and the sca
 [-1, 1]. Padding rows (mask False) come out as zero images, as the host path pads them.
 
 The resize is PIL's `Image.resize(..., BILINEAR)` (Pillow 13, pinned in constraints.txt) pass for
-pass, in integers: the triangle filter stretched by the scale when downsampling (PIL's
+pass, in integer-exact arithmetic (int32, or float32 matmuls whose every value is an integer
+below 2**24): the triangle filter stretched by the scale when downsampling (PIL's
 antialiasing), pixel centres at i + 0.5, the filter cut at the edges of the crop and renormalised,
 the weights in PIL's 22-bit fixed point, each pass's sums rounded half up and clipped to uint8, the
 passes in Pillow's order. Those weights are ratios of small integers, so they are rounded here
 exactly as PIL rounds them in double precision, and the output levels are PIL's, bit for bit, on
-any backend (integer arithmetic; tests/test_device_preprocess.py compares them). The uint8 ->
-float step is a 256-entry table computed by NumPy as the host computes it, so the float inputs are
-the host path's, bit for bit. A Pillow that orders or rounds its passes differently (older
-versions always ran the horizontal pass first) would differ by a level on a few pixels of crops.
+any backend (tests/test_device_preprocess.py compares them). The uint8 -> float step is a table
+computed by NumPy as the host computes it, so the float inputs are the host path's, bit for bit.
+A Pillow that orders or rounds its passes differently (older versions always ran the horizontal
+pass first) would differ by a level on a few pixels of crops.
 """
 
 from __future__ import annotations
