@@ -139,6 +139,27 @@ def test_a_source_without_one_stored_size_is_refused_at_setup():
     InputPipeline(source, stream, 2, 16, preprocess="cpu")
 
 
+class _Inconsistent(Source):
+  """Claims one stored size, but one of its images is larger."""
+
+  def get_raw(self, ids):
+    raw, labels = super().get_raw(ids)
+    odd = np.zeros((9, 8, 1), np.uint8)
+    return [odd if i == 5 else im for i, im in zip(ids, raw, strict=True)], labels
+
+
+def test_an_image_of_another_size_mid_stream_is_a_clear_error():
+  good = _source((8, 8, 1))
+  source = _Inconsistent(good.name, good.split, good.images, good.labels, good.num_classes)
+  stream = streams.disjoint_class_incremental(source.labels, 2, 8, 0)
+  pipe = InputPipeline(source, stream, 8, 16, augment="crop_flip", preprocess="device")
+  step = next(i for i, ids in enumerate(stream.steps) if 5 in ids)
+  pipe.batch(step - 1 if step else step + 1)
+  with pytest.raises(ValueError, match=rf"stream step {step} holds an image of shape \(9, 8, 1\),"
+                     r" not the \(8, 8, 1\) .* use data.preprocess='host'"):
+    pipe.batch(step)
+
+
 def _config(preprocess):
   c = tiny_run.config()
   c.data.augment = "crop_flip"

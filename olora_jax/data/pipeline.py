@@ -103,26 +103,27 @@ class InputPipeline:
     if len(ids) > self.batch_size:
       raise ValueError(f"{len(ids)} examples do not fit a batch of {self.batch_size}")
     pad = self.batch_size - len(ids)
-    extra, odd = {}, []
+    extra = {}
     if self.augment == "none":
       images, labels = self.source.get(ids)
+      shapes = [np.shape(images)[1:]]
     else:
       raw, labels = self.source.get_raw(ids)
-      rng = np.random.default_rng([self.seed, step])
       raw = [im[..., None] if im.ndim == 2 else im for im in raw]
-      draws = [crop_flip_draw(*im.shape[:2], rng) for im in raw]
-      odd = [im.shape for im in raw if im.shape != self.stored_shape]
-      images = np.stack(raw) if raw and not odd else np.zeros((0, *odd[:1]), np.uint8)
-      boxes = np.array([box for box, _ in draws] + [(0, 0, *self.stored_shape[:2])] * pad,
-                       np.int32).reshape(-1, 4)
-      extra = {"boxes": boxes, "flips": np.array([f for _, f in draws] + [False] * pad, bool)}
-    images = np.asarray(images)
-    if images.shape[1:] != self.stored_shape or (self.augment != "none" and odd):
+      shapes = [im.shape for im in raw]
+    odd = next((shape for shape in shapes if tuple(shape) != self.stored_shape), None)
+    if odd is not None:
       raise ValueError(
-          f"data.preprocess='device': stream step {step} holds images of shape"
-          f" {images.shape[1:]}, not the {self.stored_shape} the run was set up with; the"
-          f" images of data.dataset={_source_name(self.source)} split) do not share one size;"
-          " use data.preprocess='host'")
+          f"data.preprocess='device': stream step {step} holds an image of shape {odd}, not the"
+          f" {self.stored_shape} of the run's other images: the images of data.dataset="
+          f"{_source_name(self.source)} split) do not share one size; use data.preprocess='host'")
+    if self.augment != "none":
+      rng = np.random.default_rng([self.seed, step])
+      draws = [crop_flip_draw(*im.shape[:2], rng) for im in raw]
+      images = np.stack(raw) if raw else np.zeros((0, *self.stored_shape), np.uint8)
+      boxes = [box for box, _ in draws] + [(0, 0, *self.stored_shape[:2])] * pad
+      extra = {"boxes": np.array(boxes, np.int32).reshape(-1, 4),
+               "flips": np.array([flip for _, flip in draws] + [False] * pad, bool)}
     return {
         "images": np.concatenate([images, np.zeros((pad, *self.stored_shape), np.uint8)]),
         "labels": np.concatenate([labels, np.zeros(pad, labels.dtype)]).astype(np.int32),
