@@ -30,6 +30,13 @@ Keys that matter:
                                 so data.n_tasks is not used; CORe50: data.core50_order)
   data.augment                  training augmentation: 'none' | 'crop_flip' (random resized crop
                                 + horizontal flip, as the released code)
+  data.preprocess               where uint8 images become model inputs: 'host' (default: PIL
+                                resize, crop/flip and scaling in host threads) | 'device' (the
+                                host ships uint8 images at their stored size, plus the crop_flip
+                                draws; JAX resizes, crops, flips and scales them on the device,
+                                for the train batches and the evaluator; the same inputs as
+                                'host', bit for bit, with Pillow 13). Needs training images of
+                                one stored size (docs/performance.md)
   learner.batch_size (B), learner.buffer_size (K), learner.rank (r), learner.reg_lambda
   learner.learning_rate         Adam, constant
   learner.window, learner.mean_threshold, learner.var_threshold   the plateau rule
@@ -127,6 +134,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.data.si_blurry_n = 50.0  # Si-Blurry N: % of classes that are disjoint
   config.data.si_blurry_m = 10.0  # Si-Blurry M: % of blurry-class samples moved to other tasks
   config.data.augment = "none"  # or 'crop_flip'
+  config.data.preprocess = "host"  # or 'device': resize, crop/flip, scaling in JAX on the device
   config.data.num_workers = 8  # host threads decoding images
   config.data.prefetch = 4  # batches prepared ahead of the device
   config.data.cache_test_images = True  # TFDS: keep resized test images in host memory

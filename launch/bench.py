@@ -111,7 +111,7 @@ def bench_case(size: str, fidelity: str, method: str, steps: int, warmup: int,
   batches = setup.pipeline.iterate(0)
   for i in range(warmup + steps):
     host_batch = next(batches)
-    batch = sharding.shard_batch(host_batch, setup.mesh)
+    batch = setup.pipeline.on_device(sharding.shard_batch(host_batch, setup.mesh))
     start = time.perf_counter()
     state, scalars, extras = step_fn(state, batch)
     scalars = jax.device_get(scalars)
@@ -125,7 +125,8 @@ def bench_case(size: str, fidelity: str, method: str, steps: int, warmup: int,
   flops = compute.flops(step_fn.lower(state, batch))
   forward = trainer.forward_flops_per_image(setup, params)
   implicit, _ = _implicit_transfers(step_fn, state,
-                                    sharding.shard_batch(next(batches), setup.mesh))
+                                    setup.pipeline.on_device(
+                                        sharding.shard_batch(next(batches), setup.mesh)))
   median = statistics.median(times)
   device_peak = compute.peak_device_bytes()
   return {

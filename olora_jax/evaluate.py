@@ -7,6 +7,9 @@ Counting runs inside one jitted function that takes a padded batch, its validity
 boolean class mask, and adds the batch's per-class counts to running (C,) accumulators on the
 device; the host fetches the two count vectors once per evaluation. Batches are padded to
 `batch_size`, so the function compiles once per run whatever the number of test examples.
+With `preprocess='device'` (`data.preprocess`) the test images stay uint8 at their stored size on
+the host (a quarter of float32's memory, no resize there) and become the model's input inside the
+same jitted function (data/device_preprocess.py).
 
 `mask_unseen_logits` (Si-Blurry's protocol): logits of classes the stream has not shown yet are
 set to -inf before the argmax, so the model can only predict seen classes. The mask is a traced
@@ -24,6 +27,7 @@ domains, and forgetting per domain. Class counts are the sums over domains.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -34,7 +38,8 @@ from jax.sharding import Mesh
 
 from olora_jax import metrics as metrics_lib
 from olora_jax import sharding
-from olora_jax.data.preprocess import make_batch, to_model_input
+from olora_jax.data import device_preprocess
+from olora_jax.data.preprocess import PREPROCESS_MODES, make_batch, to_model_input
 from olora_jax.data.sources import Source, domains_of
 from olora_jax.data.streams import EvaluationGroups
 
@@ -100,13 +105,16 @@ def group_accuracies(counts: ClassCounts, groups: EvaluationGroups,
 
 
 def make_count_fn(predict_fn: Callable[..., jax.Array], num_classes: int,
-                  num_domains: int = 1) -> Callable:
+                  num_domains: int = 1, preprocess_fn: Callable | None = None) -> Callable:
   """Jitted `(state, images, labels, domains, mask, class_mask, correct, total) ->
   (correct, total)`: adds one padded batch's per-(domain, class) counts to the (D, C)
-  accumulators; `domains` (B,) are row indices 0..D-1."""
+  accumulators; `domains` (B,) are row indices 0..D-1. With `preprocess_fn(images, mask)`, the
+  images are uint8 and become the model's input inside the same program (data.preprocess)."""
 
   def count(state, images, labels, domains, mask, class_mask, correct, total):
     TRACE_COUNTS["count"] += 1
+    if preprocess_fn is not None:
+      images = preprocess_fn(images, mask)
     logits = predict_fn(state, images)  # (B, C)
     logits = jnp.where(class_mask[None, :], logits, -jnp.inf)
     hits = (jnp.argmax(logits, axis=-1) == labels) & mask  # (B,)
@@ -123,7 +131,7 @@ class Evaluator:
 
   def __init__(self, source: Source, image_size: int, batch_size: int, num_classes: int,
                predict_fn: Callable[..., jax.Array], mask_unseen_logits: bool = False,
-               mesh: Mesh | None = None, input_scale: str = "unit"):
+               mesh: Mesh | None = None, input_scale: str = "unit", preprocess: str = "host"):
     if batch_size < 1:
       raise ValueError(f"eval.batch_size={batch_size} must be >= 1")
     if len(source) and int(source.labels.max()) >= num_classes:
@@ -142,16 +150,30 @@ class Evaluator:
     else:
       self.domain_ids, rows = np.unique(domains, return_inverse=True)
       self._domain_row = rows.astype(np.int32)
-    self._count = make_count_fn(predict_fn, num_classes, len(self.domain_ids))
+    if preprocess not in PREPROCESS_MODES:
+      raise ValueError(f"unknown data.preprocess={preprocess!r}; use one of {PREPROCESS_MODES}")
+    self.preprocess = preprocess
+    preprocess_fn = None
+    if preprocess == "device":  # uint8 batches at the stored size, preprocessed in `count`
+      self._stored_shape = tuple(source.get(np.arange(min(len(source), 1)))[0].shape[1:])
+      preprocess_fn = functools.partial(device_preprocess.preprocess_images,
+                                        image_size=image_size, input_scale=input_scale)
+    self._count = make_count_fn(predict_fn, num_classes, len(self.domain_ids), preprocess_fn)
     self.mesh = mesh or sharding.make_mesh()  # batches split over devices (olora_jax/sharding.py)
     # This process's rows of each test batch (all of them in a single-process run).
     self.rows = sharding.local_rows(batch_size, self.mesh)
     self.input_scale = input_scale
-    n_bytes = len(source) * image_size * image_size * 3 * 4
-    self._inputs = None  # all test images preprocessed, when they fit CACHE_BYTES
+    if preprocess == "device":
+      n_bytes = len(source) * int(np.prod(self._stored_shape))  # uint8: no resize on the host
+    else:
+      n_bytes = len(source) * image_size * image_size * 3 * 4
+    self._inputs = None  # all test images preprocessed (device mode: uint8), when they fit
     if n_bytes <= CACHE_BYTES:
       images = source.get(np.arange(len(source)))[0] if len(source) else None
-      self._inputs = None if images is None else to_model_input(images, image_size, input_scale)
+      if images is not None and preprocess == "device":
+        self._inputs = np.asarray(images)
+      elif images is not None:
+        self._inputs = to_model_input(images, image_size, input_scale)
 
   def _batch(self, ids: np.ndarray) -> dict:
     """This process's rows of the padded test batch of `ids`."""
@@ -160,12 +182,12 @@ class Evaluator:
     labels = self.source.labels[ids]
     pad = n_rows - len(ids)
     domains = np.concatenate([self._domain_row[ids], np.zeros(pad, np.int32)])
-    if self._inputs is None:
+    if self._inputs is None and self.preprocess == "host":
       batch = make_batch(self.source.get(ids)[0], labels, n_rows, self.image_size,
                          self.input_scale)
       return {**batch, "domains": domains}
-    x = self._inputs[ids]
-    return {"images": np.concatenate([x, np.zeros((pad, *x.shape[1:]), np.float32)]),
+    x = self.source.get(ids)[0] if self._inputs is None else self._inputs[ids]
+    return {"images": np.concatenate([x, np.zeros((pad, *x.shape[1:]), x.dtype)]),
             "labels": np.concatenate([labels, np.zeros(pad, labels.dtype)]).astype(np.int32),
             "domains": domains, "mask": np.arange(n_rows) < len(ids)}
 

@@ -112,9 +112,8 @@ class Setup:
     # Each process prepares only its rows of every batch (all of them with one process).
     self.pipeline = InputPipeline(self.train_source, self.stream, c.learner.batch_size,
                                   self.spec.image_size, c.data.augment, c.seed, c.data.prefetch,
-                                  c.data.input_scale,
+                                  c.data.input_scale, c.data.preprocess,
                                   sharding.local_rows(c.learner.batch_size, self.mesh))
-
 
 def initial_params(setup: Setup, config: ml_collections.ConfigDict, key: jax.Array) -> dict:
   if config.pretrained.path:
@@ -388,7 +387,7 @@ def _train_and_evaluate(setup: Setup, params: dict, method_key: jax.Array, workd
   # The evaluator reads the state through the method's pure `predict` and never changes it.
   evaluator = Evaluator(setup.test_source, spec.image_size, c.eval.batch_size, setup.num_classes,
                         method.predict, c.eval.mask_unseen_logits, mesh=setup.mesh,
-                        input_scale=c.data.input_scale)
+                        input_scale=c.data.input_scale, preprocess=c.data.preprocess)
   log = (RunLog(os.path.join(workdir, "metrics.jsonl"),
                 tb_writer.make_scalar_writer(os.path.join(workdir, "tensorboard")),
                 truncate_to=p.metrics_bytes) if primary else NullLog())
@@ -419,7 +418,8 @@ def _train_and_evaluate(setup: Setup, params: dict, method_key: jax.Array, workd
   # function of its step, so a resumed run sees the same batches.
   with StopSignal() as stop, contextlib.closing(log), contextlib.closing(checkpointer), bar:
     for step, host_batch in enumerate(setup.pipeline.iterate(p.cursor), start=p.cursor):
-      batch = sharding.shard_batch(host_batch, setup.mesh)
+      # data.preprocess='device': uint8 -> the float batch every method takes, on the device.
+      batch = setup.pipeline.on_device(sharding.shard_batch(host_batch, setup.mesh))
       with compute_lib.Stopwatch() as step_time:
         state, scalars, extras = train_step(state, batch)
         scalars = jax.tree.map(sharding.to_host, scalars)  # replicated: no communication

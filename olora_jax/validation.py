@@ -8,7 +8,8 @@ What is checked (issue 6):
   config keys      a key the reference config does not have (`check_known_keys`)
   config values    every float finite; seeds in [0, 2**32 - 1]; learning rate > 0,
                    1 <= rank <= model width, window >= 1, plateau thresholds > 0, batch >= 1,
-                   buffer size >= 0, lambda >= 0, positive periods, the name of the scenario,
+                   buffer size >= 0, lambda >= 0, positive periods, the name of the scenario
+                   and of data.preprocess,
                    the type of data.class_order, pretrained.keep_head only with a checkpoint
                    (fidelity names: olora_jax/fidelity.resolve; data.stream_manifest:
                    olora_jax/data/manifest.py; an explicit class order is checked against the
@@ -29,6 +30,7 @@ import ml_collections
 import numpy as np
 
 from olora_jax import errors
+from olora_jax.data.preprocess import PREPROCESS_MODES
 from olora_jax.data.streams import SCENARIOS
 from olora_jax.models.vit import COMPUTE_DTYPES
 
@@ -119,6 +121,9 @@ def check_config(config: ml_collections.ConfigDict, width: int) -> None:
   order = c.data.class_order
   _require(isinstance(order, (str, list, tuple)),
            f"data.class_order={order!r} must be 'label', 'seeded' or a list of class ids")
+  _require(c.data.preprocess in PREPROCESS_MODES,
+           f"unknown data.preprocess={c.data.preprocess!r}; use one of {PREPROCESS_MODES}"
+           " ('host': PIL on the host, as before; 'device': uint8 batches preprocessed by JAX)")
   _require(isinstance(c.data.dataset, str) and c.data.dataset != "",
            f"data.dataset={c.data.dataset!r} must name a dataset or a 'module:function'")
   check_method(c)

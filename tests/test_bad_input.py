@@ -57,6 +57,7 @@ BAD_VALUES = [
     ("method", "ewc", r"unknown method='ewc'; use one of \('online_lora', 'finetune'"),
     ("pretrained.keep_head", True, r"pretrained.keep_head=True needs a checkpoint"),
     ("learner.adam_bias_correction", "float64", r"unknown learner.adam_bias_correction"),
+    ("data.preprocess", "gpu", r"unknown data.preprocess='gpu'; use one of \('host', 'device'\)"),
 ]
 
 
@@ -133,6 +134,31 @@ def test_labels_out_of_range(tmp_path, monkeypatch):
   monkeypatch.undo()
   _patched_source(monkeypatch, labels_fn=lambda y: np.where(y == 3, -1, y))
   _refused(tiny.get_config(), tmp_path / "run", validation.InputError, r"labels span \[-1, 9\]")
+
+
+class _StoredAtManySizes(sources_lib.Source):
+  """An in-memory split that cannot promise one stored size (as a folder of photographs)."""
+
+  @property
+  def raw_image_shape(self):
+    return None
+
+
+def test_device_preprocessing_of_images_without_one_stored_size(tmp_path, monkeypatch):
+  real = sources_lib.load_sources
+
+  def load(data_config, image_size):
+    train, test = real(data_config, image_size)
+    return _StoredAtManySizes(train.name, train.split, train.images, train.labels,
+                              train.num_classes), test
+
+  monkeypatch.setattr(sources_lib, "load_sources", load)
+  config = tiny.get_config()
+  config.data.augment, config.data.preprocess = "crop_flip", "device"
+  _refused(config, tmp_path / "run", ValueError,
+           r"data.preprocess='device' ships fixed-shape uint8 batches, but the raw training"
+           r" images of data.dataset='sklearn_digits' \(train split\) do not share one stored"
+           r" size \(raw_image_shape=None\); use data.preprocess='host'")
 
 
 def _cli(workdir: Path, *overrides: str) -> subprocess.CompletedProcess:

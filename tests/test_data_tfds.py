@@ -69,6 +69,30 @@ def test_mock_sources(dataset, num_classes, seeded_split, tmp_path):
       assert len(train) == len(test) == n
 
 
+@pytest.mark.parametrize("dataset, raw_shape", [("cifar100", (32, 32, 3)), ("imagenet_r", None)])
+def test_raw_image_shape_and_device_preprocessing(dataset, raw_shape, tmp_path):
+  """CIFAR-100 stores one size, so crop_flip batches can ship uint8 to the device; ImageNet-R
+  does not, and data.preprocess='device' with crop_flip is refused when the pipeline is built."""
+  from olora_jax.data.pipeline import InputPipeline
+
+  with tfds.testing.mock_data(num_examples=2000 if dataset == "imagenet_r" else 40):
+    train, _ = sources.load_sources(_data_config(dataset=dataset, data_dir=str(tmp_path)), 16)
+    assert train.raw_image_shape == raw_shape
+    stream = streams.disjoint_class_incremental(train.labels, 1, 8, 0)
+    if raw_shape is None:
+      with pytest.raises(ValueError, match=r"do not share one stored size .*'host'"):
+        InputPipeline(train, stream, 8, 16, augment="crop_flip", preprocess="device")
+    else:
+      pipe = InputPipeline(train, stream, 8, 16, augment="crop_flip", preprocess="device")
+      host = InputPipeline(train, stream, 8, 16, augment="crop_flip")
+      assert pipe.batch(0)["images"].shape == (8, 32, 32, 3)
+      np.testing.assert_array_equal(np.asarray(pipe.on_device(pipe.batch(0))["images"]),
+                                    host.batch(0)["images"])
+    # augment 'none': `get` resizes at load, one size whatever the dataset stores
+    pipe = InputPipeline(train, stream, 8, 16, preprocess="device")
+    assert pipe.batch(0)["images"].shape == (8, 16, 16, 3)
+
+
 def test_imagenet_r_split_is_seeded(tmp_path):
   with tfds.testing.mock_data(num_examples=2000):  # ~400 records of ImageNet-R's classes
     make = lambda seed: sources.load_sources(

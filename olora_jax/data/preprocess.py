@@ -19,6 +19,9 @@ import numpy as np
 from PIL import Image
 
 INPUT_SCALES = ("unit", "signed")
+# `data.preprocess`: where uint8 images become model inputs. 'host' (here, PIL) or 'device' (the
+# host ships uint8 images at their stored size, data/device_preprocess.py does the rest).
+PREPROCESS_MODES = ("host", "device")
 
 
 def to_model_input(images: np.ndarray, image_size: int, input_scale: str = "unit") -> np.ndarray:
@@ -86,6 +89,14 @@ def random_crop_box(height: int, width: int,
   return (height - h) // 2, (width - w) // 2, h, w
 
 
+def crop_flip_draw(height: int, width: int,
+                   rng: np.random.Generator) -> tuple[tuple[int, int, int, int], bool]:
+  """One image's 'crop_flip' draws, in the order both preprocessing paths take them: the crop box
+  (top, left, h, w), then whether to flip the resized crop left-right."""
+  box = random_crop_box(height, width, rng)
+  return box, bool(rng.uniform() < 0.5)
+
+
 def augment_images(images: list[np.ndarray], image_size: int, augment: str,
                    rng: np.random.Generator, keep: np.ndarray | None = None) -> np.ndarray:
   """Training images of any size -> (N, image_size, image_size, 3) uint8, augmented. With `keep`
@@ -97,7 +108,7 @@ def augment_images(images: list[np.ndarray], image_size: int, augment: str,
   out = []
   for i, image in enumerate(images):
     if augment == "crop_flip":
-      box, flip = random_crop_box(*image.shape[:2], rng), rng.uniform() < 0.5
+      box, flip = crop_flip_draw(*image.shape[:2], rng)
       if i in kept:
         image = resize_image(image, image_size, box)
         out.append(image[:, ::-1] if flip else image)

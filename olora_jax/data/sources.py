@@ -7,8 +7,9 @@ training augmentation), `record_ids` (each row's index in the original dataset s
 the stream manifest), `metadata` (further int arrays per row, e.g. CORe50's `session`),
 `domains` (optional (N,) int domain id per row, or None: the domains of a domain-incremental
 stream, e.g. CORe50's session or a rotation) and `seeded_split` (True when train and test were
-drawn from one split by `stratified_split`). Streams, the input pipeline and the evaluator see
-nothing else.
+drawn from one split by `stratified_split`), and optionally `raw_image_shape` ((H, W, C) when
+every `get_raw` image has that size, else None or absent: `data.preprocess='device'` with
+'crop_flip' needs it). Streams, the input pipeline and the evaluator see nothing else.
 
 `load_sources(config.data, image_size)` picks the dataset: the embedded ones below, the TFDS
 benchmarks of `tfds_sources` (`cifar100`, `imagenet_r`, `imagenet_sketch`, `caltech_birds2011`,
@@ -65,6 +66,11 @@ class Source:
 
   def __len__(self) -> int:
     return len(self.labels)
+
+  @property
+  def raw_image_shape(self) -> tuple[int, ...]:
+    """(H, W, C): every image of an in-memory split has its array's stored size."""
+    return tuple(self.images.shape[1:])
 
   def get(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     ids = np.asarray(ids, np.int64)

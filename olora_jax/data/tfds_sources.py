@@ -149,6 +149,16 @@ class TfdsSource:
   def __len__(self) -> int:
     return len(self.record_ids)
 
+  @property
+  def raw_image_shape(self) -> tuple[int, ...] | None:
+    """(H, W, C) when the dataset's image feature has one fixed shape (CIFAR-100: 32x32x3),
+    else None (images of varying size: ImageNet-R, ImageNet-Sketch, CUB)."""
+    try:
+      shape = tuple(self._data_source.dataset_info.features["image"].shape)
+    except (AttributeError, KeyError, TypeError):
+      return None
+    return shape if len(shape) == 3 and all(isinstance(d, int) for d in shape) else None
+
   def _image(self, row: int) -> np.ndarray:
     return np.asarray(self._data_source[int(self.record_ids[row])]["image"])
 
