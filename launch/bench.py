@@ -25,6 +25,9 @@ case, as a table and as JSON (`--out`):
   peak_memory_bytes      the device allocator's peak, or the process's peak RSS on CPU (which
                          accumulates over the cases run in one process; `memory` says which)
 
+As launch/run.py, it first makes glibc keep freed memory for reuse (compute.keep_host_memory;
+$OLORA_KEEP_HOST_MEMORY=0 measures without it).
+
 The numbers are measurements: run cases alone on a quiet machine, and compare versions side by
 side in one sitting.
 """
@@ -196,9 +199,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
     raise SystemExit(f"error: --out={args.out!r}: its directory does not exist")
   if args.compilation_cache != "off":
     compute.enable_compilation_cache(args.compilation_cache)
+  keep = compute.keep_host_memory()  # as launch/run.py: before JAX's backend starts
   peak = matmul_peak_flops()
-  print(f"float32 matmul peak on {compute.device_description()}: {peak / 1e9:.1f} GFLOP/s",
-        flush=True)
+  print(f"float32 matmul peak on {compute.device_description()}: {peak / 1e9:.1f} GFLOP/s"
+        f" (host memory kept for reuse: {keep})", flush=True)
   rows = []
   for size in sizes:
     for fidelity in fidelities:

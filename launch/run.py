@@ -166,6 +166,8 @@ def main(argv):
   logging.get_absl_logger().setLevel(py_logging.CRITICAL)
   py_logging.getLogger().setLevel(py_logging.WARNING)
   sys.excepthook = threading.excepthook = sys.unraisablehook = _keep_background_error
+  # Before JAX's backend starts: each step's temporary buffer is reused, not page-faulted anew.
+  compute.keep_host_memory()
   workdir = _WORKDIR.value
   if _COMPILATION_CACHE.value != "off":
     compute.enable_compilation_cache(compute.default_cache_dir()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import sys
 from pathlib import Path
 
@@ -53,6 +54,14 @@ def test_results_carry_the_ledger_and_run_py_fills_the_compilation_cache(
   assert ledger["n_compilations"] >= 1 and ledger["compile_seconds"] > 0
   # tiny_run sets $JAX_COMPILATION_CACHE_DIR; run.py's default ('auto') uses it
   assert any(Path(compilation_cache).iterdir())
+
+
+def test_keep_host_memory_applies_on_glibc_and_can_be_turned_off(monkeypatch):
+  monkeypatch.setenv(compute.KEEP_HOST_MEMORY_ENV, "0")
+  assert compute.keep_host_memory() is False
+  monkeypatch.delenv(compute.KEEP_HOST_MEMORY_ENV)
+  glibc = sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc"
+  assert compute.keep_host_memory() is glibc
 
 
 def test_default_cache_dir(monkeypatch, tmp_path):
