@@ -115,6 +115,7 @@ class Setup:
                                   c.data.input_scale, c.data.preprocess,
                                   sharding.local_rows(c.learner.batch_size, self.mesh))
 
+
 def initial_params(setup: Setup, config: ml_collections.ConfigDict, key: jax.Array) -> dict:
   if config.pretrained.path:
     keep_head = config.pretrained.keep_head
@@ -410,8 +411,9 @@ def _train_and_evaluate(setup: Setup, params: dict, method_key: jax.Array, workd
   groups = stream.evaluation_groups(sources_lib.domains_of(setup.test_source))
   max_skipped = int(c.learner.max_skipped_fraction * len(stream.steps))
   # smoothing=0: the rate is the average over the steps since _steady_eta restarted it.
-  bar = tqdm.tqdm(total=len(stream.steps), initial=p.cursor, disable=not progress, unit="step",
-                  dynamic_ncols=True, mininterval=0.5, smoothing=0)
+  # One progress bar per run: process 0's.
+  bar = tqdm.tqdm(total=len(stream.steps), initial=p.cursor, disable=not (progress and primary),
+                  unit="step", dynamic_ncols=True, mininterval=0.5, smoothing=0)
   first_step = p.cursor
   # The files are closed however the loop ends (finished, preempted, non-finite loss). Host
   # threads prepare the next batches while the device runs (data/pipeline.py); a batch is a pure
