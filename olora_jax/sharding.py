@@ -69,11 +69,15 @@ def state_shardings(tree, mesh: Mesh):
 def place_state(tree, shardings):
   """`tree` with every leaf on its sharding. Leaves already there are left alone (no copy, no
   dispatch), so calling it after every step costs nothing once the state has settled. Host
-  (numpy) leaves are placed from the host value, which must be the same in every process."""
+  (numpy) leaves are placed from the host value, which must be the same in every process.
+
+  "There" means the very sharding, not an equivalent one: jit keys its compiled programs on the
+  arguments' shardings, so a state whose leaves change sharding type (a single-device sharding
+  after `jax.jit`, a mesh sharding after a step) would be traced and compiled twice."""
   leaves, treedef = jax.tree.flatten(tree)
   targets = treedef.flatten_up_to(shardings)
   moved = [i for i, (x, s) in enumerate(zip(leaves, targets, strict=True))
-           if not (isinstance(x, jax.Array) and x.sharding.is_equivalent_to(s, x.ndim))]
+           if not (isinstance(x, jax.Array) and x.sharding == s)]
   if not moved:
     return tree
   out = list(leaves)
