@@ -157,7 +157,7 @@ def to_numpy(tree: Any) -> Any:
   """A host copy of `tree` with typed PRNG keys replaced by their raw key data (whole arrays,
   also those other processes hold parts of)."""
   tree = jax.tree.map(lambda x: jax.random.key_data(x) if _is_key(x) else x, tree)
-  return jax.tree.map(sharding.to_host, tree)
+  return sharding.to_host(tree)
 
 
 def _like_template(restored: Any, template: Any) -> Any:

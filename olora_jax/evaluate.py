@@ -39,7 +39,8 @@ from jax.sharding import Mesh
 from olora_jax import metrics as metrics_lib
 from olora_jax import sharding
 from olora_jax.data import device_preprocess
-from olora_jax.data.preprocess import PREPROCESS_MODES, make_batch, to_model_input
+from olora_jax.data.pipeline import device_image_shape
+from olora_jax.data.preprocess import PREPROCESS_MODES, pad_batch, to_model_input
 from olora_jax.data.sources import Source, domains_of
 from olora_jax.data.streams import EvaluationGroups
 
@@ -155,7 +156,7 @@ class Evaluator:
     self.preprocess = preprocess
     preprocess_fn = None
     if preprocess == "device":  # uint8 batches at the stored size, preprocessed in `count`
-      self._stored_shape = tuple(source.get(np.arange(min(len(source), 1)))[0].shape[1:])
+      self._stored_shape = device_image_shape(source, "none")
       preprocess_fn = functools.partial(device_preprocess.preprocess_images,
                                         image_size=image_size, input_scale=input_scale)
     self._count = make_count_fn(predict_fn, num_classes, len(self.domain_ids), preprocess_fn)
@@ -180,16 +181,13 @@ class Evaluator:
     ids = ids[self.rows]
     n_rows = self.rows.stop - self.rows.start
     labels = self.source.labels[ids]
-    pad = n_rows - len(ids)
-    domains = np.concatenate([self._domain_row[ids], np.zeros(pad, np.int32)])
-    if self._inputs is None and self.preprocess == "host":
-      batch = make_batch(self.source.get(ids)[0], labels, n_rows, self.image_size,
-                         self.input_scale)
-      return {**batch, "domains": domains}
-    x = self.source.get(ids)[0] if self._inputs is None else self._inputs[ids]
-    return {"images": np.concatenate([x, np.zeros((pad, *x.shape[1:]), x.dtype)]),
-            "labels": np.concatenate([labels, np.zeros(pad, labels.dtype)]).astype(np.int32),
-            "domains": domains, "mask": np.arange(n_rows) < len(ids)}
+    if self._inputs is not None:  # preprocessed (device mode: uint8 at the stored size)
+      images = self._inputs[ids]
+    elif self.preprocess == "device":
+      images = self.source.get(ids)[0]
+    else:
+      images = to_model_input(self.source.get(ids)[0], self.image_size, self.input_scale)
+    return pad_batch(images, labels, n_rows, domains=self._domain_row[ids])
 
   def class_mask(self, seen_classes: np.ndarray) -> np.ndarray:
     """The logits the model may predict: the seen classes when masking, else every class."""
@@ -220,8 +218,8 @@ class Evaluator:
       correct, total = self._count(state, batch["images"], batch["labels"], batch["domains"],
                                    batch["mask"], class_mask, correct, total)
     # One transfer per evaluation (the counts are replicated: no communication either).
-    correct = np.asarray(sharding.to_host(correct), np.int64)
-    total = np.asarray(sharding.to_host(total), np.int64)
+    correct, total = sharding.to_host((correct, total))
+    correct, total = correct.astype(np.int64), total.astype(np.int64)
     return ClassCounts(correct.sum(0), total.sum(0), correct, total, self.domain_ids)
 
   def seen_counts(self, state: Any, seen_classes: np.ndarray,

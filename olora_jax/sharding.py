@@ -133,13 +133,18 @@ def shard_batch(tree, mesh: Mesh):
   return jax.tree.map(lambda x: jax.make_array_from_process_local_data(sharding, x), tree)
 
 
-def to_host(x):
-  """A numpy copy of a whole array, also when other processes hold parts of it."""
-  if isinstance(x, jax.Array) and not x.is_fully_addressable:
-    if x.is_fully_replicated:  # every process holds it whole: no communication
-      return np.asarray(x.addressable_data(0))
-    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
-  return np.asarray(jax.device_get(x))
+def to_host(tree):
+  """Numpy copies of every array of `tree`, whole also when other processes hold parts of them,
+  fetched by one `jax.device_get` (the copies overlap)."""
+
+  def whole(x):
+    if isinstance(x, jax.Array) and not x.is_fully_addressable:
+      if x.is_fully_replicated:  # every process holds it whole: no communication
+        return x.addressable_data(0)
+      return multihost_utils.process_allgather(x, tiled=True)
+    return x
+
+  return jax.tree.map(np.asarray, jax.device_get(jax.tree.map(whole, tree)))
 
 
 def is_primary() -> bool:

@@ -424,7 +424,7 @@ def _train_and_evaluate(setup: Setup, params: dict, method_key: jax.Array, workd
       batch = setup.pipeline.on_device(sharding.shard_batch(host_batch, setup.mesh))
       with compute_lib.Stopwatch() as step_time:
         state, scalars, extras = train_step(state, batch)
-        scalars = jax.tree.map(sharding.to_host, scalars)  # replicated: no communication
+        scalars = sharding.to_host(scalars)  # replicated: no communication
       step_labels = setup.train_source.labels[stream.steps[step]]  # the whole batch's
       n_samples = len(step_labels)
       ledger.timed_step(n_samples, step_time.seconds)

@@ -13,8 +13,9 @@ antialiasing), pixel centres at i + 0.5, the filter cut at the edges of the crop
 the weights in PIL's 22-bit fixed point, each pass's sums rounded half up and clipped to uint8, the
 passes in Pillow's order. Those weights are ratios of small integers, so they are rounded here
 exactly as PIL rounds them in double precision, and the output levels are PIL's, bit for bit, on
-any backend (tests/test_device_preprocess.py compares them). The uint8 -> float step is a table
-computed by NumPy as the host computes it, so the float inputs are the host path's, bit for bit.
+any backend (tests/test_device_preprocess.py compares them). The uint8 -> float step is the lookup
+table the host path uses too (`preprocess.level_table`), so the float inputs are the host path's,
+bit for bit.
 A Pillow that orders or rounds its passes differently (older versions always ran the horizontal
 pass first) would differ by a level on a few pixels of crops.
 """
@@ -27,16 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from olora_jax.data.preprocess import INPUT_SCALES
-
-
-def level_table(input_scale: str) -> np.ndarray:
-  """(256,) float32: uint8 level k -> the model's input value, as data/preprocess.py computes it."""
-  if input_scale not in INPUT_SCALES:
-    raise ValueError(f"unknown data.input_scale={input_scale!r}; use one of {INPUT_SCALES}")
-  unit = np.arange(256, dtype=np.uint8).astype(np.float32) / 255.0
-  return 2.0 * unit - 1.0 if input_scale == "signed" else unit
-
+from olora_jax.data.preprocess import level_table
 
 PRECISION_BITS = 22  # PIL's fixed-point weights of its 8-bit resampling passes (32 - 8 - 2)
 SPLIT_BITS = 11  # a weight's low half, for exact float32 matmuls (`_pass`)

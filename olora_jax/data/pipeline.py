@@ -31,6 +31,7 @@ from olora_jax.data.preprocess import (
     augment_images,
     crop_flip_draw,
     make_batch,
+    pad_batch,
 )
 from olora_jax.data.streams import Stream
 
@@ -113,8 +114,6 @@ class InputPipeline:
     image has the stored size, so the draws of the other processes' rows need no image)."""
     if len(ids) > self.batch_size:
       raise ValueError(f"{len(ids)} examples do not fit a batch of {self.batch_size}")
-    n_rows = self.rows.stop - self.rows.start
-    pad = n_rows - len(local)
     extra = {}
     if self.augment == "none":
       images, labels = self.source.get(ids[local])
@@ -134,16 +133,13 @@ class InputPipeline:
       draws = [crop_flip_draw(*self.stored_shape[:2], rng) for _ in ids]
       draws = [draws[i] for i in local]
       images = np.stack(raw) if raw else np.zeros((0, *self.stored_shape), np.uint8)
-      boxes = [box for box, _ in draws] + [(0, 0, *self.stored_shape[:2])] * pad
-      extra = {"boxes": np.array(boxes, np.int32).reshape(-1, 4),
-               "flips": np.array([flip for _, flip in draws] + [False] * pad, bool)}
+      extra = {"boxes": np.array([box for box, _ in draws], np.int32).reshape(-1, 4),
+               "flips": np.array([flip for _, flip in draws], bool)}
     images = np.asarray(images).reshape(-1, *self.stored_shape)
-    return {
-        "images": np.concatenate([images, np.zeros((pad, *self.stored_shape), np.uint8)]),
-        "labels": np.concatenate([labels, np.zeros(pad, labels.dtype)]).astype(np.int32),
-        "mask": np.arange(n_rows) < len(local),
-        **extra,
-    }
+    batch = pad_batch(images, labels, self.rows.stop - self.rows.start, **extra)
+    if "boxes" in batch:  # padding rows: the whole (zero) image, as a valid box
+      batch["boxes"][len(local):] = (0, 0, *self.stored_shape[:2])
+    return batch
 
   def iterate(self, start_step: int = 0) -> Iterator[dict]:
     with concurrent.futures.ThreadPoolExecutor(min(self.prefetch, 4)) as pool:

@@ -24,11 +24,20 @@ INPUT_SCALES = ("unit", "signed")
 PREPROCESS_MODES = ("host", "device")
 
 
+def level_table(input_scale: str) -> np.ndarray:
+  """(256,) float32: uint8 level k -> the model's input value, k / 255 in [0, 1] ('unit') or
+  2 k / 255 - 1 in [-1, 1] ('signed'). The host and the device (data/device_preprocess.py) both
+  look levels up here, so their inputs agree bit for bit."""
+  if input_scale not in INPUT_SCALES:
+    raise ValueError(f"unknown data.input_scale={input_scale!r}; use one of {INPUT_SCALES}")
+  unit = np.arange(256, dtype=np.uint8).astype(np.float32) / 255.0
+  return 2.0 * unit - 1.0 if input_scale == "signed" else unit
+
+
 def to_model_input(images: np.ndarray, image_size: int, input_scale: str = "unit") -> np.ndarray:
   """(N, H, W, C) uint8 with C in {1, 3} -> (N, image_size, image_size, 3) float32 in [0, 1]
   (`input_scale='unit'`) or [-1, 1] ('signed')."""
-  if input_scale not in INPUT_SCALES:
-    raise ValueError(f"unknown data.input_scale={input_scale!r}; use one of {INPUT_SCALES}")
+  table = level_table(input_scale)
   if images.dtype != np.uint8 or images.ndim != 4 or images.shape[-1] not in (1, 3):
     raise ValueError(
         f"images must be uint8 (N, H, W, 1|3), got {images.dtype} {images.shape};"
@@ -41,8 +50,7 @@ def to_model_input(images: np.ndarray, image_size: int, input_scale: str = "unit
     images = np.stack(resized).reshape(len(images), image_size, image_size, -1)
   if images.shape[-1] == 1:
     images = np.repeat(images, 3, axis=-1)
-  unit = images.astype(np.float32) / 255.0
-  return 2.0 * unit - 1.0 if input_scale == "signed" else unit
+  return table[images]
 
 
 AUGMENTATIONS = ("none", "crop_flip")
@@ -125,10 +133,17 @@ def make_batch(images: np.ndarray, labels: np.ndarray, batch_size: int,
   n = len(labels)
   if n > batch_size:
     raise ValueError(f"{n} examples do not fit a batch of {batch_size}")
-  x = to_model_input(images, image_size, input_scale)
-  pad = batch_size - n
-  return {
-      "images": np.concatenate([x, np.zeros((pad, *x.shape[1:]), np.float32)]),
-      "labels": np.concatenate([labels, np.zeros(pad, labels.dtype)]).astype(np.int32),
-      "mask": np.arange(batch_size) < n,
-  }
+  return pad_batch(to_model_input(images, image_size, input_scale), labels, batch_size)
+
+
+def pad_batch(images: np.ndarray, labels: np.ndarray, n_rows: int, **extra) -> dict:
+  """{"images", "labels" int32, "mask"} of `n_rows` rows: the `len(labels)` given ones, then
+  zero rows with `mask` False; `extra` arrays (one row per given image) are padded likewise."""
+  pad = n_rows - len(labels)
+
+  def padded(x):
+    x = np.asarray(x)
+    return np.concatenate([x, np.zeros((pad, *x.shape[1:]), x.dtype)])
+
+  return {"images": padded(images), "labels": padded(labels).astype(np.int32),
+          "mask": np.arange(n_rows) < len(labels), **{k: padded(v) for k, v in extra.items()}}
