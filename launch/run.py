@@ -51,7 +51,7 @@ from absl import app, flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
 from configs import common  # noqa: E402
-from olora_jax import compute, errors, trainer, validation  # noqa: E402
+from olora_jax import compute, distributed, errors, trainer, validation  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a config file (configs/*.py).",
                                           lock_config=True)
@@ -82,7 +82,7 @@ def _fail(message: str, code: int) -> None:
   (orbax's writers after a failed save) must not print their own noise after it."""
   sys.stdout.flush()
   print(f"error: {message}", file=sys.stderr, flush=True)
-  os._exit(code)
+  _exit_now(code)
 
 
 def _parse_flags(argv: list[str]) -> list[str]:
@@ -201,6 +201,19 @@ def main(argv):
           f" {results['already_finished']}); pass a new --workdir to run it again")
   else:
     print(f"\nresults written to {workdir}/results.json")
+  distributed.finish()  # with the other processes, if any, before the runtime is left behind
+  _exit_now(0)
+
+
+def _exit_now(code: int) -> None:
+  """Ends the process without tearing the runtime down. Every file of the run is written and
+  closed by now (results, plots, checkpoints, logs, the workdir lock), and the interpreter's
+  teardown of XLA's thread pools, compiled programs and caches (about 0.6 s on 2 CPU cores) has
+  nothing left to keep."""
+  sys.stdout.flush()
+  sys.stderr.flush()
+  py_logging.shutdown()
+  os._exit(code)
 
 
 if __name__ == "__main__":

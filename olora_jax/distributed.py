@@ -66,3 +66,11 @@ def initialize(c: ml_collections.ConfigDict) -> None:
       coordinator_address=c.coordinator_address or None,
       num_processes=c.num_processes or None,
       process_id=None if c.process_id < 0 else c.process_id)
+
+
+def finish() -> None:
+  """Leaves the multi-process run, once every process has got here (JAX's shutdown barrier); a
+  no-op in a single-process run. For a process that ends without the interpreter's teardown,
+  which would otherwise do it."""
+  if jax.distributed.is_initialized():
+    jax.distributed.shutdown()

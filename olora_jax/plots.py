@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
@@ -55,6 +56,22 @@ def read_events(path: str) -> dict[str, list[dict]]:
   return events
 
 
+def _import_matplotlib() -> None:
+  try:
+    from matplotlib.backends import backend_agg, backend_pdf  # noqa: F401
+    from matplotlib.figure import Figure  # noqa: F401
+  except ImportError:
+    pass  # raised again, and reported, where the figures are drawn
+
+
+def import_in_background() -> None:
+  """Starts importing matplotlib (about half a second) in a daemon thread, so that a run which
+  will draw its figures at the end imports it while the device computes. Drawing needs no join:
+  an import the thread has begun is finished by Python's import lock first, and one that failed
+  in the thread fails again, with its error, where the figures are drawn."""
+  threading.Thread(target=_import_matplotlib, name="import matplotlib", daemon=True).start()
+
+
 def _save(fig: Figure, path: str) -> str:
   """Writes `path` (PNG) and the same figure as a vector PDF beside it; returns `path`."""
   from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -62,6 +79,8 @@ def _save(fig: Figure, path: str) -> str:
 
   FigureCanvasAgg(fig)
   fig.savefig(path, dpi=DPI)
+  # The PDF keeps the PNG's layout (positions are fractions of the figure): one layout pass.
+  fig.set_layout_engine("none")
   FigureCanvasPdf(fig)
   fig.savefig(os.path.splitext(path)[0] + ".pdf")
   return path

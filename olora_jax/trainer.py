@@ -19,6 +19,7 @@ checkpoint, bit-exactly on CPU.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import logging
@@ -366,6 +367,8 @@ def _train_and_evaluate(setup: Setup, params: dict, method_key: jax.Array, workd
   state = initial_state(method, method_key, params, setup.mesh)
   shardings = sharding.state_shardings(state, setup.mesh)
   several_devices = setup.mesh.devices.size > 1
+  if c.eval.write_plots and primary:
+    plots_lib.import_in_background()  # drawn at the end: imported while the device computes
 
   # Resume: the whole run state from the newest checkpoint that verifies.
   checkpointer = checkpointing.Checkpointer(workdir, c.max_to_keep, initial=state)
@@ -419,9 +422,11 @@ def _train_and_evaluate(setup: Setup, params: dict, method_key: jax.Array, workd
   # threads prepare the next batches while the device runs (data/pipeline.py); a batch is a pure
   # function of its step, so a resumed run sees the same batches.
   with StopSignal() as stop, contextlib.closing(log), contextlib.closing(checkpointer), bar:
-    for step, host_batch in enumerate(setup.pipeline.iterate(p.cursor), start=p.cursor):
+    # Each batch is placed on the devices by the host thread that prepared it.
+    place = functools.partial(sharding.shard_batch, mesh=setup.mesh)
+    for step, placed in enumerate(setup.pipeline.iterate(p.cursor, place), start=p.cursor):
       # data.preprocess='device': uint8 -> the float batch every method takes, on the device.
-      batch = setup.pipeline.on_device(sharding.shard_batch(host_batch, setup.mesh))
+      batch = setup.pipeline.on_device(placed)
       with compute_lib.Stopwatch() as step_time:
         state, scalars, extras = train_step(state, batch)
         scalars = sharding.to_host(scalars)  # replicated: no communication

@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -141,13 +142,22 @@ class InputPipeline:
       batch["boxes"][len(local):] = (0, 0, *self.stored_shape[:2])
     return batch
 
-  def iterate(self, start_step: int = 0) -> Iterator[dict]:
+  def iterate(self, start_step: int = 0,
+              place: Callable[[dict], Any] | None = None) -> Iterator[Any]:
+    """The batches from `start_step` on, in order. `place` (e.g. a copy to the device) is
+    applied to each batch in the thread that prepared it, so the copies of the next batches
+    overlap the current step too."""
+
+    def prepared(step: int):
+      batch = self.batch(step)
+      return batch if place is None else place(batch)
+
     with concurrent.futures.ThreadPoolExecutor(min(self.prefetch, 4)) as pool:
       pending = collections.deque()
       next_step = start_step
       while pending or next_step < len(self):
         while next_step < len(self) and len(pending) < self.prefetch:
-          pending.append(pool.submit(self.batch, next_step))
+          pending.append(pool.submit(prepared, next_step))
           next_step += 1
         yield pending.popleft().result()
 
