@@ -521,10 +521,12 @@ def _train_and_evaluate(setup: Setup, params: dict, method_key: jax.Array, workd
         raise errors.Preempted(signum, (
             f"stopped by signal {signum} after stream step {step}; checkpointed in"
             f" {checkpointer.directory}/{p.cursor}: run the same command to resume"))
+      # Shown with the next redraw, which `update` makes at most every 0.5 s.
+      bar.set_postfix(loss=f"{scalars['loss']:.3f}", plateaus=len(p.plateau_steps),
+                      refresh=False)
       bar.update(1)
       if step == first_step:
         _steady_eta(bar)
-      bar.set_postfix(loss=f"{scalars['loss']:.3f}", plateaus=len(p.plateau_steps))
     save()  # the final state (a no-op if the last periodic save already wrote it)
   if method.finish is not None and primary:  # e.g. Online-LoRA's export in the authors' layout
     method.finish(state, workdir)
