@@ -1,4 +1,5 @@
-"""Checkpoints: round trips, damaged checkpoints (flipped bytes, truncated files), NaN losses."""
+"""Checkpoints: round trips, damaged checkpoints (flipped bytes, truncated files), NaN losses,
+device digests on every layout, sharded saves, checkpoints of the older SHA-256 format."""
 
 from __future__ import annotations
 
