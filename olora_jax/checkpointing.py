@@ -15,29 +15,43 @@ and where the stream stands. A checkpoint therefore holds the whole run (docs/ch
                                   record (Online-LoRA: the loss window, `PlateauState`), the
                                   length of metrics.jsonl, elapsed time; plus the config and the
                                   stream's content hash
-  checksums (orbax JsonSave)     SHA-256 of every array (dtype, shape, bytes) and of the host
-                                  record, taken before the save
+  checksums (orbax JsonSave)     a digest of every array (dtype, shape, bits; `array_checksums`)
+                                  and the SHA-256 of the host record, taken before the save
+
+The arrays are saved as they are, global `jax.Array`s: each process writes the shards its
+devices hold, and a restore reads each array straight onto the sharding of the same leaf of the
+template (the run's initial state, already placed on the run's mesh), each process reading only
+its shards; the mesh and process count may differ from those of the save. Nothing is gathered
+whole into a process. The digests are computed where the arrays live, by one compiled reduction
+over the whole tree whose result does not depend on the sharding, so a digest taken on eight
+devices equals the one taken on one; only the digests come to the host. They detect damage, not
+forgery.
 
 Leaves the run has not changed since its initial state (the frozen backbone until a merge
 changes it, every frozen weight of a LoRA, head-only or prompt method) are not stored again: the
-checkpoint records their SHA-256 under `checksums["from_initial"]`, and a restore takes them from
+checkpoint records their digests under `checksums["from_initial"]`, and a restore takes them from
 the run's freshly built initial state (the pretrained file and the seed), checking them against
 those digests. A ViT-B/16 checkpoint therefore holds the LoRA, head, optimizer state and buffers,
 plus after a merge the merged q/v weights, instead of the whole backbone every time; a pretrained
-file changed since the checkpoint was written is refused (`WorkdirError`) instead of resumed.
+file changed since the checkpoint was written is refused (`InitialStateChanged`, exit code 2)
+instead of resumed.
 
 Orbax does not notice flipped bytes (a damaged array can restore as NaN without an error), so
-`Checkpointer.restore_latest` recomputes the checksums after every restore, and falls back to the
+`Checkpointer.restore_latest` recomputes the digests after every restore, and falls back to the
 newest checkpoint that restores and verifies, moving damaged ones to `corrupt_checkpoints/` with a
-warning. The checkpoint's step number is the stream cursor: the number of stream steps done.
+warning (process 0 moves them while the others wait). The checkpoint's step number is the stream
+cursor: the number of stream steps done.
 
-Typed PRNG keys are stored as their raw key data and re-wrapped on restore with the template's
-implementation. Saves are synchronous: the next train step donates the state's buffers.
+The checksums record names its kind (`"digest": "device-v1"`). Checkpoints written before device
+digests have no such key: their arrays were stored whole from host copies with their SHA-256,
+and they still restore, read whole into every process, verified by SHA-256 and then placed on
+the template's shardings. A kind this code does not know is refused (`WorkdirError`), not taken
+for damage.
 
 In a multi-process run (olora_jax/distributed.py) every process takes part in each save and
-restore: the arrays are gathered whole into every process (their checksums are the same
-everywhere), orbax's primary process writes them, and every process restores them from the
-shared workdir. A damaged checkpoint is moved aside by process 0 while the others wait.
+restore, on the shared workdir. Typed PRNG keys are stored as their raw key data and re-wrapped
+on restore with the template's implementation. Saves are synchronous: the next train step
+donates the state's buffers.
 """
 
 from __future__ import annotations
@@ -46,8 +60,10 @@ import dataclasses
 import hashlib
 import json
 import logging
+import math
 import os
 import shutil
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -146,27 +162,23 @@ def check_same_config(saved: dict, config: ml_collections.ConfigDict, workdir: s
 
 
 # --------------------------------------------------------------------------------------------
-# Arrays: device pytree <-> numpy pytree, and their checksums.
+# Arrays: typed PRNG keys as raw key data, and the arrays' digests.
 
 
 def _is_key(x: Any) -> bool:
   return isinstance(x, jax.Array) and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
 
 
+def _raw(tree: Any) -> Any:
+  """`tree` with typed PRNG keys replaced by their raw key data, where they are (no copy)."""
+  return jax.tree.map(lambda x: jax.random.key_data(x) if _is_key(x) else x, tree)
+
+
 def to_numpy(tree: Any) -> Any:
   """A host copy of `tree` with typed PRNG keys replaced by their raw key data (whole arrays,
-  also those other processes hold parts of)."""
-  tree = jax.tree.map(lambda x: jax.random.key_data(x) if _is_key(x) else x, tree)
-  return sharding.to_host(tree)
-
-
-def _like_template(restored: Any, template: Any) -> Any:
-  def leaf(r, t):
-    if _is_key(t):
-      return jax.random.wrap_key_data(jnp.asarray(r), impl=jax.random.key_impl(t))
-    return jnp.asarray(r)
-
-  return jax.tree.map(leaf, restored, template)
+  also those other processes hold parts of). Checkpoints no longer need it: it reads those
+  written before device digests, and lets tests compare trees."""
+  return sharding.to_host(_raw(tree))
 
 
 def _drop_empty(tree: Any, also: frozenset = frozenset()) -> Any:
@@ -174,21 +186,100 @@ def _drop_empty(tree: Any, also: frozenset = frozenset()) -> Any:
   refuses to save them: they become None, and are rebuilt from the template on restore. So do
   the leaves whose tree path is in `also` (those unchanged since the initial state)."""
   return jax.tree_util.tree_map_with_path(
-      lambda path, x: None if np.size(x) == 0 or jax.tree_util.keystr(path) in also else x,
-      tree)
+      lambda path, x: None if math.prod(np.shape(x)) == 0 or jax.tree_util.keystr(path) in also
+      else x, tree)
 
 
-def _digest(x: np.ndarray) -> str:
+DIGEST_KIND = "device-v1"  # checksums["digest"]; absent: SHA-256 of host copies (LEGACY_DIGEST)
+LEGACY_DIGEST = "sha256"
+# One 32-bit lane per seed, each an independent sum: a 128-bit digest.
+_SEEDS = (0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344)
+
+
+def _fmix32(h: jax.Array) -> jax.Array:
+  """MurmurHash3's finalizer: a bijection of uint32 in which every input bit moves about half
+  of the output bits."""
+  h = h ^ (h >> 16)
+  h = h * jnp.uint32(0x85EBCA6B)
+  h = h ^ (h >> 13)
+  h = h * jnp.uint32(0xC2B2AE35)
+  return h ^ (h >> 16)
+
+
+def _words(x: jax.Array) -> jax.Array:
+  """`x`'s bits as uint32 words: one per element (bool, 8- and 16-bit types widened), two per
+  element of a 64-bit type (a trailing axis), real and imaginary parts of complex numbers."""
+  if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+    x = jax.random.key_data(x)
+  if x.dtype == jnp.bool_:
+    return x.astype(jnp.uint32)
+  if jnp.issubdtype(x.dtype, jnp.complexfloating):
+    x = jnp.stack([jnp.real(x), jnp.imag(x)], axis=-1)
+  unsigned = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32, 8: jnp.uint32}.get(x.dtype.itemsize)
+  if unsigned is None:
+    raise TypeError(f"cannot checksum arrays of dtype {x.dtype}; store the leaf as a dtype of"
+                    " 8, 16, 32 or 64 bits")
+  return jax.lax.bitcast_convert_type(x, unsigned).astype(jnp.uint32)
+
+
+def _leaf_digest(x: jax.Array) -> jax.Array:
+  """uint32[lanes]: per lane, the sum mod 2^32 over the elements of fmix32(bits ^ key), the key
+  fmix32 of the element's flat index xor the lane's seed. For a given index the term is a
+  bijection of the bits, so changing one element changes every lane; integer sums are exact
+  and order-free, so the digest does not depend on how the array is split or summed. The lanes
+  are a trailing axis: one fused reduction per leaf."""
+  w = _words(x)
+  index = jnp.zeros(w.shape, jnp.uint32)  # row-major flat index (mod 2^32)
+  for axis, n in enumerate(w.shape):
+    index = index * jnp.uint32(n) + jax.lax.broadcasted_iota(jnp.uint32, w.shape, axis)
+  keys = _fmix32(index[..., None] ^ jnp.asarray(_SEEDS, jnp.uint32))
+  return jnp.sum(_fmix32(w[..., None] ^ keys), axis=tuple(range(w.ndim)), dtype=jnp.uint32)
+
+
+@jax.jit
+def _tree_digests(leaves: list) -> jax.Array:
+  return jnp.stack([_leaf_digest(x) for x in leaves])
+
+
+def _stored_shape(x: Any) -> jax.ShapeDtypeStruct:
+  """Shape and dtype of a leaf as stored (typed PRNG keys as their raw key data)."""
+  if _is_key(x):
+    x = jax.eval_shape(jax.random.key_data, x)
+  return jax.ShapeDtypeStruct(np.shape(x), x.dtype if hasattr(x, "dtype") else np.asarray(x).dtype)
+
+
+def array_checksums(tree: Any) -> dict[str, str]:
+  """A digest of every leaf of `tree` (jax or numpy arrays; typed PRNG keys by their key data),
+  keyed by its tree path: `"<dtype>[<shape>]:<32 hex digits>"`.
+
+  The digest is computed where the arrays live, by one compiled reduction over the whole tree
+  (`_leaf_digest`); only the digests come to the host. It is the same for any sharding, mesh
+  and process count. It is a check against damage (flipped bits, truncated or mixed-up files),
+  not a cryptographic hash: it does not resist deliberate forgery."""
+  leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
+  if not leaves:
+    return {}
+  sums = np.asarray(sharding.to_host(_tree_digests([x for _, x in leaves])))
+  out = {}
+  for (path, x), row in zip(leaves, sums, strict=True):
+    s = _stored_shape(x)
+    out[jax.tree_util.keystr(path)] = (f"{np.dtype(s.dtype).name}[{','.join(map(str, s.shape))}]:"
+                                       + "".join(f"{int(v):08x}" for v in row))
+  return out
+
+
+def _sha256(x: np.ndarray) -> str:
   x = np.ascontiguousarray(x)
   h = hashlib.sha256(f"{x.dtype.str}{x.shape}|".encode())
   h.update(x.tobytes())
   return h.hexdigest()
 
 
-def array_checksums(tree: Any) -> dict[str, str]:
-  """SHA-256 of every leaf of a numpy pytree, keyed by its tree path."""
+def sha256_checksums(tree: Any) -> dict[str, str]:
+  """SHA-256 of every leaf of a numpy pytree, keyed by its tree path: the checksums of
+  checkpoints written before device digests (their record has no `digest` key)."""
   leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
-  return {jax.tree_util.keystr(path): _digest(leaf) for path, leaf in leaves}
+  return {jax.tree_util.keystr(path): _sha256(leaf) for path, leaf in leaves}
 
 
 def _json_digest(obj: Any) -> str:
@@ -206,7 +297,7 @@ class Checkpointer:
     """`initial`: the run's initial state (what `restore_latest` gets as its template); its
     unchanged leaves are not stored again (module docstring). None stores every leaf."""
     self.workdir = workdir
-    self._initial = {} if initial is None else array_checksums(to_numpy(initial))
+    self._initial = {} if initial is None else array_checksums(_raw(initial))
     self.directory = os.path.join(os.path.abspath(workdir), CHECKPOINT_DIR)
     options = ocp.CheckpointManagerOptions(
         max_to_keep=max_to_keep, create=True, enable_async_checkpointing=False,
@@ -218,73 +309,122 @@ class Checkpointer:
     return sorted(self._manager.all_steps())
 
   def save(self, arrays: Any, progress: Progress, meta: dict) -> None:
-    """Writes checkpoint `progress.cursor` (arrays on device, host record, checksums)."""
+    """Writes checkpoint `progress.cursor` (arrays on device, host record, checksums). Each
+    process writes the shards its devices hold (one copy of each); nothing is gathered."""
     step = progress.cursor
     if step in self._manager.all_steps():
       return  # this exact state is already saved (e.g. a periodic save at the last step)
-    host_arrays = to_numpy(arrays)
-    digests = array_checksums(host_arrays)
+    arrays = _raw(arrays)
+    digests = array_checksums(arrays)
     from_initial = {k: v for k, v in digests.items() if self._initial.get(k) == v}
-    host_arrays = _drop_empty(host_arrays, frozenset(from_initial))
+    arrays = _drop_empty(arrays, frozenset(from_initial))
     stored = [jax.tree_util.keystr(path) for path, _ in  # tree order; None leaves left out
-              jax.tree_util.tree_flatten_with_path(host_arrays)[0]]
+              jax.tree_util.tree_flatten_with_path(arrays)[0]]
     host = {"progress": progress.to_json(), **meta}
-    checksums = {"arrays": {k: digests[k] for k in stored}, "from_initial": from_initial,
-                 "host": _json_digest(host)}
+    checksums = {"digest": DIGEST_KIND, "arrays": {k: digests[k] for k in stored},
+                 "from_initial": from_initial, "host": _json_digest(host)}
     self._manager.save(step, force=True, args=ocp.args.Composite(
-        arrays=ocp.args.StandardSave(host_arrays), host=ocp.args.JsonSave(host),
+        arrays=ocp.args.StandardSave(arrays), host=ocp.args.JsonSave(host),
         checksums=ocp.args.JsonSave(checksums)))
     self._manager.wait_until_finished()
 
-  def _restore_verified(self, step: int, target: Any, initial: Any,
-                        initial_digests: dict[str, str]) -> tuple[Any, dict]:
-    """(arrays, host) of checkpoint `step`, every array verified: the stored ones against
-    their checksums, those left out as unchanged taken from `initial` (numpy, like `target`;
-    `initial_digests` its `array_checksums`)."""
+  def _restore_verified(self, step: int, template: Any, initial: dict) -> tuple[Any, dict]:
+    """(arrays like `template` and on its shardings, host) of checkpoint `step`, every array
+    verified: the stored ones against their digests, those left out as unchanged taken from
+    `template` (the run's initial state) once its digests match. Each process reads only the
+    shards its devices hold. `initial` caches what the SHA-256 format needs between calls."""
     checksums = self._manager.restore(step, args=ocp.args.Composite(
         checksums=ocp.args.JsonRestore()))["checksums"]
+    kind = checksums.get("digest", LEGACY_DIGEST)
+    if kind == LEGACY_DIGEST:
+      return self._restore_legacy(step, template, checksums, initial)
+    if kind != DIGEST_KIND:
+      raise WorkdirError(
+          f"checkpoint {step} in {self.directory} has checksums of kind {kind!r}, which this"
+          " version of olora_jax does not know; resume it with the version that wrote it, or"
+          " pass a new --workdir")
+    raw = _raw(template)
+    target = _drop_empty(jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), raw),
+        frozenset(checksums["from_initial"]))
+    out = self._manager.restore(step, args=ocp.args.Composite(
+        arrays=ocp.args.StandardRestore(target), host=ocp.args.JsonRestore()))
+    # Left-out leaves from the template: the zero-size ones and those unchanged since it. The
+    # whole tree is digested at once, like at a save (the same compiled program).
+    arrays = jax.tree.map(lambda r, t: t if r is None else r, out["arrays"], raw,
+                          is_leaf=lambda x: x is None)
+    found = array_checksums(arrays)
+    self._verify(step, out["host"], checksums, found, lambda: found)
+    arrays = jax.tree.map(
+        lambda r, t: jax.random.wrap_key_data(r, impl=jax.random.key_impl(t)) if _is_key(t)
+        else r, arrays, template)
+    return arrays, out["host"]
+
+  def _restore_legacy(self, step: int, template: Any, checksums: dict,
+                      initial: dict) -> tuple[Any, dict]:
+    """`_restore_verified` for a checkpoint written before device digests: its arrays are read
+    whole into every process and checked against their SHA-256, then placed on the template's
+    shardings."""
+    if "host_copy" not in initial:
+      initial["host_copy"] = to_numpy(template)
+    host_copy = initial["host_copy"]
     from_initial = checksums.get("from_initial", {})  # absent in older checkpoints
+    target = jax.tree.map(lambda x: np.zeros(x.shape, x.dtype), host_copy)
     out = self._manager.restore(step, args=ocp.args.Composite(
         arrays=ocp.args.StandardRestore(_drop_empty(target, frozenset(from_initial))),
         host=ocp.args.JsonRestore()))
-    arrays, host = out["arrays"], out["host"]
+
+    def initial_digests() -> dict[str, str]:
+      if "sha256" not in initial:
+        initial["sha256"] = sha256_checksums(host_copy)
+      return initial["sha256"]
+
+    self._verify(step, out["host"], checksums, sha256_checksums(out["arrays"]), initial_digests)
+
+    def leaf(r, i, t):  # left-out leaves: zero-size or unchanged since the initial state
+      r = i if r is None else r
+      return jax.random.wrap_key_data(jnp.asarray(r), impl=jax.random.key_impl(t)) if _is_key(
+          t) else r
+
+    arrays = jax.tree.map(leaf, out["arrays"], host_copy, template, is_leaf=lambda x: x is None)
+    return sharding.place_state(arrays, jax.tree.map(lambda t: t.sharding, template)), out["host"]
+
+  def _verify(self, step: int, host: dict, checksums: dict, found: dict[str, str],
+              initial_digests: Callable[[], dict[str, str]]) -> None:
+    """Raises ValueError when the host record or a stored array (`found`: their digests) does
+    not match its checksum, `InitialStateChanged` when a leaf left out as unchanged no longer
+    matches the initial state (`initial_digests()`)."""
     if _json_digest(host) != checksums["host"]:
       raise ValueError("the host record does not match its checksum")
-    found = array_checksums(arrays)
     bad = [k for k, v in checksums["arrays"].items() if found.get(k) != v]
-    if bad or set(found) != set(checksums["arrays"]):
+    if bad:
       raise ValueError(f"{len(bad)} array(s) do not match their checksums, e.g. {bad[:2]}")
-    changed = [k for k, v in from_initial.items() if initial_digests.get(k) != v]
+    from_initial = checksums.get("from_initial", {})
+    digests = initial_digests() if from_initial else {}
+    changed = [k for k, v in from_initial.items() if digests.get(k) != v]
     if changed:
       raise InitialStateChanged(
           f"checkpoint {step} in {self.directory} relies on this run's initial weights, but"
           f" {len(changed)} of them differ from when it was written (e.g. {changed[0]}): the"
           " pretrained file (or the code that builds the initial state) changed; restore the"
           " original file, or pass a new --workdir to start over")
-    # Left-out leaves back: the empty ones from the template's shapes, the unchanged ones
-    # from the initial state.
-    arrays = jax.tree_util.tree_map_with_path(
-        lambda path, r, t, i: r if r is not None else (
-            i if jax.tree_util.keystr(path) in from_initial else t),
-        arrays, target, initial, is_leaf=lambda x: x is None)
-    return arrays, host
 
   def restore_latest(self, template: Any) -> tuple[Any, dict] | None:
     """The newest checkpoint that restores and verifies, as (arrays like `template`, host).
 
-    Damaged checkpoints (unreadable, or any checksum mismatch) are moved to
-    `workdir/corrupt_checkpoints/` with a warning, so the run falls back to an older one and can
-    later save over their step numbers. Returns None when no checkpoint is usable.
+    `template` is the run's initial state, on the shardings the run uses: each process reads
+    only the shards it holds, and the arrays come back on those shardings. Damaged checkpoints
+    (unreadable, or any checksum mismatch) are moved to `workdir/corrupt_checkpoints/` with a
+    warning, so the run falls back to an older one and can later save over their step numbers.
+    Returns None when no checkpoint is usable.
     """
-    target = jax.tree.map(lambda x: np.zeros(x.shape, x.dtype), to_numpy_shapes(template))
-    initial = initial_digests = None
+    template = jax.tree.map(lambda x: x if isinstance(x, jax.Array) else jnp.asarray(x),
+                            template)
+    initial: dict = {}  # the template's host copy and SHA-256, if an old checkpoint needs them
     for step in sorted(self._manager.all_steps(), reverse=True):
       try:
-        if initial is None:  # the template is the run's initial state
-          initial = to_numpy(template)
-          initial_digests = array_checksums(initial)
-        arrays, host = self._restore_verified(step, target, initial, initial_digests)
-      except InitialStateChanged:
+        return self._restore_verified(step, template, initial)
+      except WorkdirError:
         raise  # not damage: every checkpoint of the run would say the same
       except Exception as e:  # any failure to restore means: do not use it
         reason = str(e).splitlines()[0] if str(e) else type(e).__name__
@@ -294,8 +434,6 @@ class Checkpointer:
         logging.warning("checkpoint %d in %s is damaged (%s: %s); moved it to %s and falling"
                         " back to an older one", step, self.directory, type(e).__name__,
                         reason[:200], moved)
-        continue
-      return _like_template(arrays, template), host
     return None
 
   def _quarantine(self, step: int) -> str:
@@ -309,17 +447,6 @@ class Checkpointer:
 
   def close(self) -> None:
     self._manager.close()
-
-
-def to_numpy_shapes(tree: Any) -> Any:
-  """Shapes and dtypes of `to_numpy(tree)` without copying anything to the host."""
-
-  def leaf(x):
-    if _is_key(x):
-      x = jax.eval_shape(jax.random.key_data, x)
-    return jax.ShapeDtypeStruct(np.shape(x), x.dtype)
-
-  return jax.tree.map(leaf, tree)
 
 
 def checkpoint_steps(workdir: str) -> list[int]:

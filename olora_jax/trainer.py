@@ -366,11 +366,13 @@ def _train_and_evaluate(setup: Setup, params: dict, method_key: jax.Array, workd
   train_step = make_guarded_step(method.train_step)
   state = initial_state(method, method_key, params, setup.mesh)
   shardings = sharding.state_shardings(state, setup.mesh)
+  state = sharding.place_state(state, shardings)  # one device: jit's single-device shardings
   several_devices = setup.mesh.devices.size > 1
   if c.eval.write_plots and primary:
     plots_lib.import_in_background()  # drawn at the end: imported while the device computes
 
-  # Resume: the whole run state from the newest checkpoint that verifies.
+  # Resume: the whole run state from the newest checkpoint that verifies, read onto the
+  # shardings of the initial state (each process reads only its shards).
   checkpointer = checkpointing.Checkpointer(workdir, c.max_to_keep, initial=state)
   meta = {"config": checkpointing.config_to_dict(config), "stream_sha256": stream.sha256()}
   restored = checkpointing.restore_run(checkpointer, state, config, meta["stream_sha256"])
@@ -381,7 +383,6 @@ def _train_and_evaluate(setup: Setup, params: dict, method_key: jax.Array, workd
     if primary:
       workdir_lib.verify_run_log(workdir, p.metrics_bytes, p.metrics_sha256, p.cursor)
     logging.warning("resuming %s at stream step %d of %d", workdir, p.cursor, len(stream.steps))
-  state = sharding.place_state(state, shardings)
   if primary:
     _write_json(os.path.join(workdir, "config.json"), meta["config"])
     manifest_sha256 = manifest_lib.write_manifest(

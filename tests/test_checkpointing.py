@@ -1,4 +1,5 @@
-"""Checkpoints: round trips, damaged checkpoints (flipped bytes, truncated files), NaN losses."""
+"""Checkpoints: round trips, damaged checkpoints (flipped bytes, truncated files), NaN losses,
+device digests on every layout, sharded saves, checkpoints of the older SHA-256 format."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+import legacy_checkpoint
 import numpy as np
 import pytest
 
@@ -254,3 +256,208 @@ def test_a_run_resumed_on_a_changed_pretrained_file_is_refused(tmp_path):
     trainer.train_and_evaluate(config, workdir, progress=False)
   path.write_bytes(original)
   assert trainer.train_and_evaluate(config, workdir, progress=False)["n_steps"] == 46
+
+
+# --------------------------------------------------------------------------------------------
+# Device digests: the same on every layout, sensitive to one byte; saves that gather nothing.
+
+EIGHT_DEVICES = {"XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"}
+
+
+def _run_on_eight_devices(script: str, *args: str) -> str:
+  root = Path(__file__).resolve().parents[1]
+  done = subprocess.run([sys.executable, "-c", script, *args], cwd=root, capture_output=True,
+                        text=True, timeout=300,
+                        env={**os.environ, **EIGHT_DEVICES,
+                             "PYTHONPATH": f"{root}{os.pathsep}{root / 'tests'}"})
+  assert done.returncode == 0, done.stderr[-3000:]
+  return done.stdout
+
+
+def _dtype_arrays() -> dict:
+  """One small array of each dtype a run's state holds, and a typed PRNG key array."""
+  rng = np.random.default_rng(0)
+  return {"f32": rng.standard_normal((16, 8)).astype(np.float32),
+          "bf16": rng.standard_normal((8, 24)).astype(jnp.bfloat16),
+          "f16": rng.standard_normal((8, 16)).astype(np.float16),
+          "i32": rng.integers(-2**31, 2**31, (8, 8), dtype=np.int32),
+          "u32": rng.integers(0, 2**32, (24, 8), dtype=np.uint32),
+          "u16": rng.integers(0, 2**16, (8, 8), dtype=np.uint16),
+          "u8": rng.integers(0, 256, (16, 16), dtype=np.uint8),
+          "bool": rng.random((8, 8)) < 0.5,
+          "vector": rng.standard_normal(24).astype(np.float32),
+          "scalar": np.float32(3.5),
+          "keys": jax.random.split(jax.random.key(7), 8)}
+
+
+LAYOUTS = """
+import json
+import jax, numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from olora_jax import checkpointing, sharding
+from test_checkpointing import _dtype_arrays
+arrays = _dtype_arrays()
+line = Mesh(np.array(jax.devices()), ("x",))
+grid = Mesh(np.array(jax.devices()).reshape(4, 2), ("a", "b"))
+def on(mesh, spec):
+  return lambda x: NamedSharding(mesh, P(*spec[:np.ndim(x)]))
+layouts = {
+    "one device": lambda x: jax.sharding.SingleDeviceSharding(jax.devices()[5]),
+    "replicated": on(line, ()),
+    "rows": on(line, ("x",)),
+    "columns": lambda x: on(line, (None, "x") if np.ndim(x) > 1 else ())(x),
+    "grid": on(grid, ("a", "b")),
+    "fsdp=8": lambda x: sharding.leaf_sharding(np.shape(x), sharding.make_mesh(8)),
+    "fsdp=2": lambda x: sharding.leaf_sharding(np.shape(x), sharding.make_mesh(2)),
+}
+out = {}
+for name, where in layouts.items():
+  placed = {k: jax.device_put(x, where(x)) for k, x in arrays.items()}
+  assert name in ("one device", "replicated") or not placed["f32"].is_fully_replicated, name
+  out[name] = checkpointing.array_checksums(placed)
+print(json.dumps(out))
+"""
+
+
+def test_digests_are_the_same_on_every_layout_and_device_count():
+  """One device here; eight devices in a subprocess, each array replicated or split along
+  either axis or both: the same digest of every dtype."""
+  here = checkpointing.array_checksums(_dtype_arrays())
+  assert len(set(here.values())) == len(here)
+  assert here["['keys']"].startswith("uint32[8,2]:") and here["['bf16']"].startswith(
+      "bfloat16[8,24]:")
+  for name, digests in json.loads(_run_on_eight_devices(LAYOUTS)).items():
+    assert digests == here, name
+
+
+def test_digests_change_with_any_flipped_byte_and_with_moved_elements():
+  for name, x in _dtype_arrays().items():
+    data = checkpointing.to_numpy(x)
+    want = checkpointing.array_checksums({"x": data})["['x']"]
+    flat = data.reshape(-1).view(np.uint8)
+    for i in {0, 1, 2, 3, flat.size // 2, flat.size - 1}:  # every byte of an element too
+      for bit in (0x01, 0x80):
+        damaged = flat.copy()
+        damaged[i] ^= bit
+        got = checkpointing.array_checksums({"x": damaged.view(data.dtype).reshape(data.shape)})
+        assert got["['x']"] != want, (name, i, bit)
+    if data.size > 1:  # the same values elsewhere
+      swapped = data.reshape(-1).copy()
+      swapped[[0, -1]] = swapped[[-1, 0]]
+      if not np.array_equal(swapped, data.reshape(-1)):
+        assert checkpointing.array_checksums({"x": swapped.reshape(data.shape)})["['x']"] != want
+    if data.ndim > 1:  # the same bits in another shape: told apart by the recorded shape
+      assert checkpointing.array_checksums({"x": data.reshape(-1)})["['x']"] != want
+  # Every lane differs, not only one: a 128-bit digest.
+  a = checkpointing.array_checksums({"x": np.zeros(4, np.float32)})["['x']"].split(":")[1]
+  b = checkpointing.array_checksums({"x": np.array([0, 0, 1e-45, 0], np.float32)})["['x']"]
+  assert all(a[i:i + 8] != b.split(":")[1][i:i + 8] for i in range(0, 32, 8))
+
+
+SHARDED_SAVE = """
+import sys
+import jax, jax.numpy as jnp, numpy as np
+from jax._src import array as array_lib
+from jax.experimental import multihost_utils
+from olora_jax import checkpointing, sharding
+workdir = sys.argv[1]
+
+def tree(v):
+  return {"w": jnp.arange(64 * 32, dtype=jnp.float32).reshape(64, 32) * v,
+          "b": jnp.full((32,), v), "frozen": jnp.ones((16, 64), jnp.bfloat16),
+          "key": jax.random.key(int(v)), "empty": jnp.zeros((0, 8))}
+
+def placed(t, fsdp):
+  return sharding.place_state(t, sharding.state_shardings(t, sharding.make_mesh(fsdp)))
+
+initial = placed(tree(0.0), 8)
+state = {**placed(tree(2.0), 8), "frozen": initial["frozen"]}
+progress = checkpointing.Progress.initial(10)
+progress.cursor = 1
+ckpt = checkpointing.Checkpointer(workdir, 2, initial=initial)
+largest = [0]  # the most elements copied to the host at once during the save
+value = array_lib.ArrayImpl._value
+def spy(self):
+  largest[0] = max(largest[0], self.size)
+  return value.fget(self)
+def refuse(*args, **kwargs):
+  raise AssertionError("a save gathered an array across processes")
+array_lib.ArrayImpl._value, multihost_utils.process_allgather = property(spy), refuse
+ckpt.save(state, progress, {"config": {}, "stream_sha256": "s"})
+array_lib.ArrayImpl._value = value
+shard = state["w"].addressable_shards[0].data.size
+assert state["w"].size == 8 * shard and 0 < largest[0] <= shard, (largest, shard)
+
+def same(a, b):
+  a, b = checkpointing.to_numpy(a), checkpointing.to_numpy(b)
+  return all(x.dtype == y.dtype and np.array_equal(x, y)
+             for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True))
+
+# Back on the template's shardings: the run's own mesh, or another one (a resume on fsdp=2).
+for fsdp in (8, 2):
+  template = placed(tree(0.0), fsdp)
+  arrays, _ = checkpointing.Checkpointer(workdir, 2, initial=template).restore_latest(template)
+  assert same(arrays, state), fsdp
+  for path, r, t in zip(jax.tree_util.tree_flatten_with_path(arrays)[0],
+                        jax.tree.leaves(arrays), jax.tree.leaves(template), strict=True):
+    assert r.sharding == t.sharding, (fsdp, path[0], r.sharding, t.sharding)
+  assert jax.dtypes.issubdtype(arrays["key"].dtype, jax.dtypes.prng_key)
+  print("RESTORED", fsdp)
+"""
+
+
+def test_a_sharded_state_is_saved_shard_by_shard_and_restored_on_the_templates_shardings(
+    tmp_path):
+  """FSDP over eight devices: no array is copied whole to the host during a save (the largest
+  host copy is one shard), nothing is gathered across processes, and a restore puts every leaf
+  on its template's sharding, on the saving mesh or another."""
+  out = _run_on_eight_devices(SHARDED_SAVE, str(tmp_path))
+  assert "RESTORED 8" in out and "RESTORED 2" in out
+  sums = json.loads((tmp_path / "checkpoints" / "1" / "checksums" / "metadata").read_text())
+  assert sums["digest"] == checkpointing.DIGEST_KIND
+  assert "['frozen']" in sums["from_initial"] and "['w']" in sums["arrays"]
+
+
+def test_a_checkpoint_of_the_sha256_format_still_restores_and_verifies(tmp_path, caplog):
+  """Workdirs written before device digests resume: their arrays are checked against their
+  SHA-256 (damage still quarantines them), their left-out leaves against the initial state."""
+  initial = {"frozen": jnp.arange(512, dtype=jnp.float32), **_tree(0.0)}
+  ckpt = checkpointing.Checkpointer(str(tmp_path), max_to_keep=5, initial=initial)
+  meta = {"config": {}, "stream_sha256": "s"}
+  states = {step: {**_tree(float(step)), "frozen": initial["frozen"]} for step in (1, 2)}
+  for step, state in states.items():
+    legacy_checkpoint.save(ckpt, step, state, {"progress": _progress(step).to_json(), **meta},
+                           initial=initial)
+  sums = json.loads((tmp_path / "checkpoints" / "2" / "checksums" / "metadata").read_text())
+  assert "digest" not in sums and "['frozen']" in sums["from_initial"]
+  arrays, host = ckpt.restore_latest(initial)
+  _assert_tree_equal(arrays, states[2])
+  assert host["progress"]["cursor"] == 2
+  assert jax.dtypes.issubdtype(arrays["key"].dtype, jax.dtypes.prng_key)
+
+  other = {**initial, "frozen": initial["frozen"].at[3].set(-1.0)}
+  with pytest.raises(checkpointing.InitialStateChanged, match=r"\['frozen'\]"):
+    checkpointing.Checkpointer(str(tmp_path), 5, initial=other).restore_latest(other)
+
+  path = _largest_array_file(str(tmp_path), 2)
+  data = bytearray(open(path, "rb").read())
+  for i in range(64, len(data), 401):
+    data[i] ^= 0xFF
+  open(path, "wb").write(bytes(data))
+  with caplog.at_level(logging.WARNING):
+    arrays, _ = ckpt.restore_latest(initial)
+  _assert_tree_equal(arrays, states[1])
+  assert "checkpoint 2" in caplog.text and (tmp_path / "corrupt_checkpoints" / "2").is_dir()
+  # The run goes on in the new format, next to the old checkpoint.
+  ckpt.save({**_tree(3.0), "frozen": initial["frozen"]}, _progress(3), meta)
+  assert ckpt.steps() == [1, 3]
+  _assert_tree_equal(ckpt.restore_latest(initial)[0], {**_tree(3.0), "frozen": initial["frozen"]})
+
+
+def test_a_checkpoint_of_an_unknown_digest_kind_is_refused_not_quarantined(tmp_path):
+  ckpt = _save_two(str(tmp_path))
+  path = tmp_path / "checkpoints" / "2" / "checksums" / "metadata"
+  path.write_text(json.dumps({**json.loads(path.read_text()), "digest": "device-v9"}))
+  with pytest.raises(checkpointing.WorkdirError, match=r"kind 'device-v9'.*pass a new"):
+    ckpt.restore_latest(_tree(0.0))
+  assert ckpt.steps() == [1, 2]

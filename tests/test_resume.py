@@ -7,6 +7,8 @@ import json
 import shutil
 import signal
 
+import jax
+import legacy_checkpoint
 import pytest
 import tiny_run
 from tiny_run import N_STEPS, assert_same_run, snapshot, steps, stop_after_checkpoint
@@ -63,6 +65,33 @@ def test_resume_falls_back_over_a_damaged_newest_checkpoint(tmp_path, tiny_refer
   assert "checkpoint 46" in caplog.text and "damaged" in caplog.text
   assert (workdir / "corrupt_checkpoints" / str(N_STEPS)).is_dir()
   assert_same_run(workdir, reference)  # steps 44 and 45 redone in this process
+
+
+def test_a_workdir_of_sha256_checkpoints_resumes_bit_exact(tmp_path, tiny_reference, caplog):
+  """A workdir whose checkpoints predate device digests (tests/legacy_checkpoint.py) resumes
+  from them and ends as the uninterrupted run."""
+  workdir = tmp_path / "run"
+  shutil.copytree(tiny_reference, workdir)
+  (workdir / "results.json").unlink()
+  shutil.rmtree(workdir / "checkpoints" / str(N_STEPS))  # killed before the last checkpoint
+  config = tiny_run.config()
+  setup = trainer.Setup(config)
+  init_key, method_key = jax.random.split(jax.random.key(setup.config.seed))
+  params = trainer.initial_params(setup, setup.config, init_key)
+  initial = trainer.initial_state(setup.method, method_key, params, setup.mesh)
+  ckpt = checkpointing.Checkpointer(str(workdir), config.max_to_keep, initial=initial)
+  step = ckpt.steps()[-1]
+  arrays, host = ckpt.restore_latest(initial)
+  shutil.rmtree(workdir / "checkpoints" / str(step))
+  ckpt._manager.reload()
+  legacy_checkpoint.save(ckpt, step, arrays, host, initial=initial)
+  ckpt.close()
+  sums = json.loads((workdir / "checkpoints" / str(step) / "checksums" / "metadata").read_text())
+  assert "digest" not in sums and sums["from_initial"] and step < N_STEPS
+  trainer.train_and_evaluate(config, str(workdir), progress=False)
+  assert f"at stream step {step} of" in caplog.text  # resumed from it, not started over
+  assert not (workdir / "corrupt_checkpoints").exists()
+  assert_same_run(workdir, tiny_reference)
 
 
 def test_a_different_config_is_refused_and_the_workdir_left_as_it_was(tmp_path, tiny_reference):

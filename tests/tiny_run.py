@@ -69,7 +69,7 @@ def stop_after_checkpoint(workdir: Path, at_least: int, sig: int,
 
 
 def final_checksums(workdir: Path) -> dict:
-  """SHA-256 of every array of the final checkpoint: params, optimizer state, Omega, buffer."""
+  """The digest of every array of the final checkpoint: params, optimizer state, Omega, buffer."""
   path = workdir / "checkpoints" / str(N_STEPS) / "checksums" / "metadata"
   return json.loads(path.read_text())["arrays"]
 
