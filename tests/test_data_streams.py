@@ -4,6 +4,8 @@ order, one pass over the data, seeded determinism, and a golden manifest hash.""
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 
@@ -211,5 +213,17 @@ def test_pipeline_yields_the_stream_in_order(augment):
     assert batch["images"].shape == (8, 12, 12, 3) and batch["mask"].sum() == n
     assert np.array_equal(batch["labels"][:n], labels[stream.steps[step]])
     assert np.array_equal(batch["images"], pipe.batch(step)["images"])  # deterministic
+  # `place` (the loop's copy to the devices) runs in the preparing threads, one batch each, and
+  # the placed batches still come in stream order, from any start.
+  threads = set()
+
+  def place(batch):
+    threads.add(threading.current_thread())
+    return ("placed", batch)
+
+  placed = list(pipe.iterate(2, place))
+  assert len(placed) == len(stream.steps) - 2 and threading.main_thread() not in threads
+  for step, (tag, batch) in enumerate(placed, start=2):
+    assert tag == "placed" and np.array_equal(batch["images"], batches[step]["images"])
   with pytest.raises(ValueError, match="data.prefetch=0"):
     InputPipeline(source, stream, 8, 12, prefetch=0)
