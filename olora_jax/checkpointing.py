@@ -393,8 +393,9 @@ class Checkpointer:
 
     def leaf(r, i, t):  # left-out leaves: zero-size or unchanged since the initial state
       r = i if r is None else r
-      return jax.random.wrap_key_data(jnp.asarray(r), impl=jax.random.key_impl(t)) if _is_key(
-          t) else r
+      if _is_key(t):
+        return jax.random.wrap_key_data(jnp.asarray(r), impl=jax.random.key_impl(t))
+      return r
 
     arrays = jax.tree.map(leaf, out["arrays"], host_copy, template, is_leaf=lambda x: x is None)
     return sharding.place_state(arrays, jax.tree.map(lambda t: t.sharding, template)), out["host"]
