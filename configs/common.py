@@ -11,8 +11,6 @@ Keys that matter:
   model.image_size              input resolution; pretrained position embeddings are resampled
   model.compute_dtype           'float32' | 'bfloat16': the ViT's computation dtype (parameters,
                                 optimizer state, Omega, losses and the window stay float32)
-  model.attention_chunk_bytes   on one CPU device, attention whose scores exceed this many bytes
-                                runs in chunks of examples (faster, same bits); 0 = never
   sharding.fsdp                 devices over which each weight matrix of the state is split
                                 (FSDP); 1 = replicated, plain data parallelism
   distributed.initialize, .coordinator_address, .num_processes, .process_id
@@ -100,11 +98,6 @@ def get_config() -> ml_collections.ConfigDict:
   # The ViT's computation dtype: 'float32' or 'bfloat16' (mixed precision for GPU/TPU:
   # parameters, optimizer state, Omega, losses and the loss window stay float32).
   config.model.compute_dtype = "float32"
-  # On the CPU backend with one device, attention whose (B, H, T, T) float32 scores exceed this
-  # many bytes runs a chunk of examples at a time (olora_jax.models.vit.attention_chunk): the same
-  # bits as one piece on the shapes checked, and faster once the scores outgrow the cache.
-  # 0 turns it off; accelerators and multi-device meshes always compute one piece.
-  config.model.attention_chunk_bytes = 4 * 2**20
 
   # Where arrays live (olora_jax/sharding.py): fsdp > 1 splits every weight matrix of the state
   # (the frozen backbone, and whatever the method trains whole) over that many devices, FSDP

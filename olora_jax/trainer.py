@@ -90,8 +90,7 @@ class Setup:
       validation.check_source(source.labels, sample_images, self.num_classes,
                               f"data.dataset={c.data.dataset!r} ({source.split} split)")
     self.model = VisionTransformer(self.spec, self.num_classes,
-                                   dtype=COMPUTE_DTYPES[c.model.compute_dtype],
-                                   attention_chunk_bytes=c.model.attention_chunk_bytes)
+                                   dtype=COMPUTE_DTYPES[c.model.compute_dtype])
     # The method's builder validates its config block before any compute.
     self.method = methods_lib.build(methods_base.Context(
         config=c, model=self.model, spec=self.spec, num_classes=self.num_classes,

@@ -103,9 +103,6 @@ def check_config(config: ml_collections.ConfigDict, width: int) -> None:
   _require(c.model.compute_dtype in COMPUTE_DTYPES,
            f"model.compute_dtype={c.model.compute_dtype!r} must be one of"
            f" {sorted(COMPUTE_DTYPES)}; bfloat16 pays off on GPUs and TPUs")
-  _require(isinstance(c.model.attention_chunk_bytes, int) and c.model.attention_chunk_bytes >= 0,
-           f"model.attention_chunk_bytes={c.model.attention_chunk_bytes!r} must be an integer >= 0"
-           " (0: attention in one piece)")
   _require(isinstance(c.sharding.fsdp, int) and c.sharding.fsdp >= 1,
            f"sharding.fsdp={c.sharding.fsdp!r} must be an integer >= 1 (1: no weight sharding)")
   _require(c.data.n_tasks >= 1, f"data.n_tasks={c.data.n_tasks} must be >= 1")

@@ -7,7 +7,6 @@ import pytest
 from numerics import assert_close
 
 from olora_jax.models import lora as lora_lib
-from olora_jax.models import vit
 from olora_jax.models.vit import PRESETS, VisionTransformer, ViTSpec
 
 SPEC = ViTSpec(width=32, depth=2, num_heads=4, mlp_dim=64, patch_size=4, image_size=16)
@@ -131,50 +130,6 @@ def test_bfloat16_compute_tracks_float32(model_and_params):
   g16 = jnp.concatenate([g.ravel() for g in jax.tree.leaves(grads16)])
   assert g16.dtype == jnp.float32
   assert float(g16 @ g32 / (jnp.linalg.norm(g16) * jnp.linalg.norm(g32))) > 0.99
-
-
-def test_attention_chunk_is_a_divisor_that_fits_or_holds_the_minimum_rows():
-  """One piece when off, when the scores fit, or on the tiny models; else a divisor of the batch."""
-  budget = vit.ATTENTION_CHUNK_BYTES
-  assert jax.default_backend() == "cpu" and jax.device_count() == 1
-  assert vit.attention_chunk(40, 6, 197, 0) == 40  # off
-  assert vit.attention_chunk(20, 4, 65, budget) == 20  # 1.4 MB of scores fit
-  assert vit.attention_chunk(80, 2, 65, 1) == 80  # too few rows to split
-  for batch, heads, tokens in [(40, 6, 197), (256, 4, 65), (40, 16, 257), (12, 6, 197)]:
-    chunk = vit.attention_chunk(batch, heads, tokens, budget)
-    assert batch % chunk == 0
-    assert chunk == batch or chunk * heads * tokens >= vit.ATTENTION_CHUNK_MIN_ROWS
-  assert vit.attention_chunk(40, 6, 197, budget) == 8  # ViT-S/16, a full-buffer reference step
-  assert vit.attention_chunk(256, 4, 65, budget) == 32  # the demo's evaluation batch
-
-
-def test_chunked_attention_computes_what_one_piece_computes():
-  """A batch whose attention runs in chunks (a scan) gives the one-piece logits and gradients.
-  (On the 2-core x86 machines we test on they are the same bits; other CPUs may split the fused
-  kernel differently, so this allows float rounding.)"""
-  spec = ViTSpec(width=32, depth=1, num_heads=2, mlp_dim=64, patch_size=4, image_size=32)
-  images = jax.random.uniform(jax.random.key(0), (128, 32, 32, 3))
-  labels = jnp.arange(128) % 5
-  one_piece = VisionTransformer(spec, num_classes=5, attention_chunk_bytes=0)
-  chunked = VisionTransformer(spec, num_classes=5, attention_chunk_bytes=1)
-  assert vit.attention_chunk(128, 2, 65, 1) == 64
-  params = one_piece.init(jax.random.key(1), images[:2])["params"]
-  lora = jax.tree.map(lambda x: x + 0.05, lora_lib.init_lora(jax.random.key(3), spec, rank=4))
-
-  def loss(model, lora):
-    logits = model.apply({"params": params}, images, lora=lora)
-    return jnp.mean(-jax.nn.log_softmax(logits)[jnp.arange(128), labels]), logits
-
-  results = {}
-  for name, model in (("one", one_piece), ("chunked", chunked)):
-    fn = jax.value_and_grad(lambda f, m=model: loss(m, f), has_aux=True)
-    assert ("scan" in str(jax.make_jaxpr(fn)(lora))) == (name == "chunked")
-    results[name] = jax.jit(fn)(lora)
-  (loss1, logits1), grads1 = results["one"]
-  (loss2, logits2), grads2 = results["chunked"]
-  assert_close(logits2, logits1)
-  assert_close(loss2, loss1)
-  jax.tree.map(assert_close, grads2, grads1)
 
 
 @pytest.mark.parametrize("name, params", [("vit_ti16", 5_717_416), ("vit_s16", 22_050_664),

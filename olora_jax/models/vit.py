@@ -40,7 +40,6 @@ import dataclasses
 from typing import Any
 
 import flax.linen as nn
-import jax
 import jax.numpy as jnp
 
 LAYER_NORM_EPS = 1e-6
@@ -51,12 +50,6 @@ LORA_TARGETS = ("query", "value")
 COMPUTE_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 # What the classifier reads: the class token, or the mean of the prompt tokens' outputs (L2P).
 POOLING = ("token", "prompts")
-# On one CPU device, attention whose scores (B, H, T, T) exceed this many float32 bytes runs a
-# chunk of examples at a time (`attention_chunk`; `model.attention_chunk_bytes`, 0 turns it off).
-ATTENTION_CHUNK_BYTES = 4 * 2**20
-# A chunk holds at least this many (example, head, query) rows of scores: below it XLA:CPU splits
-# the fused attention differently and its results stop matching the one-piece computation's bits.
-ATTENTION_CHUNK_MIN_ROWS = 8192
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,7 +128,6 @@ class Attention(nn.Module):
 
   num_heads: int
   dtype: Any = jnp.float32
-  chunk_bytes: int = ATTENTION_CHUNK_BYTES  # see `attention_chunk`
 
   @nn.compact
   def __call__(self, x: jnp.ndarray, lora: dict | None = None) -> jnp.ndarray:
@@ -148,43 +140,10 @@ class Attention(nn.Module):
       return y.reshape(batch, tokens, self.num_heads, head_dim)
 
     q, k, v = heads("query"), heads("key"), heads("value")
-    chunk = attention_chunk(batch, self.num_heads, tokens, self.chunk_bytes)
-    if chunk == batch:
-      out = scaled_dot_product(q, k, v, self.dtype)
-    else:  # the same expression on `chunk` examples at a time, in batch order
-      split = lambda a: a.reshape(batch // chunk, chunk, *a.shape[1:])
-      out = jax.lax.map(lambda qkv: scaled_dot_product(*qkv, self.dtype),
-                        (split(q), split(k), split(v)))
-    return LoRADense(width, dtype=self.dtype, name="out")(out.reshape(batch, tokens, width))
-
-
-def scaled_dot_product(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, dtype: Any) -> jnp.ndarray:
-  """softmax(q k^T / sqrt(d)) v per head: (B, T, H, d) inputs, (B, T, H, d) output."""
-  logits = jnp.einsum("bqhd,bkhd->bhqk", q, k) / jnp.sqrt(q.shape[-1]).astype(q.dtype)
-  weights = nn.softmax(logits.astype(jnp.float32), axis=-1).astype(dtype)
-  return jnp.einsum("bhqk,bkhd->bqhd", weights, v)
-
-
-def attention_chunk(batch: int, heads: int, tokens: int, budget: int) -> int:
-  """Examples per attention chunk: `batch` (one piece), or on a single CPU device with scores over
-  `budget` bytes (> 0) a divisor of `batch`: the largest whose scores fit, raised to the smallest
-  that holds `ATTENTION_CHUNK_MIN_ROWS` rows.
-
-  Why: XLA:CPU fuses QK^T, softmax and AV into one kernel that slows down several-fold once its
-  scores outgrow the cache (a ViT-S/16 step on 40 images spent about 40% of its time there);
-  chunks near the cache's size run at the speed of the dense layers. Each example's attention is
-  the same expression either way; with chunks of at least the minimum rows the results were the
-  same bits as one piece on every shape checked (docs/performance.md). Accelerators and
-  multi-device meshes, whose batch axis is sharded, keep one piece.
-  """
-  per_example = heads * tokens * tokens * 4
-  if budget <= 0 or batch * per_example <= budget or jax.default_backend() != "cpu" \
-      or jax.device_count() != 1:
-    return batch
-  divisors = [c for c in range(1, batch + 1) if batch % c == 0]
-  fits = max(c for c in divisors if c == 1 or c * per_example <= budget)
-  enough = min(c for c in divisors if c == batch or c * heads * tokens >= ATTENTION_CHUNK_MIN_ROWS)
-  return max(fits, enough)
+    logits = jnp.einsum("bqhd,bkhd->bhqk", q, k) / jnp.sqrt(head_dim).astype(x.dtype)
+    weights = nn.softmax(logits.astype(jnp.float32), axis=-1).astype(self.dtype)
+    out = jnp.einsum("bhqk,bkhd->bqhd", weights, v).reshape(batch, tokens, width)
+    return LoRADense(width, dtype=self.dtype, name="out")(out)
 
 
 class MlpBlock(nn.Module):
@@ -202,12 +161,11 @@ class EncoderBlock(nn.Module):
   num_heads: int
   mlp_dim: int
   dtype: Any = jnp.float32
-  attention_chunk_bytes: int = ATTENTION_CHUNK_BYTES
 
   @nn.compact
   def __call__(self, x: jnp.ndarray, lora: dict | None = None) -> jnp.ndarray:
     y = nn.LayerNorm(epsilon=LAYER_NORM_EPS, dtype=self.dtype, name="LayerNorm_0")(x)
-    x = x + Attention(self.num_heads, self.dtype, self.attention_chunk_bytes, name="attn")(y, lora)
+    x = x + Attention(self.num_heads, self.dtype, name="attn")(y, lora)
     y = nn.LayerNorm(epsilon=LAYER_NORM_EPS, dtype=self.dtype, name="LayerNorm_1")(x)
     return x + MlpBlock(self.mlp_dim, self.dtype, name="mlp")(y)
 
@@ -233,7 +191,6 @@ class VisionTransformer(nn.Module):
   spec: ViTSpec
   num_classes: int
   dtype: Any = jnp.float32  # the computation dtype (module docstring); parameters are float32
-  attention_chunk_bytes: int = ATTENTION_CHUNK_BYTES  # CPU attention chunking (`attention_chunk`)
 
   @nn.compact
   def __call__(self, images: jnp.ndarray, lora: dict | None = None,
@@ -255,8 +212,7 @@ class VisionTransformer(nn.Module):
     lora = lora or {}
     for i in range(s.depth):
       name = f"encoderblock_{i}"
-      x = EncoderBlock(s.num_heads, s.mlp_dim, self.dtype, self.attention_chunk_bytes,
-                       name=name)(x, lora.get(name))
+      x = EncoderBlock(s.num_heads, s.mlp_dim, self.dtype, name=name)(x, lora.get(name))
     x = nn.LayerNorm(epsilon=LAYER_NORM_EPS, dtype=self.dtype, name="encoder_norm")(x)
     if pool == "token":
       features = x[:, 0]  # class-token pooling, (B, D)
