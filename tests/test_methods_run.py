@@ -14,9 +14,7 @@ import json
 import logging
 import shutil
 
-import jax
 import pytest
-from jax._src import compilation_cache
 
 from configs import tiny
 from olora_jax import compute, plots, trainer
@@ -72,22 +70,6 @@ def _outputs(workdir) -> tuple[dict, bytes, dict]:
   checksums = json.loads((workdir / "checkpoints" / str(steps[-1]) / "checksums" / "metadata")
                          .read_text())["arrays"]
   return results, (workdir / "metrics.jsonl").read_bytes(), checksums
-
-
-@pytest.fixture(scope="module", autouse=True)
-def compile_once(tmp_path_factory):
-  """A persistent compilation cache for this module: the three runs of a method (and the
-  functions every method shares: init, evaluator) compile once, later runs load the result."""
-  keys = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
-          "jax_persistent_cache_min_entry_size_bytes")
-  before = {k: getattr(jax.config, k) for k in keys}
-  for k, v in zip(keys, (str(tmp_path_factory.mktemp("xla_cache")), 0, 0), strict=True):
-    jax.config.update(k, v)
-  compilation_cache.reset_cache()  # takes the new directory
-  yield
-  for k, v in before.items():
-    jax.config.update(k, v)
-  compilation_cache.reset_cache()
 
 
 @pytest.fixture(scope="module", params=BASELINES)
