@@ -46,6 +46,11 @@ Keys that matter:
   learner.max_skipped_fraction  with skip_nonfinite: stop (exit 3) once more than this fraction of
                                 the stream's steps has been skipped
   eval.eval_every               anytime evaluation period, in samples
+  eval.predict_chunk            the evaluator's forward passes take this many images per device
+                                at a time (the pieces of a test batch run one after another in
+                                one program); 0 = the whole batch in one pass (best on GPU/TPU).
+                                On CPUs smaller passes stay in the caches: configs/demo.py uses
+                                64. Any value gives the same predictions (docs/performance.md)
   eval.mask_unseen_logits       evaluate with the logits of not-yet-seen classes masked (Si-Blurry)
   eval.write_plots              draw DIR/plots/*.png at the end of the run
   fidelity                      'paper' (default) | 'reference' (the authors' released code):
@@ -233,6 +238,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.eval = ml_collections.ConfigDict()
   config.eval.eval_every = 1000
   config.eval.batch_size = 256
+  config.eval.predict_chunk = 0
   config.eval.mask_unseen_logits = False
   config.eval.write_plots = True
 

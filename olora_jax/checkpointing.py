@@ -78,10 +78,11 @@ CHECKPOINT_DIR = "checkpoints"
 CORRUPT_DIR = "corrupt_checkpoints"
 # Keys that change how a run is checkpointed or drawn, not what it computes: they may differ on
 # resume. So do the placement keys: the device mesh and the processes may change between the
-# processes of one run (results agree within float tolerance across meshes), and where images are
-# preprocessed (both places give the same batches bit for bit).
+# processes of one run (results agree within float tolerance across meshes), where images are
+# preprocessed (both places give the same batches bit for bit), and how many test images the
+# evaluator passes through the model at once.
 OPERATIONAL_KEYS = ("checkpoint_every", "max_to_keep", "eval.write_plots", "data.preprocess",
-                    "sharding.fsdp",
+                    "eval.predict_chunk", "sharding.fsdp",
                     "distributed.initialize", "distributed.coordinator_address",
                     "distributed.num_processes", "distributed.process_id")
 

@@ -105,18 +105,43 @@ def group_accuracies(counts: ClassCounts, groups: EvaluationGroups,
   return np.array(out)
 
 
+def predict_in_pieces(predict_fn: Callable[..., jax.Array], state: Any, images: jax.Array,
+                      chunk: int, n_shards: int = 1) -> jax.Array:
+  """`predict_fn(state, images)` (B, C), computed `chunk` images per shard at a time.
+
+  The batch's rows are split in `n_shards` equal blocks (one per device, as the batch is
+  sharded); piece i holds rows i*chunk..(i+1)*chunk - 1 of every block, so each device keeps
+  predicting its own rows, and `jax.lax.map` runs the pieces one after another. Each example's
+  logits depend on that example alone, so the pieces give the whole batch's predictions; the
+  smaller passes keep a large batch's activations in the CPU caches. `chunk=0`, or a chunk
+  holding a whole block, is one pass."""
+  b = images.shape[0]
+  if not chunk or b // n_shards <= chunk:
+    return predict_fn(state, images)
+  pieces = b // n_shards // chunk
+  rest = images.shape[1:]
+  x = images.reshape(n_shards, pieces, chunk, *rest).swapaxes(0, 1)
+  logits = jax.lax.map(lambda piece: predict_fn(state, piece),
+                       x.reshape(pieces, n_shards * chunk, *rest))  # (pieces, shards*chunk, C)
+  logits = logits.reshape(pieces, n_shards, chunk, -1).swapaxes(0, 1)
+  return logits.reshape(b, -1)
+
+
 def make_count_fn(predict_fn: Callable[..., jax.Array], num_classes: int,
-                  num_domains: int = 1, preprocess_fn: Callable | None = None) -> Callable:
+                  num_domains: int = 1, preprocess_fn: Callable | None = None,
+                  predict_chunk: int = 0, n_shards: int = 1) -> Callable:
   """Jitted `(state, images, labels, domains, mask, class_mask, correct, total) ->
   (correct, total)`: adds one padded batch's per-(domain, class) counts to the (D, C)
   accumulators; `domains` (B,) are row indices 0..D-1. With `preprocess_fn(images, mask)`, the
-  images are uint8 and become the model's input inside the same program (data.preprocess)."""
+  images are uint8 and become the model's input inside the same program (data.preprocess).
+  With `predict_chunk`, the logits are computed that many images per shard at a time
+  (`predict_in_pieces`, eval.predict_chunk)."""
 
   def count(state, images, labels, domains, mask, class_mask, correct, total):
     TRACE_COUNTS["count"] += 1
     if preprocess_fn is not None:
       images = preprocess_fn(images, mask)
-    logits = predict_fn(state, images)  # (B, C)
+    logits = predict_in_pieces(predict_fn, state, images, predict_chunk, n_shards)  # (B, C)
     logits = jnp.where(class_mask[None, :], logits, -jnp.inf)
     hits = (jnp.argmax(logits, axis=-1) == labels) & mask  # (B,)
     cells = jnp.zeros((num_domains, num_classes), jnp.int32)
@@ -127,14 +152,27 @@ def make_count_fn(predict_fn: Callable[..., jax.Array], num_classes: int,
   return jax.jit(count)
 
 
+def check_predict_chunk(chunk: int, batch_size: int, n_devices: int) -> None:
+  """eval.predict_chunk: 0 (one pass) or a divisor of each device's rows of a test batch."""
+  per_device = batch_size // n_devices
+  if chunk < 0 or (chunk and per_device % chunk):
+    raise ValueError(
+        f"eval.predict_chunk={chunk} must be 0 (whole batches) or divide the {per_device} rows"
+        f" of a test batch per device (eval.batch_size={batch_size} over {n_devices} devices);"
+        " pick a divisor")
+
+
 class Evaluator:
   """Per-class counts of `predict` on a test `Source`; see the module docstring."""
 
   def __init__(self, source: Source, image_size: int, batch_size: int, num_classes: int,
                predict_fn: Callable[..., jax.Array], mask_unseen_logits: bool = False,
-               mesh: Mesh | None = None, input_scale: str = "unit", preprocess: str = "host"):
+               mesh: Mesh | None = None, input_scale: str = "unit", preprocess: str = "host",
+               predict_chunk: int = 0):
     if batch_size < 1:
       raise ValueError(f"eval.batch_size={batch_size} must be >= 1")
+    self.mesh = mesh or sharding.make_mesh()  # batches split over devices (olora_jax/sharding.py)
+    check_predict_chunk(predict_chunk, batch_size, self.mesh.devices.size)
     if len(source) and int(source.labels.max()) >= num_classes:
       raise ValueError(
           f"test label {int(source.labels.max())} >= num_classes={num_classes}; the head must"
@@ -159,8 +197,8 @@ class Evaluator:
       self._stored_shape = device_image_shape(source, "none")
       preprocess_fn = functools.partial(device_preprocess.preprocess_images,
                                         image_size=image_size, input_scale=input_scale)
-    self._count = make_count_fn(predict_fn, num_classes, len(self.domain_ids), preprocess_fn)
-    self.mesh = mesh or sharding.make_mesh()  # batches split over devices (olora_jax/sharding.py)
+    self._count = make_count_fn(predict_fn, num_classes, len(self.domain_ids), preprocess_fn,
+                                predict_chunk, self.mesh.devices.size)
     # This process's rows of each test batch (all of them in a single-process run).
     self.rows = sharding.local_rows(batch_size, self.mesh)
     self.input_scale = input_scale

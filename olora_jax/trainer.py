@@ -110,6 +110,7 @@ class Setup:
     self.mesh = sharding.make_mesh(c.sharding.fsdp)
     sharding.check_divisible(c.learner.batch_size, self.mesh, "learner.batch_size")
     sharding.check_divisible(c.eval.batch_size, self.mesh, "eval.batch_size")
+    evaluate.check_predict_chunk(c.eval.predict_chunk, c.eval.batch_size, self.mesh.devices.size)
     # Each process prepares only its rows of every batch (all of them with one process).
     self.pipeline = InputPipeline(self.train_source, self.stream, c.learner.batch_size,
                                   self.spec.image_size, c.data.augment, c.seed, c.data.prefetch,
@@ -392,7 +393,8 @@ def _train_and_evaluate(setup: Setup, params: dict, method_key: jax.Array, workd
   # The evaluator reads the state through the method's pure `predict` and never changes it.
   evaluator = Evaluator(setup.test_source, spec.image_size, c.eval.batch_size, setup.num_classes,
                         method.predict, c.eval.mask_unseen_logits, mesh=setup.mesh,
-                        input_scale=c.data.input_scale, preprocess=c.data.preprocess)
+                        input_scale=c.data.input_scale, preprocess=c.data.preprocess,
+                        predict_chunk=c.eval.predict_chunk)
   log = (RunLog(os.path.join(workdir, "metrics.jsonl"),
                 tb_writer.make_scalar_writer(os.path.join(workdir, "tensorboard")),
                 truncate_to=p.metrics_bytes) if primary else NullLog())

@@ -46,6 +46,7 @@ BAD_VALUES = [
     ("learner.buffer_size", -1, r"learner.buffer_size=-1 must be >= 0"),
     ("learner.reg_lambda", -1.0, r"learner.reg_lambda=-1.0 must be >= 0"),
     ("eval.eval_every", 0, r"eval.eval_every=0 must be >= 1"),
+    ("eval.predict_chunk", 48, r"eval.predict_chunk=48 must be 0 .* divide the 128 rows"),
     ("checkpoint_every", -1, r"checkpoint_every=-1 must be >= 0"),
     ("max_to_keep", 0, r"max_to_keep=0 must be >= 1"),
     ("data.scenario", "blurry", r"unknown data.scenario='blurry'"),

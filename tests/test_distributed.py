@@ -115,8 +115,11 @@ def test_backbone_sharded_over_eight_devices_matches_one_device(tmp_path, compil
                                                       "PYTHONPATH": str(ROOT)})
   assert check.returncode == 0 and "SHARDED" in check.stdout, check.stderr[-3000:]
 
+  # The evaluator's forward passes in pieces of 8 test images per device, too (2 pieces of each
+  # device's 16 rows): every device keeps predicting its own rows.
   workdir = tmp_path / "fsdp8"
   done = subprocess.run(command(workdir, "--config.sharding.fsdp=8",
+                                "--config.eval.predict_chunk=8",
                                 "--config.eval.write_plots=False"),
                         cwd=ROOT, capture_output=True, text=True, timeout=600,
                         env=_devices_env(compilation_cache, 8))

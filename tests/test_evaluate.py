@@ -127,9 +127,43 @@ def test_uncached_path_gives_the_same_counts(setup, monkeypatch):
   np.testing.assert_array_equal(counts.correct, cached.correct)
 
 
+@pytest.mark.parametrize("n_shards", [1, 2])
+def test_predictions_in_pieces_keep_every_row_in_place(n_shards):
+  # A per-row function of the images (and the state): any row moved or mixed would show.
+  images = np.arange(24 * 3, dtype=np.float32).reshape(24, 3)
+  predict = lambda state, x: x * state + x.sum(-1, keepdims=True)  # noqa: E731
+  whole = np.asarray(predict(2.0, images))
+  for chunk in (1, 2, 3, 4, 6, 12 // n_shards * n_shards):
+    if (24 // n_shards) % chunk:
+      continue
+    got = jax.jit(lambda s, x, c=chunk: evaluate.predict_in_pieces(predict, s, x, c, n_shards))(
+        2.0, images)
+    np.testing.assert_array_equal(np.asarray(got), whole)
+
+
+def test_predictions_in_pieces_give_the_same_counts(setup, monkeypatch):
+  source, learner, state, frozen, _ = setup
+  whole = evaluate.Evaluator(source, 16, 8, C, _predict(learner)).all_counts((state, frozen), [0])
+  traced = jax.make_jaxpr(lambda s, x: evaluate.predict_in_pieces(_predict(learner), s, x, 2))(
+      (state, frozen), np.zeros((8, 16, 16, 3), np.float32))
+  assert "scan" in str(traced)  # really split: four pieces of two images
+  calls = []  # what the evaluator's count function asks for when traced
+  original = evaluate.predict_in_pieces
+  monkeypatch.setattr(evaluate, "predict_in_pieces",
+                      lambda *a: calls.append(a[3:]) or original(*a))
+  pieces = evaluate.Evaluator(source, 16, 8, C, _predict(learner), predict_chunk=2)
+  counts = pieces.all_counts((state, frozen), [0])
+  assert calls == [(2, 1)]
+  np.testing.assert_array_equal(counts.correct, whole.correct)
+  np.testing.assert_array_equal(counts.total, whole.total)
+
+
 def test_bad_arguments(setup):
   source, learner, *_ = setup
   with pytest.raises(ValueError, match="eval.batch_size"):
     evaluate.Evaluator(source, 16, 0, C, _predict(learner))
   with pytest.raises(ValueError, match="num_classes"):
     evaluate.Evaluator(source, 16, 8, 3, _predict(learner))
+  for chunk in (3, -1):
+    with pytest.raises(ValueError, match=f"eval.predict_chunk={chunk} must be 0 .* divide the 8"):
+      evaluate.Evaluator(source, 16, 8, C, _predict(learner), predict_chunk=chunk)
