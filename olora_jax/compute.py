@@ -83,14 +83,19 @@ def default_cache_dir() -> str:
   return os.path.join(base, "olora_jax", "jax")
 
 
+# The JAX settings `enable_compilation_cache` sets.
+COMPILATION_CACHE_SETTINGS = ("jax_compilation_cache_dir",
+                              "jax_persistent_cache_min_compile_time_secs",
+                              "jax_persistent_cache_min_entry_size_bytes")
+
+
 def enable_compilation_cache(directory: str) -> None:
   """JAX's persistent compilation cache in `directory`, for every program however fast it
   compiled (JAX's defaults skip programs under a second, which is all of a small model's): a
   later run of the same shapes loads them instead of compiling. The cached programs are the
   ones a fresh compile makes, so results do not change."""
-  jax.config.update("jax_compilation_cache_dir", directory)
-  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
-  jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+  for setting, value in zip(COMPILATION_CACHE_SETTINGS, (directory, 0, 0), strict=True):
+    jax.config.update(setting, value)
 
 
 # glibc's mallopt(3) parameters (malloc.h).

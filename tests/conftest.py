@@ -4,6 +4,7 @@ tests, and the compilation cache its subprocesses and the tests' in-process runs
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import jax
@@ -16,20 +17,30 @@ from olora_jax import compute
 
 @pytest.fixture(scope="session")
 def compilation_cache(tmp_path_factory) -> Path:
-  return tmp_path_factory.mktemp("compilation_cache")
+  """One directory for the whole session, shared by pytest-xdist's workers (they write entries
+  JAX reads back whole or not at all: a half-written entry fails to decompress and is compiled
+  afresh), so a program is compiled once, not once per worker."""
+  root = tmp_path_factory.getbasetemp()
+  if os.environ.get("PYTEST_XDIST_WORKER"):
+    root = root.parent  # the session's directory above each worker's own
+  path = root / "compilation_cache"
+  path.mkdir(exist_ok=True)
+  return path
 
 
 @pytest.fixture(scope="session", autouse=True)
-def in_process_compilation_cache(compilation_cache):
-  """Runs inside the test process load the programs an earlier test (or a subprocess) compiled
-  for the same shapes, as `launch/run.py` does across runs; a cached program is the one a fresh
-  compile makes, so no result changes. Restored afterwards."""
-  keys = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
-          "jax_persistent_cache_min_entry_size_bytes")
-  before = {k: getattr(jax.config, k) for k in keys}
+def shared_compilation_cache(compilation_cache):
+  """Every run of the session, inside the test process or a `launch/run.py` subprocess (which
+  inherits the environment), loads the programs an earlier run compiled for the same shapes, as
+  `launch/run.py` does across runs, and none writes to the user's own cache; a cached program is
+  the one a fresh compile makes, so no result changes. Restored afterwards."""
+  before = {k: getattr(jax.config, k) for k in compute.COMPILATION_CACHE_SETTINGS}
   compute.enable_compilation_cache(str(compilation_cache))
   jax_cache.reset_cache()  # takes the new directory
-  yield
+  with pytest.MonkeyPatch.context() as patch:
+    for name, value in tiny_run.cache_env(compilation_cache).items():
+      patch.setenv(name, value)
+    yield
   for k, v in before.items():
     jax.config.update(k, v)
   jax_cache.reset_cache()

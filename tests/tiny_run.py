@@ -35,11 +35,16 @@ def command(workdir: Path, *extra: str) -> list[str]:
           *(f"--config.{k}={v}" for k, v in OVERRIDES.items()), *extra]
 
 
-def env(cache: Path) -> dict:
-  """A persistent compilation cache shared by the subprocesses: only the first one compiles."""
-  return {**os.environ, "JAX_COMPILATION_CACHE_DIR": str(cache),
+def cache_env(cache: Path) -> dict:
+  """The environment that points a subprocess's persistent compilation cache at `cache`."""
+  return {"JAX_COMPILATION_CACHE_DIR": str(cache),
           "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
           "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
+
+
+def env(cache: Path) -> dict:
+  """A persistent compilation cache shared by the subprocesses: only the first one compiles."""
+  return {**os.environ, **cache_env(cache)}
 
 
 def run(workdir: Path, cache: Path, *extra: str, **kwargs) -> subprocess.CompletedProcess:
