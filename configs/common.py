@@ -50,7 +50,8 @@ Keys that matter:
                                 at a time (the pieces of a test batch run one after another in
                                 one program); 0 = the whole batch in one pass (best on GPU/TPU).
                                 On CPUs smaller passes stay in the caches: configs/demo.py uses
-                                64. Any value gives the same predictions (docs/performance.md)
+                                64. Any value gives the same predictions up to float rounding
+                                (docs/performance.md)
   eval.mask_unseen_logits       evaluate with the logits of not-yet-seen classes masked (Si-Blurry)
   eval.write_plots              draw DIR/plots/*.png at the end of the run
   fidelity                      'paper' (default) | 'reference' (the authors' released code):
