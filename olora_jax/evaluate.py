@@ -112,8 +112,9 @@ def predict_in_pieces(predict_fn: Callable[..., jax.Array], state: Any, images: 
   The batch's rows are split in `n_shards` equal blocks (one per device, as the batch is
   sharded); piece i holds rows i*chunk..(i+1)*chunk - 1 of every block, so each device keeps
   predicting its own rows, and `jax.lax.map` runs the pieces one after another. Each example's
-  logits depend on that example alone, so the pieces give the whole batch's predictions; the
-  smaller passes keep a large batch's activations in the CPU caches. `chunk=0`, or a chunk
+  logits depend on that example alone, so the pieces give the whole batch's predictions (up to
+  float rounding: XLA may round a logit's last bit differently for another pass size); the
+  smaller passes keep a large batch's activations closer to the CPU caches. `chunk=0`, or a chunk
   holding a whole block, is one pass."""
   b = images.shape[0]
   if not chunk or b // n_shards <= chunk:
