@@ -3,8 +3,10 @@ tests, and the compilation cache its subprocesses and the tests' in-process runs
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import shutil
 from pathlib import Path
 
 import jax
@@ -15,15 +17,18 @@ from jax._src import compilation_cache as jax_cache
 from olora_jax import compute
 
 
+def _session_root(tmp_path_factory) -> Path:
+  """The session's temporary directory, above each pytest-xdist worker's own."""
+  root = tmp_path_factory.getbasetemp()
+  return root.parent if os.environ.get("PYTEST_XDIST_WORKER") else root
+
+
 @pytest.fixture(scope="session")
 def compilation_cache(tmp_path_factory) -> Path:
   """One directory for the whole session, shared by pytest-xdist's workers (they write entries
   JAX reads back whole or not at all: a half-written entry fails to decompress and is compiled
   afresh), so a program is compiled once, not once per worker."""
-  root = tmp_path_factory.getbasetemp()
-  if os.environ.get("PYTEST_XDIST_WORKER"):
-    root = root.parent  # the session's directory above each worker's own
-  path = root / "compilation_cache"
+  path = _session_root(tmp_path_factory) / "compilation_cache"
   path.mkdir(exist_ok=True)
   return path
 
@@ -48,9 +53,18 @@ def shared_compilation_cache(compilation_cache):
 
 @pytest.fixture(scope="session")
 def tiny_reference(tmp_path_factory, compilation_cache) -> Path:
-  """An uninterrupted run of tiny_run's stream (it also fills the compilation cache)."""
-  workdir = tmp_path_factory.mktemp("uninterrupted") / "run"
-  done = tiny_run.run(workdir, compilation_cache)
-  assert done.returncode == 0, done.stderr[-2000:]
+  """An uninterrupted run of tiny_run's stream (it also fills the compilation cache), made once
+  per session: the first pytest-xdist worker to need it runs it while the others wait. Tests
+  only read it (they copy it to change it)."""
+  root = _session_root(tmp_path_factory) / "uninterrupted"
+  root.mkdir(exist_ok=True)
+  workdir = root / "run"
+  with open(root / "lock", "w") as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+    if not (workdir / "results.json").exists():
+      shutil.rmtree(workdir, ignore_errors=True)  # a worker that failed half-way
+      done = tiny_run.run(workdir, compilation_cache)
+      assert done.returncode == 0, done.stderr[-2000:]
   assert json.loads((workdir / "results.json").read_text())["plateau_steps"] == [4, 13, 20, 30]
   return workdir
+
