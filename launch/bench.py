@@ -22,8 +22,12 @@ case, as a table and as JSON (`--out`):
   d2h_arrays             device-to-host (the step's scalars); implicit transfers inside the step
                          are checked with jax.transfer_guard('disallow'): `implicit_transfers`
                          is 'none' or the first line of the refusal
-  peak_memory_bytes      the device allocator's peak, or the process's peak RSS on CPU (which
-                         accumulates over the cases run in one process; `memory` says which)
+  peak_memory_bytes      the device allocator's peak, or the process's peak RSS on CPU
+                         (`memory` says which)
+
+With more than one case, each case runs in a fresh process of this script (`--peak_gflops`
+passes the one matmul peak measured first), so its memory peak, allocator state and compile
+count are its own, whatever ran before it.
 
 As launch/run.py, it first makes glibc keep freed memory for reuse (compute.keep_host_memory;
 $OLORA_KEEP_HOST_MEMORY=0 measures without it).
@@ -40,7 +44,9 @@ import json
 import os
 import pathlib
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
@@ -175,6 +181,27 @@ def _list(text: str, allowed: tuple[str, ...], flag: str) -> list[str]:
   return items
 
 
+def _case_in_own_process(args: argparse.Namespace, size: str, fidelity: str,
+                         peak: float) -> dict:
+  """One case run by a fresh process of this script: its row."""
+  with tempfile.TemporaryDirectory() as tmp:
+    out = os.path.join(tmp, "row.json")
+    command = [sys.executable, os.path.abspath(__file__), f"--sizes={size}",
+               f"--fidelities={fidelity}", f"--method={args.method}", f"--steps={args.steps}",
+               f"--warmup={args.warmup}", f"--compilation_cache={args.compilation_cache}",
+               f"--peak_gflops={peak / 1e9!r}", f"--out={out}"]
+    if args.batch_size:
+      command.append(f"--batch_size={args.batch_size}")
+    done = subprocess.run(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    if done.returncode != 0:
+      lines = done.stderr.strip().splitlines() or ["(no output)"]
+      raise SystemExit(f"error: the case {size}/{fidelity} failed (exit {done.returncode}):"
+                       f" {lines[-1]}")
+    with open(out) as f:
+      (row,) = json.load(f)
+  return row
+
+
 def main(argv: list[str] | None = None) -> list[dict]:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--sizes", default="tiny")
@@ -188,25 +215,32 @@ def main(argv: list[str] | None = None) -> list[dict]:
                       help="a directory to use JAX's persistent compilation cache (default off:"
                       " compile times are measured cold)")
   parser.add_argument("--out", default="", help="also write the rows as JSON here")
+  parser.add_argument("--peak_gflops", type=float, default=0.0,
+                      help="the float32 matmul peak to report against (default 0: measure it)")
   args = parser.parse_args(argv)
   sizes = _list(args.sizes, SIZES, "--sizes")
   fidelities = _list(args.fidelities, FIDELITIES, "--fidelities")
   if args.steps < 1 or args.warmup < 1:
     raise SystemExit("error: --steps and --warmup must be at least 1")
+  if args.peak_gflops < 0:
+    raise SystemExit(f"error: --peak_gflops={args.peak_gflops} must be >= 0")
   if args.out and not os.path.isdir(os.path.dirname(os.path.abspath(args.out))):
     raise SystemExit(f"error: --out={args.out!r}: its directory does not exist")
   if args.compilation_cache != "off":
     compute.enable_compilation_cache(args.compilation_cache)
   keep = compute.keep_host_memory()  # as launch/run.py: before JAX's backend starts
-  peak = matmul_peak_flops()
+  peak = 1e9 * args.peak_gflops or matmul_peak_flops()
   print(f"float32 matmul peak on {compute.device_description()}: {peak / 1e9:.1f} GFLOP/s"
         f" (host memory kept for reuse: {keep})", flush=True)
+  cases = [(size, fidelity) for size in sizes for fidelity in fidelities]
   rows = []
-  for size in sizes:
-    for fidelity in fidelities:
+  for size, fidelity in cases:
+    if len(cases) == 1:  # alone in this process
       rows.append(bench_case(size, fidelity, args.method, args.steps, args.warmup,
                              args.batch_size, peak))
-      print(table(rows[-1:]).splitlines()[-1], flush=True)
+    else:
+      rows.append(_case_in_own_process(args, size, fidelity, peak))
+    print(table(rows[-1:]).splitlines()[-1], flush=True)
   print(table(rows))
   if args.out:
     tmp = args.out + ".tmp"

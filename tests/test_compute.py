@@ -74,14 +74,20 @@ def test_default_cache_dir(monkeypatch, tmp_path):
 
 def test_bench_runs_the_tiny_model_and_reports_every_column(tmp_path, compilation_cache):
   out = tmp_path / "bench.json"
-  bench.main(["--sizes=tiny", "--fidelities=paper", "--steps=2", "--warmup=1",
+  bench.main(["--sizes=tiny", "--fidelities=reference,paper", "--steps=2", "--warmup=1",
               f"--compilation_cache={compilation_cache}", f"--out={out}"])
-  (row,) = json.loads(out.read_text())
-  for name, _ in bench.COLUMNS:
-    assert row[name] is not None, name
-  assert row["step_ms_median"] > 0 and row["passes_per_step"] > 1
-  assert row["implicit_transfers"] == "none"  # the step moves nothing behind our back
-  assert row["h2d_arrays"] == 3 and row["d2h_arrays"] >= 1
+  rows = json.loads(out.read_text())
+  assert [row["fidelity"] for row in rows] == ["reference", "paper"]
+  for row in rows:
+    for name, _ in bench.COLUMNS:
+      assert row[name] is not None, name
+    assert row["step_ms_median"] > 0 and row["passes_per_step"] > 1
+    assert row["implicit_transfers"] == "none"  # the step moves nothing behind our back
+    assert row["h2d_arrays"] == 3 and row["d2h_arrays"] >= 1
+  reference, paper = rows
+  assert reference["passes_per_step"] > 2 * paper["passes_per_step"]  # K whole batches vs K
+  if reference["memory"] == "host peak RSS":  # each case in its own process: its own peak
+    assert paper["peak_memory_bytes"] < reference["peak_memory_bytes"]
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -89,6 +95,7 @@ def test_bench_runs_the_tiny_model_and_reports_every_column(tmp_path, compilatio
     (["--fidelities=fast"], "--fidelities='fast'"),
     (["--steps=0"], "at least 1"),
     (["--out=/nonexistent/dir/b.json"], "its directory does not exist"),
+    (["--peak_gflops=-1"], "--peak_gflops=-1.0 must be >= 0"),
 ])
 def test_bench_refuses_bad_arguments_before_any_compute(argv, message):
   with pytest.raises(SystemExit, match=message):
