@@ -67,4 +67,3 @@ def tiny_reference(tmp_path_factory, compilation_cache) -> Path:
       assert done.returncode == 0, done.stderr[-2000:]
   assert json.loads((workdir / "results.json").read_text())["plateau_steps"] == [4, 13, 20, 30]
   return workdir
-
