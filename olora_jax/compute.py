@@ -152,7 +152,19 @@ def peak_device_bytes() -> int | None:
 
 
 def peak_host_rss_bytes() -> int:
-  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+  """This process's peak resident memory: VmHWM of /proc/self/status where there is one (Linux).
+  getrusage's ru_maxrss is the fallback only: Linux carries the parent's resident size at fork
+  into a child's ru_maxrss across exec, so a run started by a large process (a test worker,
+  bench.py's cases) would report at least that process's memory."""
+  try:
+    with open("/proc/self/status") as f:
+      for line in f:
+        if line.startswith("VmHWM:"):
+          return int(line.split()[1]) * 1024  # kB
+  except OSError:
+    pass
+  peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+  return peak if sys.platform == "darwin" else peak * 1024  # bytes on macOS, KiB elsewhere
 
 
 def device_description() -> str:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import subprocess
 import sys
 from pathlib import Path
 
@@ -62,6 +63,19 @@ def test_keep_host_memory_applies_on_glibc_and_can_be_turned_off(monkeypatch):
   monkeypatch.delenv(compute.KEEP_HOST_MEMORY_ENV)
   glibc = sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc"
   assert compute.keep_host_memory() is glibc
+
+
+def test_peak_host_memory_is_the_process_own_not_its_parent():
+  """A run started by a large process (a test worker, bench.py's cases) reports its own peak:
+  Linux would carry the parent's resident size into the child's getrusage ru_maxrss."""
+  parent = np.ones(2**27)  # 1 GiB, resident in this process when the child starts
+  done = subprocess.run([sys.executable, "-c", "from olora_jax import compute;"
+                         " print(compute.peak_host_rss_bytes())"],
+                        cwd=tiny_run.ROOT, capture_output=True, text=True, timeout=120)
+  assert done.returncode == 0, done.stderr[-2000:]
+  child = int(done.stdout)
+  assert 0 < child < parent.nbytes
+  assert compute.peak_host_rss_bytes() > parent.nbytes
 
 
 def test_default_cache_dir(monkeypatch, tmp_path):
