@@ -33,7 +33,7 @@ def _config(method: str):
   c.method = method
   c.data.test_fraction = 0.7  # ~540 training samples: 17 steps of 32, 5 tasks
   c.eval.eval_every = 200
-  c.eval.write_plots = False
+  c.eval.write_plots = method in PLOTTED  # output-only
   c.checkpoint_every = KILLED_AFTER  # checkpoints at 8, 16 and the end
   c.max_to_keep = 10  # operational: the resume may keep fewer
   for block in ("er", "der_pp", "agem", "mir", "gdumb", "pcr", "lode", "ema_der_pp", "ema_rar"):
@@ -83,7 +83,6 @@ def runs(request, tmp_path_factory):
   root = tmp_path_factory.mktemp(name)
   common.TRACE_COUNTS.clear()
   config = _config(name)
-  config.eval.write_plots = name in PLOTTED  # output-only
   trainer.train_and_evaluate(config, str(root / "full"), progress=False)
   traces = dict(common.TRACE_COUNTS)
   full = _outputs(root / "full")
