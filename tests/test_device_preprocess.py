@@ -15,6 +15,7 @@ import json
 import os
 import shutil
 
+import jax
 import numpy as np
 import pytest
 import tiny_run
@@ -76,7 +77,7 @@ def test_resize_is_pillow_on_random_crops_and_both_pass_orders():
     draws = [crop_flip_draw(*shape[:2], rng) for _ in images]
     boxes = np.array([box for box, _ in draws] + [(0, 0, shape[0] // 3 + 1, shape[1])], np.int32)
     images = np.concatenate([images, images[:1]])
-    levels = np.asarray(device_preprocess.preprocess_images(
+    levels = np.asarray(jax.jit(device_preprocess.preprocess_images, static_argnums=2)(
         images, np.ones(len(images), bool), size, boxes=boxes)) * 255.0
     orders = set()
     for image, (top, left, h, w), got in zip(images, boxes, levels, strict=True):

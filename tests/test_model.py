@@ -16,9 +16,11 @@ SPEC = ViTSpec(width=32, depth=2, num_heads=4, mlp_dim=64, patch_size=4, image_s
 def model_and_params():
   model = VisionTransformer(SPEC, num_classes=5)
   images = jax.random.uniform(jax.random.key(0), (3, 16, 16, 3))
-  params = model.init(jax.random.key(1), images)["params"]
+  # Jitted: op by op, the init compiles each of its primitives on its own (seconds).
+  params = jax.jit(model.init)(jax.random.key(1), images)["params"]
   # Non-trivial head and biases so that mistakes in any branch show in the logits.
-  params = jax.tree.map(lambda p: p + 0.05 * jax.random.normal(jax.random.key(2), p.shape), params)
+  rng = np.random.default_rng(2)
+  params = jax.tree.map(lambda p: p + 0.05 * rng.standard_normal(p.shape, np.float32), params)
   return model, params, images
 
 
@@ -120,8 +122,10 @@ def test_bfloat16_compute_tracks_float32(model_and_params):
     logits = m.apply({"params": params}, images, lora=lora)
     return jnp.mean(-jax.nn.log_softmax(logits)[jnp.arange(3), labels]), logits
 
-  (loss32, logits32), grads32 = jax.value_and_grad(lambda f: loss(model, f), has_aux=True)(lora)
-  (loss16, logits16), grads16 = jax.value_and_grad(lambda f: loss(bf16, f), has_aux=True)(lora)
+  (loss32, logits32), grads32 = jax.jit(jax.value_and_grad(lambda f: loss(model, f),
+                                                           has_aux=True))(lora)
+  (loss16, logits16), grads16 = jax.jit(jax.value_and_grad(lambda f: loss(bf16, f),
+                                                           has_aux=True))(lora)
   assert logits16.dtype == jnp.float32 and loss16.dtype == jnp.float32
   scale = float(jnp.max(jnp.abs(logits32)))
   assert float(jnp.max(jnp.abs(logits16 - logits32))) < 0.03 * scale
