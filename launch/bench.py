@@ -24,6 +24,11 @@ case, as a table and as JSON (`--out`):
                          is 'none' or the first line of the refusal
   peak_memory_bytes      the device allocator's peak, or the process's peak RSS on CPU
                          (`memory` says which)
+  matmul_pct, layout_pct, other_pct   with --profile DIR only: one more step is traced with
+                         jax.profiler into DIR (open it in XProf, TensorBoard or Perfetto) and its
+                         op time split into matrix products, data movement (copies, transposes,
+                         materialised broadcasts) and the rest (element-wise math, reductions),
+                         in % (compute.op_time_shares; '-' where the trace names no HLO op)
 
 With more than one case, each case runs in a fresh process of this script (`--peak_gflops`
 passes the one matmul peak measured first), so its memory peak, allocator state and compile
@@ -40,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import glob
 import json
 import os
 import pathlib
@@ -101,8 +107,19 @@ def _implicit_transfers(step, state, batch) -> tuple[str, object]:
     return str(e).splitlines()[0][:200], None
 
 
+def _profiled_shares(step, state, batch, directory: str) -> tuple[dict | None, object]:
+  """Traces one step into `directory`: (compute.op_time_shares of it, the new state)."""
+  hlo_text = step.lower(state, batch).compile().as_text()  # the program already compiled
+  with jax.profiler.trace(directory):
+    state, scalars, _ = step(state, batch)
+    jax.block_until_ready((state, scalars))
+  traces = glob.glob(os.path.join(directory, "**", "*.xplane.pb"), recursive=True)
+  profile = jax.profiler.ProfileData.from_file(max(traces, key=os.path.getmtime))
+  return compute.op_time_shares(profile, hlo_text), state
+
+
 def bench_case(size: str, fidelity: str, method: str, steps: int, warmup: int,
-               batch_size: int | None, peak: float) -> dict:
+               batch_size: int | None, peak: float, profile_dir: str = "") -> dict:
   compile_before = compute.COMPILE_CLOCK.snapshot()
   setup = trainer.Setup(case_config(size, fidelity, method, batch_size))
   config, m = setup.config, setup.method
@@ -133,6 +150,10 @@ def bench_case(size: str, fidelity: str, method: str, steps: int, warmup: int,
     h2d = (len(placed), sum(v.nbytes for v in placed.values()), len(scalars))
   flops = compute.flops(step_fn.lower(state, batch))
   forward = trainer.forward_flops_per_image(setup, params)
+  shares = None
+  if profile_dir:
+    shares, state = _profiled_shares(step_fn, state, setup.pipeline.on_device(next(batches)),
+                                     profile_dir)
   implicit, _ = _implicit_transfers(step_fn, state, setup.pipeline.on_device(next(batches)))
   median = statistics.median(times)
   device_peak = compute.peak_device_bytes()
@@ -147,6 +168,8 @@ def bench_case(size: str, fidelity: str, method: str, steps: int, warmup: int,
       "achieved_gflops": flops / median / 1e9 if flops else None,
       "peak_gflops": peak / 1e9,
       "pct_of_peak": 100 * flops / median / peak if flops else None,
+      **{f"{kind}_pct": 100 * shares[kind] if shares else None
+         for kind in ("matmul", "layout", "other")},
       "compile_s": compute.COMPILE_CLOCK.seconds - compile_before[0],
       "n_compiles": compute.COMPILE_CLOCK.count - compile_before[1],
       "h2d_arrays": h2d[0], "h2d_bytes": h2d[1], "d2h_arrays": h2d[2],
@@ -159,7 +182,8 @@ def bench_case(size: str, fidelity: str, method: str, steps: int, warmup: int,
 
 COLUMNS = (("size", "{}"), ("fidelity", "{}"), ("batch_size", "{}"), ("step_ms_median", "{:.1f}"),
            ("step_ms_min", "{:.1f}"), ("samples_per_s", "{:.1f}"), ("passes_per_step", "{:.1f}"),
-           ("achieved_gflops", "{:.1f}"), ("pct_of_peak", "{:.1f}"), ("compile_s", "{:.1f}"),
+           ("achieved_gflops", "{:.1f}"), ("pct_of_peak", "{:.1f}"), ("matmul_pct", "{:.0f}"),
+           ("layout_pct", "{:.0f}"), ("other_pct", "{:.0f}"), ("compile_s", "{:.1f}"),
            ("n_compiles", "{}"), ("implicit_transfers", "{}"), ("peak_memory_bytes", "{:.3g}"))
 
 
@@ -192,6 +216,8 @@ def _case_in_own_process(args: argparse.Namespace, size: str, fidelity: str,
                f"--peak_gflops={peak / 1e9!r}", f"--out={out}"]
     if args.batch_size:
       command.append(f"--batch_size={args.batch_size}")
+    if args.profile:
+      command.append(f"--profile={os.path.join(args.profile, f'{size}_{fidelity}')}")
     done = subprocess.run(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     if done.returncode != 0:
       lines = done.stderr.strip().splitlines() or ["(no output)"]
@@ -215,6 +241,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
                       help="a directory to use JAX's persistent compilation cache (default off:"
                       " compile times are measured cold)")
   parser.add_argument("--out", default="", help="also write the rows as JSON here")
+  parser.add_argument("--profile", default="",
+                      help="trace one more step per case into this directory and report how its"
+                      " op time splits (matmul_pct, layout_pct, other_pct)")
   parser.add_argument("--peak_gflops", type=float, default=0.0,
                       help="the float32 matmul peak to report against (default 0: measure it)")
   args = parser.parse_args(argv)
@@ -237,7 +266,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
   for size, fidelity in cases:
     if len(cases) == 1:  # alone in this process
       rows.append(bench_case(size, fidelity, args.method, args.steps, args.warmup,
-                             args.batch_size, peak))
+                             args.batch_size, peak, args.profile))
     else:
       rows.append(_case_in_own_process(args, size, fidelity, peak))
     print(table(rows[-1:]).splitlines()[-1], flush=True)

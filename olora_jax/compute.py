@@ -27,6 +27,7 @@ are compared without it (and without `wall_seconds`).
 from __future__ import annotations
 
 import ctypes
+import itertools
 import os
 import platform
 import resource
@@ -142,6 +143,65 @@ def flops(lowered) -> float | None:
     cost = cost[0] if cost else None
   value = (cost or {}).get("flops")
   return float(value) if value is not None and value >= 0 else None
+
+
+# Kinds of a compiled program's ops for `op_time_shares`: matrix products (a dot or convolution,
+# alone or in a fusion) and pure data movement (every op of it in LAYOUT_OPS); the rest is
+# element-wise math and reductions. Control-flow ops are left out: their bodies' ops are timed.
+MATMUL_OPS = frozenset({"dot", "convolution"})
+LAYOUT_OPS = frozenset({"copy", "transpose", "broadcast", "concatenate", "pad", "slice", "reshape",
+                        "bitcast", "dynamic-slice", "dynamic-update-slice", "reverse",
+                        "parameter", "constant", "tuple", "get-tuple-element"})
+CONTROL_OPS = frozenset({"while", "conditional", "call"})
+
+
+def _hlo_ops(hlo_text: str) -> tuple[str, dict[str, tuple[str, str | None]], dict[str, set]]:
+  """An HLO module's text -> (its name, {instruction: (op, the computation it calls or None)},
+  {computation: the ops it holds})."""
+  module, current, instructions, computations = "", None, {}, {}
+  for line in hlo_text.splitlines():
+    if line.startswith("HloModule "):
+      module = line.split()[1].rstrip(",")
+    elif line and not line[0].isspace() and line.rstrip().endswith("{"):
+      current = line.split()[1 if line.startswith("ENTRY ") else 0].lstrip("%")
+      computations[current] = set()
+    elif " = " in line and current is not None:
+      name, _, rest = line.strip().removeprefix("ROOT ").partition(" = ")
+      if rest.startswith("("):  # a tuple type: the op follows its closing parenthesis
+        depths = itertools.accumulate((c == "(") - (c == ")") for c in rest)
+        rest = rest[next(i for i, depth in enumerate(depths) if depth == 0) + 1:]
+      else:
+        rest = rest.partition(" ")[2]
+      op = rest.strip().partition("(")[0]
+      called = rest.partition("calls=")[2].split(",")[0].strip().lstrip("%") or None
+      instructions[name.lstrip("%")] = (op, called)
+      computations[current].add(op)
+  return module, instructions, computations
+
+
+def op_time_shares(profile: jax.profiler.ProfileData, hlo_text: str) -> dict[str, float] | None:
+  """How the op time of one compiled program splits in a `jax.profiler` trace: the fractions
+  `matmul`, `layout` (copies, transposes, materialised broadcasts, concatenations) and `other`
+  (element-wise math, reductions) of the summed durations of its ops' events, `hlo_text` being
+  the program's `compiled.as_text()`. Durations are summed over threads, so they exceed the
+  wall time where ops overlap. None when the trace holds no op of the program (backends whose
+  traces do not name HLO ops)."""
+  module, instructions, computations = _hlo_ops(hlo_text)
+  seconds = {"matmul": 0.0, "layout": 0.0, "other": 0.0}
+  for plane in profile.planes:
+    for line in plane.lines:
+      for event in line.events:
+        stats = dict(event.stats)
+        if stats.get("hlo_module") != module or stats.get("hlo_op") not in instructions:
+          continue
+        op, called = instructions[stats["hlo_op"]]
+        if op in CONTROL_OPS:
+          continue
+        inner = computations.get(called, set()) if called else {op}
+        kind = ("matmul" if inner & MATMUL_OPS else "layout" if inner <= LAYOUT_OPS else "other")
+        seconds[kind] += event.duration_ns / 1e9
+  total = sum(seconds.values())
+  return {kind: value / total for kind, value in seconds.items()} if total else None
 
 
 def peak_device_bytes() -> int | None:

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 import tiny_run
@@ -89,12 +90,16 @@ def test_default_cache_dir(monkeypatch, tmp_path):
 def test_bench_runs_the_tiny_model_and_reports_every_column(tmp_path, compilation_cache):
   out = tmp_path / "bench.json"
   bench.main(["--sizes=tiny", "--fidelities=reference,paper", "--steps=2", "--warmup=1",
-              f"--compilation_cache={compilation_cache}", f"--out={out}"])
+              f"--compilation_cache={compilation_cache}", f"--out={out}",
+              f"--profile={tmp_path / 'profile'}"])
   rows = json.loads(out.read_text())
   assert [row["fidelity"] for row in rows] == ["reference", "paper"]
   for row in rows:
     for name, _ in bench.COLUMNS:
       assert row[name] is not None, name
+    assert row["matmul_pct"] + row["layout_pct"] + row["other_pct"] == pytest.approx(100)
+    assert row["matmul_pct"] > 10  # a ViT's step is mostly matrix products
+    assert list((tmp_path / "profile" / f"tiny_{row['fidelity']}").rglob("*.xplane.pb"))
     assert row["step_ms_median"] > 0 and row["passes_per_step"] > 1
     assert row["implicit_transfers"] == "none"  # the step moves nothing behind our back
     assert row["h2d_arrays"] == 3 and row["d2h_arrays"] >= 1
@@ -102,6 +107,22 @@ def test_bench_runs_the_tiny_model_and_reports_every_column(tmp_path, compilatio
   assert reference["passes_per_step"] > 2 * paper["passes_per_step"]  # K whole batches vs K
   if reference["memory"] == "host peak RSS":  # each case in its own process: its own peak
     assert paper["peak_memory_bytes"] < reference["peak_memory_bytes"]
+
+
+def test_op_time_shares_split_a_traced_program_by_kind(tmp_path):
+  """A product, a transpose copied out and element-wise math, each timed in its own kind; a
+  trace of another program holds none of this one's ops."""
+  program = jax.jit(lambda a, b: (a @ b, a.T, jnp.tanh(jnp.exp(a))))
+  args = (jnp.ones((512, 512)), jnp.ones((512, 512)))
+  hlo_text = program.lower(*args).compile().as_text()
+  with jax.profiler.trace(str(tmp_path)):
+    jax.block_until_ready(program(*args))
+  profile = jax.profiler.ProfileData.from_file(str(next(tmp_path.rglob("*.xplane.pb"))))
+  shares = compute.op_time_shares(profile, hlo_text)
+  assert shares["matmul"] > 0 and shares["layout"] > 0 and shares["other"] > 0
+  assert sum(shares.values()) == pytest.approx(1)
+  other_text = jax.jit(lambda a: a - 1).lower(args[0]).compile().as_text()
+  assert compute.op_time_shares(profile, other_text) is None
 
 
 @pytest.mark.parametrize("argv, message", [
