@@ -166,7 +166,6 @@ def _config(preprocess):
   c.data.augment = "crop_flip"
   c.data.preprocess = preprocess
   c.checkpoint_every, c.max_to_keep = 10, 10  # every checkpoint stays: resume from a middle one
-  c.eval.write_plots = False
   return c
 
 

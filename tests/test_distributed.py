@@ -33,8 +33,7 @@ def _start_processes(workdir, cache, n: int = 2) -> list[subprocess.Popen]:
   address = f"localhost:{_free_port()}"
   return [subprocess.Popen(
       command(workdir, f"--config.distributed.coordinator_address={address}",
-              f"--config.distributed.num_processes={n}", f"--config.distributed.process_id={i}",
-              "--config.eval.write_plots=False"),
+              f"--config.distributed.num_processes={n}", f"--config.distributed.process_id={i}"),
       cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
       env=_devices_env(cache, 1)) for i in range(n)]
 
@@ -64,7 +63,7 @@ def test_two_processes_give_one_process_results_and_stop_together(tmp_path, comp
                                                                   tiny_reference):
   # One process with two devices, the reference for two processes of one device each.
   one = tmp_path / "one_process"
-  done = subprocess.run(command(one, "--config.eval.write_plots=False"), cwd=ROOT,
+  done = subprocess.run(command(one), cwd=ROOT,
                         capture_output=True, text=True, timeout=600,
                         env=_devices_env(compilation_cache, 2))
   assert done.returncode == 0, done.stderr[-3000:]
@@ -119,8 +118,7 @@ def test_backbone_sharded_over_eight_devices_matches_one_device(tmp_path, compil
   # device's 16 rows): every device keeps predicting its own rows.
   workdir = tmp_path / "fsdp8"
   done = subprocess.run(command(workdir, "--config.sharding.fsdp=8",
-                                "--config.eval.predict_chunk=8",
-                                "--config.eval.write_plots=False"),
+                                "--config.eval.predict_chunk=8"),
                         cwd=ROOT, capture_output=True, text=True, timeout=600,
                         env=_devices_env(compilation_cache, 8))
   assert done.returncode == 0, done.stderr[-3000:]
