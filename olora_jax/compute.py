@@ -146,9 +146,11 @@ def flops(lowered) -> float | None:
 
 
 # Kinds of a compiled program's ops for `op_time_shares`: matrix products (a dot or convolution,
-# alone or in a fusion) and pure data movement (every op of it in LAYOUT_OPS); the rest is
-# element-wise math and reductions. Control-flow ops are left out: their bodies' ops are timed.
+# alone or in a fusion, or a library call such as cuBLAS's GEMM) and pure data movement (every op
+# of it in LAYOUT_OPS); the rest is element-wise math and reductions. Control-flow ops are left
+# out: their bodies' ops are timed.
 MATMUL_OPS = frozenset({"dot", "convolution"})
+MATMUL_CALL_TARGETS = ("gemm", "matmul", "conv", "dot")
 LAYOUT_OPS = frozenset({"copy", "transpose", "broadcast", "concatenate", "pad", "slice", "reshape",
                         "bitcast", "dynamic-slice", "dynamic-update-slice", "reverse",
                         "parameter", "constant", "tuple", "get-tuple-element"})
@@ -173,6 +175,9 @@ def _hlo_ops(hlo_text: str) -> tuple[str, dict[str, tuple[str, str | None]], dic
       else:
         rest = rest.partition(" ")[2]
       op = rest.strip().partition("(")[0]
+      if op == "custom-call" and any(t in rest.partition("custom_call_target=")[2].split(",")[0]
+                                     .lower() for t in MATMUL_CALL_TARGETS):
+        op = "dot"  # a library matrix product (cuBLAS, cuDNN, oneDNN)
       called = rest.partition("calls=")[2].split(",")[0].strip().lstrip("%") or None
       instructions[name.lstrip("%")] = (op, called)
       computations[current].add(op)

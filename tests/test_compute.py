@@ -125,6 +125,28 @@ def test_op_time_shares_split_a_traced_program_by_kind(tmp_path):
   assert compute.op_time_shares(profile, other_text) is None
 
 
+def test_hlo_ops_read_tuple_results_fusions_and_library_products():
+  """A GPU-style module: a cuBLAS GEMM custom call with a tuple result counts as a product."""
+  text = "\n".join([
+      "HloModule jit_f, entry_computation_layout={(f32[4,4]{1,0})->f32[4,4]{1,0}}",
+      "%fused_add (param_0: f32[4,4]) -> f32[4,4] {",
+      "  %param_0 = f32[4,4]{1,0} parameter(0)",
+      "  ROOT %add.1 = f32[4,4]{1,0} add(%param_0, %param_0)",
+      "}",
+      "ENTRY %main.2 (p: f32[4,4]) -> f32[4,4] {",
+      "  %p = f32[4,4]{1,0} parameter(0)",
+      "  %gemm = (f32[4,4]{1,0}, s8[16]{0}) custom-call(%p, %p),"
+      " custom_call_target=\"__cublas$gemm\", backend_config={}",
+      "  %gte = f32[4,4]{1,0} get-tuple-element(%gemm), index=0",
+      "  ROOT %fusion = f32[4,4]{1,0} fusion(%gte), kind=kLoop, calls=%fused_add",
+      "}"])
+  module, instructions, computations = compute._hlo_ops(text)
+  assert module == "jit_f"
+  assert instructions["gemm"] == ("dot", None)
+  assert instructions["fusion"] == ("fusion", "fused_add")
+  assert computations["fused_add"] == {"parameter", "add"}
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--sizes=vit_g14"], "--sizes='vit_g14'"),
     (["--fidelities=fast"], "--fidelities='fast'"),
