@@ -20,7 +20,9 @@ import tiny_run
 from olora_jax import compute
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "launch"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 import bench  # noqa: E402
+import dense_floor  # noqa: E402
 
 
 def test_the_ledger_leaves_out_each_process_first_step_and_sums_over_processes():
@@ -123,6 +125,14 @@ def test_op_time_shares_split_a_traced_program_by_kind(tmp_path):
   assert sum(shares.values()) == pytest.approx(1)
   other_text = jax.jit(lambda a: a - 1).lower(args[0]).compile().as_text()
   assert compute.op_time_shares(profile, other_text) is None
+
+
+def test_dense_floor_program_computes_the_products_it_counts():
+  """XLA's FLOP estimate of scripts/dense_floor.py's program: its products (the count the script
+  reports) plus the few element-wise adds and scalings that chain them."""
+  program, inputs, flops = dense_floor.dense_products(tokens=8, width=16, mlp_dim=32, depth=2)
+  assert flops == 2 * 8 * 2 * (8 * 16 * 16 + 4 * 16 * 32)
+  assert compute.flops(program.lower(*inputs)) == pytest.approx(flops, rel=0.1)
 
 
 def test_hlo_ops_read_tuple_results_fusions_and_library_products():
