@@ -25,10 +25,11 @@ case, as a table and as JSON (`--out`):
   peak_memory_bytes      the device allocator's peak, or the process's peak RSS on CPU
                          (`memory` says which)
   matmul_pct, layout_pct, other_pct   with --profile DIR only: one more step is traced with
-                         jax.profiler into DIR (open it in XProf, TensorBoard or Perfetto) and its
-                         op time split into matrix products, data movement (copies, transposes,
-                         materialised broadcasts) and the rest (element-wise math, reductions),
-                         in % (compute.op_time_shares; '-' where the trace names no HLO op)
+                         jax.profiler into DIR/<size>_<fidelity> (open it in XProf, TensorBoard
+                         or Perfetto) and its op time split into matrix products, data movement
+                         (copies, transposes, materialised broadcasts) and the rest (element-wise
+                         math, reductions), in % (compute.op_time_shares; '-' where the trace
+                         names no HLO op)
 
 With more than one case, each case runs in a fresh process of this script (`--peak_gflops`
 passes the one matmul peak measured first), so its memory peak, allocator state and compile
@@ -217,7 +218,7 @@ def _case_in_own_process(args: argparse.Namespace, size: str, fidelity: str,
     if args.batch_size:
       command.append(f"--batch_size={args.batch_size}")
     if args.profile:
-      command.append(f"--profile={os.path.join(args.profile, f'{size}_{fidelity}')}")
+      command.append(f"--profile={args.profile}")
     done = subprocess.run(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     if done.returncode != 0:
       lines = done.stderr.strip().splitlines() or ["(no output)"]
@@ -265,8 +266,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
   rows = []
   for size, fidelity in cases:
     if len(cases) == 1:  # alone in this process
+      profile_dir = os.path.join(args.profile, f"{size}_{fidelity}") if args.profile else ""
       rows.append(bench_case(size, fidelity, args.method, args.steps, args.warmup,
-                             args.batch_size, peak, args.profile))
+                             args.batch_size, peak, profile_dir))
     else:
       rows.append(_case_in_own_process(args, size, fidelity, peak))
     print(table(rows[-1:]).splitlines()[-1], flush=True)
