@@ -114,8 +114,9 @@ def test_bench_runs_the_tiny_model_and_reports_every_column(tmp_path, compilatio
 def test_op_time_shares_split_a_traced_program_by_kind(tmp_path):
   """A product, a transpose copied out and element-wise math, each timed in its own kind; a
   trace of another program holds none of this one's ops."""
-  program = jax.jit(lambda a, b: (a @ b, a.T, jnp.tanh(jnp.exp(a))))
-  args = (jnp.ones((512, 512)), jnp.ones((512, 512)))
+  # Three inputs, so that XLA cannot fuse the transpose with the element-wise work.
+  program = jax.jit(lambda a, b, c: (a @ b, c.T, jnp.tanh(jnp.exp(a))))
+  args = (jnp.ones((512, 512)), jnp.ones((512, 512)), jnp.ones((512, 256)))
   hlo_text = program.lower(*args).compile().as_text()
   with jax.profiler.trace(str(tmp_path)):
     jax.block_until_ready(program(*args))
