@@ -169,8 +169,7 @@ def bench_case(size: str, fidelity: str, method: str, steps: int, warmup: int,
       "achieved_gflops": flops / median / 1e9 if flops else None,
       "peak_gflops": peak / 1e9,
       "pct_of_peak": 100 * flops / median / peak if flops else None,
-      **{f"{kind}_pct": 100 * shares[kind] if shares else None
-         for kind in ("matmul", "layout", "other")},
+      **{f"{kind}_pct": 100 * shares[kind] if shares else None for kind in compute.OP_KINDS},
       "compile_s": compute.COMPILE_CLOCK.seconds - compile_before[0],
       "n_compiles": compute.COMPILE_CLOCK.count - compile_before[1],
       "h2d_arrays": h2d[0], "h2d_bytes": h2d[1], "d2h_arrays": h2d[2],
@@ -183,8 +182,8 @@ def bench_case(size: str, fidelity: str, method: str, steps: int, warmup: int,
 
 COLUMNS = (("size", "{}"), ("fidelity", "{}"), ("batch_size", "{}"), ("step_ms_median", "{:.1f}"),
            ("step_ms_min", "{:.1f}"), ("samples_per_s", "{:.1f}"), ("passes_per_step", "{:.1f}"),
-           ("achieved_gflops", "{:.1f}"), ("pct_of_peak", "{:.1f}"), ("matmul_pct", "{:.0f}"),
-           ("layout_pct", "{:.0f}"), ("other_pct", "{:.0f}"), ("compile_s", "{:.1f}"),
+           ("achieved_gflops", "{:.1f}"), ("pct_of_peak", "{:.1f}"),
+           *((f"{kind}_pct", "{:.0f}") for kind in compute.OP_KINDS), ("compile_s", "{:.1f}"),
            ("n_compiles", "{}"), ("implicit_transfers", "{}"), ("peak_memory_bytes", "{:.3g}"))
 
 

@@ -155,6 +155,7 @@ LAYOUT_OPS = frozenset({"copy", "transpose", "broadcast", "concatenate", "pad", 
                         "bitcast", "dynamic-slice", "dynamic-update-slice", "reverse",
                         "parameter", "constant", "tuple", "get-tuple-element"})
 CONTROL_OPS = frozenset({"while", "conditional", "call"})
+OP_KINDS = ("matmul", "layout", "other")  # the keys of `op_time_shares`
 
 
 def _hlo_ops(hlo_text: str) -> tuple[str, dict[str, tuple[str, str | None]], dict[str, set]]:
@@ -192,7 +193,7 @@ def op_time_shares(profile: jax.profiler.ProfileData, hlo_text: str) -> dict[str
   wall time where ops overlap. None when the trace holds no op of the program (backends whose
   traces do not name HLO ops)."""
   module, instructions, computations = _hlo_ops(hlo_text)
-  seconds = {"matmul": 0.0, "layout": 0.0, "other": 0.0}
+  seconds = dict.fromkeys(OP_KINDS, 0.0)
   for plane in profile.planes:
     for line in plane.lines:
       for event in line.events:
