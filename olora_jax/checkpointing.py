@@ -223,31 +223,32 @@ def _words(x: jax.Array) -> jax.Array:
   return jax.lax.bitcast_convert_type(x, unsigned).astype(jnp.uint32)
 
 
-def _leaf_digest(x: jax.Array) -> jax.Array:
-  """uint32[lanes]: per lane, the sum mod 2^32 over the elements of fmix32(bits ^ key), the key
-  fmix32 of the element's flat index xor the lane's seed. For a given index the term is a
-  bijection of the bits, so changing one element changes every lane; integer sums are exact
-  and order-free, so the digest does not depend on how the array is split or summed. The lanes
-  are a trailing axis: one fused reduction per leaf."""
+def _leaf_digests(x: jax.Array) -> jax.Array:
+  """uint32[len(x), lanes]: the digest of each `x[i]`, the leaves of one shape and dtype stacked.
+  Per lane, the sum mod 2^32 over a leaf's elements of fmix32(bits ^ key), the key fmix32 of the
+  element's flat index in the leaf xor the lane's seed. For a given index the term is a bijection
+  of the bits, so changing one element changes every lane; integer sums are exact and
+  order-free, so the digest does not depend on how the array is split or summed. The lanes are a
+  trailing axis: one fused reduction per stack."""
   w = _words(x)
-  index = jnp.zeros(w.shape, jnp.uint32)  # row-major flat index (mod 2^32)
-  for axis, n in enumerate(w.shape):
-    index = index * jnp.uint32(n) + jax.lax.broadcasted_iota(jnp.uint32, w.shape, axis)
+  shape = w.shape[1:]  # one leaf's words
+  index = jnp.zeros(shape, jnp.uint32)  # row-major flat index in the leaf (mod 2^32)
+  for axis, n in enumerate(shape):
+    index = index * jnp.uint32(n) + jax.lax.broadcasted_iota(jnp.uint32, shape, axis)
   keys = _fmix32(index[..., None] ^ jnp.asarray(_SEEDS, jnp.uint32))
-  return jnp.sum(_fmix32(w[..., None] ^ keys), axis=tuple(range(w.ndim)), dtype=jnp.uint32)
+  return jnp.sum(_fmix32(w[..., None] ^ keys), axis=tuple(range(1, w.ndim)), dtype=jnp.uint32)
 
 
 @jax.jit
 def _tree_digests(leaves: list) -> jax.Array:
   """uint32[len(leaves), lanes]. Leaves of one shape and dtype (the like-shaped layers of a
-  ViT, their optimizer moments) are digested together, one vmapped reduction per group: the
-  same digests, from a program traced in less time than one reduction per leaf (for the demo's
-  84 leaves 0.26 s instead of 0.39 s on 2 CPU cores)."""
+  ViT, their optimizer moments) are digested together, one reduction over their stack per group:
+  the demo's 84 leaves in 17 groups trace in 0.16 s on 2 CPU cores (0.29 s with the reduction
+  vmapped over the stack, 0.39 s with one reduction per leaf)."""
   groups: dict = {}
   for i, x in enumerate(leaves):
     groups.setdefault((x.shape, x.dtype), []).append(i)
-  sums = [jax.vmap(_leaf_digest)(jnp.stack([leaves[i] for i in members]))
-          for members in groups.values()]
+  sums = [_leaf_digests(jnp.stack([leaves[i] for i in members])) for members in groups.values()]
   order = np.argsort(np.concatenate([np.asarray(m) for m in groups.values()]))
   return jnp.concatenate(sums)[order]
 
@@ -264,7 +265,7 @@ def array_checksums(tree: Any) -> dict[str, str]:
   keyed by its tree path: `"<dtype>[<shape>]:<32 hex digits>"`.
 
   The digest is computed where the arrays live, by one compiled reduction over the whole tree
-  (`_leaf_digest`); only the digests come to the host. It is the same for any sharding, mesh
+  (`_leaf_digests`); only the digests come to the host. It is the same for any sharding, mesh
   and process count. It is a check against damage (flipped bits, truncated or mixed-up files),
   not a cryptographic hash: it does not resist deliberate forgery."""
   leaves = jax.tree_util.tree_flatten_with_path(tree)[0]

@@ -330,6 +330,43 @@ def test_digests_are_the_same_on_every_layout_and_device_count():
     assert digests == here, name
 
 
+def _numpy_digest(words: np.ndarray) -> str:
+  """The device-v1 digest of a leaf's uint32 words, written out in numpy (uint64 arithmetic,
+  masked to 32 bits)."""
+  mask = np.uint64(0xFFFFFFFF)
+
+  def fmix32(h):
+    h = h ^ (h >> np.uint64(16))
+    h = (h * np.uint64(0x85EBCA6B)) & mask
+    h = h ^ (h >> np.uint64(13))
+    h = (h * np.uint64(0xC2B2AE35)) & mask
+    return h ^ (h >> np.uint64(16))
+
+  w = words.reshape(-1).astype(np.uint64)
+  index = np.arange(w.size, dtype=np.uint64)
+  lanes = [int(fmix32(w ^ fmix32(index ^ np.uint64(seed))).sum() & mask)
+           for seed in checkpointing._SEEDS]
+  return "".join(f"{v:08x}" for v in lanes)
+
+
+def test_digests_keep_the_format_existing_checkpoints_hold():
+  """Golden digests (device-v1): a change to how they are computed that changes a value would
+  make every stored checkpoint fail its check. Leaves of one shape are digested as a stack."""
+  tree = {"a": np.arange(12, dtype=np.float32).reshape(3, 4),
+          "b": -np.arange(12, dtype=np.float32).reshape(3, 4),
+          "levels": np.arange(5, dtype=np.uint8), "mask": np.array([[True, False], [False, True]]),
+          "scale": np.float32(0.5), "key": jax.random.key(0)}
+  assert checkpointing.array_checksums(tree) == {
+      "['a']": "float32[3,4]:6b261eeabf5de127d84f726eb23e06f4",
+      "['b']": "float32[3,4]:072c8535a6703a3489537a460558d528",
+      "['key']": "uint32[2]:a232a6ebeff6e91275cf7c7e7a1543c7",
+      "['levels']": "uint8[5]:fe9f4e8400f6dbe8e9f05a1861172884",
+      "['mask']": "bool[2,2]:e3baa1ff6681c07493460c2f3f371bfe",
+      "['scale']": "float32[]:5cd83e52f3397565c31c02bcc4680f63"}
+  assert _numpy_digest(tree["a"].view(np.uint32)) == "6b261eeabf5de127d84f726eb23e06f4"
+  assert _numpy_digest(tree["levels"]) == "fe9f4e8400f6dbe8e9f05a1861172884"
+
+
 def test_digests_change_with_any_flipped_byte_and_with_moved_elements():
   for name, x in _dtype_arrays().items():
     data = checkpointing.to_numpy(x)
