@@ -136,6 +136,27 @@ def test_dense_floor_program_computes_the_products_it_counts():
   assert compute.flops(program.lower(*inputs)) == pytest.approx(flops, rel=0.1)
 
 
+def test_torch_step_trains_only_the_lora_factors_and_the_head():
+  """scripts/torch_step.py (PyTorch is not a dependency: runs where it is installed)."""
+  torch = pytest.importorskip("torch")
+  import torch_step
+
+  tiny = ["--image_size", "16", "--patch", "8", "--width", "16", "--depth", "2", "--heads", "2",
+          "--mlp_dim", "32", "--classes", "5"]
+  model = torch_step.ViT(torch_step.parse(tiny))
+  trained = torch_step.trained_parameters(model)
+  names = [n for n, p in model.named_parameters() if p.requires_grad]
+  assert len(trained) == len(names) == 2 * 2 + 2  # A and B per block, the head's weight and bias
+  assert all(".lora_" in n or n.startswith("head.") for n in names)
+  assert not all(p.requires_grad for p in model.parameters())
+  frozen = model.blocks[0].attn.qkv.weight.detach().clone()
+  lora_b = model.blocks[0].attn.lora_b.detach().clone()
+  args = torch_step.parse([*tiny, "--images", "6", "--batch", "4", "--steps", "2", "--warmup", "0"])
+  assert len(torch_step.train_steps(model, args)) == 2
+  assert torch.equal(model.blocks[0].attn.qkv.weight, frozen)
+  assert not torch.equal(model.blocks[0].attn.lora_b, lora_b)
+
+
 def test_hlo_ops_read_tuple_results_fusions_and_library_products():
   """A GPU-style module: a cuBLAS GEMM custom call with a tuple result counts as a product."""
   text = "\n".join([

@@ -1,0 +1,148 @@
+"""Times the work of one Online-LoRA train step in PyTorch, to compare this implementation with an
+eager PyTorch one on the same machine (docs/performance.md, "Against PyTorch").
+
+    pip install torch==2.13.0        # in a separate virtual environment: not a dependency
+    python scripts/torch_step.py --images 40 --steps 3
+
+The step: `--images` random images through a ViT (default ViT-S/16 at 224 px) whose weights are
+frozen and whose attention q and v projections carry LoRA factors of rank `--rank`; the
+cross-entropy of the first `--batch` images plus that of the rest (the new batch and the hard
+buffer, as the loss of a step with a full buffer); gradients for the LoRA factors and the head
+only; one Adam step. `--images 40 --batch 8` is `reference` fidelity's step at batch 8 with a
+buffer of 4 whole batches, the shape `launch/bench.py --sizes vit_s16 --fidelities reference`
+times here. Attention is written out (scores, softmax, weighted sum), as timm's ViT had it before
+fused attention; `--fused` uses `torch.nn.functional.scaled_dot_product_attention` instead.
+
+This is an independent implementation of the same arithmetic, not the authors' released code: the
+number it prints is what eager PyTorch does with the same work, on the same cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class Attention(nn.Module):
+  def __init__(self, width: int, heads: int, rank: int, fused: bool):
+    super().__init__()
+    self.heads, self.fused = heads, fused
+    self.qkv = nn.Linear(width, 3 * width)
+    self.out = nn.Linear(width, width)
+    # LoRA on q and v: delta W = A B, A random and B zero at the start, as a fresh LoRA.
+    self.lora_a = nn.Parameter(torch.randn(2, width, rank) * rank**-0.5)
+    self.lora_b = nn.Parameter(torch.zeros(2, rank, width))
+
+  def forward(self, x: torch.Tensor) -> torch.Tensor:
+    b, n, width = x.shape
+    q, k, v = self.qkv(x).chunk(3, dim=-1)
+    q = q + x @ self.lora_a[0] @ self.lora_b[0]
+    v = v + x @ self.lora_a[1] @ self.lora_b[1]
+    q, k, v = (t.reshape(b, n, self.heads, -1).transpose(1, 2) for t in (q, k, v))
+    if self.fused:
+      o = F.scaled_dot_product_attention(q, k, v)
+    else:
+      scores = (q @ k.transpose(-2, -1)) * q.shape[-1]**-0.5
+      o = scores.softmax(dim=-1) @ v
+    return self.out(o.transpose(1, 2).reshape(b, n, width))
+
+
+class Block(nn.Module):
+  def __init__(self, width: int, heads: int, mlp_dim: int, rank: int, fused: bool):
+    super().__init__()
+    self.norm1 = nn.LayerNorm(width, eps=1e-6)
+    self.attn = Attention(width, heads, rank, fused)
+    self.norm2 = nn.LayerNorm(width, eps=1e-6)
+    self.fc1 = nn.Linear(width, mlp_dim)
+    self.fc2 = nn.Linear(mlp_dim, width)
+
+  def forward(self, x: torch.Tensor) -> torch.Tensor:
+    x = x + self.attn(self.norm1(x))
+    return x + self.fc2(F.gelu(self.fc1(self.norm2(x))))  # exact (erf) GELU, as the ViTs use
+
+
+class ViT(nn.Module):
+  def __init__(self, args: argparse.Namespace):
+    super().__init__()
+    w, tokens = args.width, (args.image_size // args.patch)**2 + 1
+    self.embed = nn.Conv2d(3, w, args.patch, args.patch)
+    self.cls = nn.Parameter(torch.zeros(1, 1, w))
+    self.pos = nn.Parameter(torch.randn(1, tokens, w) * 0.02)
+    self.blocks = nn.Sequential(*[Block(w, args.heads, args.mlp_dim, args.rank, args.fused)
+                                  for _ in range(args.depth)])
+    self.norm = nn.LayerNorm(w, eps=1e-6)
+    self.head = nn.Linear(w, args.classes)
+
+  def forward(self, images: torch.Tensor) -> torch.Tensor:
+    x = self.embed(images).flatten(2).transpose(1, 2)
+    x = torch.cat([self.cls.expand(len(x), -1, -1), x], dim=1) + self.pos
+    return self.head(self.norm(self.blocks(x))[:, 0])
+
+
+def trained_parameters(model: ViT) -> list[nn.Parameter]:
+  """Freezes every weight but the LoRA factors and the head; returns those."""
+  trained = []
+  for name, p in model.named_parameters():
+    p.requires_grad_(name.startswith("head.") or ".lora_" in name)
+    if p.requires_grad:
+      trained.append(p)
+  return trained
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  p.add_argument("--images", type=int, default=40, help="images through the network per step")
+  p.add_argument("--batch", type=int, default=8, help="the new batch (the rest: the buffer)")
+  p.add_argument("--steps", type=int, default=3, help="timed steps")
+  p.add_argument("--warmup", type=int, default=2, help="untimed steps first")
+  p.add_argument("--fused", action="store_true", help="scaled_dot_product_attention")
+  # ViT-S/16 at 224 px by default.
+  p.add_argument("--image_size", type=int, default=224)
+  p.add_argument("--patch", type=int, default=16)
+  p.add_argument("--width", type=int, default=384)
+  p.add_argument("--depth", type=int, default=12)
+  p.add_argument("--heads", type=int, default=6)
+  p.add_argument("--mlp_dim", type=int, default=1536)
+  p.add_argument("--rank", type=int, default=4)
+  p.add_argument("--classes", type=int, default=100)
+  args = p.parse_args(argv)
+  if not 0 < args.batch <= args.images:
+    p.error(f"--batch={args.batch} must be in 1..--images={args.images}")
+  return args
+
+
+def train_steps(model: ViT, args: argparse.Namespace) -> list[float]:
+  """Runs `--warmup` + `--steps` steps on random images; returns each step's seconds."""
+  optimizer = torch.optim.Adam(trained_parameters(model), lr=1e-3)
+  seconds = []
+  for _ in range(args.warmup + args.steps):
+    images = torch.randn(args.images, 3, args.image_size, args.image_size)
+    labels = torch.randint(0, args.classes, (args.images,))
+    start = time.perf_counter()
+    logits = model(images)
+    loss = F.cross_entropy(logits[:args.batch], labels[:args.batch])
+    if args.images > args.batch:
+      loss = loss + F.cross_entropy(logits[args.batch:], labels[args.batch:])
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    optimizer.step()
+    seconds.append(time.perf_counter() - start)
+  return seconds
+
+
+def main(argv: list[str] | None = None) -> None:
+  args = parse(argv)
+  torch.manual_seed(0)
+  timed = train_steps(ViT(args), args)[args.warmup:]
+  print(f"torch {torch.__version__}, {torch.get_num_threads()} threads,"
+        f" {'fused' if args.fused else 'written-out'} attention, {args.images} images:"
+        f" step median {statistics.median(timed):.3f} s, min {min(timed):.3f} s")
+
+
+if __name__ == "__main__":
+  main()
