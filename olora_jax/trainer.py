@@ -92,14 +92,15 @@ class Setup:
       validation.check_source(source.labels, sample_images, self.num_classes,
                               f"data.dataset={c.data.dataset!r} ({source.split} split)")
     self.model = build_model(c, self.spec, self.num_classes)  # a ViT or a Swin
+    # From the seed, or replayed from data.stream_manifest (data/manifest.py).
+    self.stream, self.manifest = manifest_lib.build_stream_and_manifest(
+        c.data, c.seed, c.learner.batch_size, self.train_source, self.test_source)
     # The method's builder validates its config block before any compute.
     self.method = methods_lib.build(methods_base.Context(
         config=c, model=self.model, spec=self.spec, num_classes=self.num_classes,
         batch_size=c.learner.batch_size,
-        image_shape=(self.spec.image_size, self.spec.image_size, 3)))
-    # From the seed, or replayed from data.stream_manifest (data/manifest.py).
-    self.stream, self.manifest = manifest_lib.build_stream_and_manifest(
-        c.data, c.seed, c.learner.batch_size, self.train_source, self.test_source)
+        image_shape=(self.spec.image_size, self.spec.image_size, 3),
+        stream_samples=self.stream.n_samples))
     # (A replayed manifest lists its own steps; the batch size only pads them.)
     if c.learner.batch_size > self.stream.n_samples and not c.data.stream_manifest:
       raise validation.InputError(

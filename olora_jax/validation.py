@@ -236,6 +236,17 @@ def check_method(config: ml_collections.ConfigDict, width: int | None = None) ->
     # MVP's weight of the focal term in [0, 1]
     upper = 1.0 if name in ("ewc_pp", "mvp") else float("inf")
     _require(0 <= b.alpha <= upper, f"{p}alpha={b.alpha} must be in [0, {upper}]")
+  if "key_init" in values:  # MVP's keys (methods/prompt_pool.py KEY_INITS)
+    _require(b.key_init in ("uniform", "normal"),
+             f"unknown {p}key_init={b.key_init!r}; use 'uniform' (L2P's) or 'normal' (the"
+             " authors' code)")
+  if "updates_per_batch" in values:
+    _require(isinstance(b.updates_per_batch, int) and b.updates_per_batch >= 1,
+             f"{p}updates_per_batch={b.updates_per_batch!r} must be an integer >= 1 (the"
+             " authors' script: 3)")
+  if "schedule" in values:  # the upper bound's learning rate (methods/finetune.py)
+    _require(b.schedule in ("constant", "cosine"),
+             f"unknown {p}schedule={b.schedule!r}; use 'constant' or 'cosine'")
   if "margin" in values:  # MVP's feature scale 1 - cos + m must stay positive
     _require(b.margin > 0, f"{p}margin={b.margin} must be > 0 (the paper: 0.5)")
   if "first_phase" in values:  # SimpleCIL's APER variant: what its first phase adapts

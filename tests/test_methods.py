@@ -452,6 +452,9 @@ def test_trainable_split(mode, moved):
     ("mvp.top_k", 10, r"mvp.top_k=10 must be in \[1, mvp.pool_size - 1\]"),
     ("mvp.margin", 0.0, r"mvp.margin=0.0 must be > 0"),
     ("mvp.alpha", 1.5, r"mvp.alpha=1.5 must be in \[0, 1.0\]"),
+    ("mvp.key_init", "zeros", r"unknown mvp.key_init='zeros'"),
+    ("mvp.updates_per_batch", 0, r"mvp.updates_per_batch=0 must be an integer >= 1"),
+    ("iid.schedule", "step", r"unknown iid.schedule='step'"),
     ("pcr.temperature", 0.0, r"pcr.temperature=0.0 must be > 0"),
     ("lode.rho", -0.1, r"lode.rho=-0.1 must be >= 0"),
     ("ema_der_pp.ema_decay", 1.0, r"ema_der_pp.ema_decay=1.0 must be in \[0, 1\)"),
@@ -591,3 +594,39 @@ def test_mvp_mask_and_losses_against_numpy():
                                       jnp.asarray(weight, jnp.float32), idx,
                                       jnp.asarray(keys, jnp.float32), valid)
   assert_close(key_loss, per_key.mean(1)[valid].mean())
+
+
+def test_mvp_authors_readings_as_keys():
+  """The three readings of MVP's code, each a key: keys drawn standard normal, the query read
+  before the final LayerNorm (the LayerNorm of it is the default query), and several updates on
+  one batch (equal to that many single updates, counted as one stream step)."""
+  params = init_params()
+  uniform = mvp.build(context("mvp", pool_size=40)).init(jax.random.key(0), params)
+  normal = mvp.build(context("mvp", pool_size=40, key_init="normal")).init(
+      jax.random.key(0), params)
+  keys = np.asarray(normal["params"]["prompt_pool"]["keys"])
+  assert np.abs(np.asarray(uniform["params"]["prompt_pool"]["keys"])).max() <= 1.0
+  assert 0.8 < keys.std() < 1.2 and np.abs(keys).max() > 1.5  # 640 N(0, 1) draws
+
+  apply = common.make_apply(VisionTransformer(SPEC, C))
+  images = jnp.asarray(batch(1)["images"])
+  after = np.asarray(prompt_pool.query(apply, params, images), np.float64)
+  before = np.asarray(prompt_pool.query(apply, params, images, final_norm=False), np.float64)
+  norm = params["encoder_norm"]
+  centred = before - before.mean(-1, keepdims=True)
+  normalised = centred / np.sqrt(np.mean(centred ** 2, -1, keepdims=True) + 1e-6)
+  assert_close(normalised * np.asarray(norm["scale"]) + np.asarray(norm["bias"]), after,
+               rtol=1e-4)
+  assert not np.allclose(before, after)
+
+  once = mvp.build(context("mvp"))
+  twice = mvp.build(context("mvp", updates_per_batch=2))
+  state = once.init(jax.random.key(0), params)
+  data = batch(2)
+  stepped, _, _ = jax.jit(once.train_step)(jax.tree.map(jnp.array, state), data)
+  stepped, _, _ = jax.jit(once.train_step)(stepped, data)
+  both, scalars, report = jax.jit(twice.train_step)(jax.tree.map(jnp.array, state), data)
+  assert int(both["step"]) == int(state["step"]) + 1 and int(stepped["step"]) == 2
+  for a, b in zip(jax.tree.leaves(both["params"]), jax.tree.leaves(stepped["params"])):
+    assert_close(a, b, rtol=1e-5)
+  np.testing.assert_array_equal(both["selection_count"], stepped["selection_count"])

@@ -90,6 +90,7 @@ class Context:
   num_classes: int
   batch_size: int
   image_shape: tuple[int, int, int]  # (H, W, 3) of a model input
+  stream_samples: int = 0  # training samples in the run's stream (0: not known, e.g. in tests)
 
 
 def check_batch(batch: dict) -> None:

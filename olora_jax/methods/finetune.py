@@ -7,18 +7,42 @@ frozen backbone) or 'lora' (a single LoRA on q and v plus the head).
 `iid` (the paper's upper bound, UB: supervised training on the whole i.i.d. data): the same
 learner on `iid.epochs` passes over i.i.d. shuffles of all the stream's samples (the trainer builds
 that order, data/streams.py `iid_order`), evaluated on the same test sets; the config block `iid`.
-Its learning rate is constant, as every baseline's.
+Its learning rate follows `iid.schedule`: 'constant' (every baseline's optimiser) or 'cosine'
+(decayed from `learning_rate` to 0 over all the i.i.d. order's steps, as supervised training is
+usually run).
 """
 
 from __future__ import annotations
 
+import math
+
 import jax
+import optax
 
 from olora_jax.methods import base, common
 
+IID_SCHEDULES = ("constant", "cosine")
+
+
+def iid_learning_rate(ctx: base.Context, block):
+  """The upper bound's learning rate: `block.learning_rate`, constant or cosine-decayed to 0
+  over the i.i.d. order's ceil(epochs * samples / batch) steps (data/streams.py `iid_order`)."""
+  if block.schedule not in IID_SCHEDULES:
+    raise ValueError(f"unknown iid.schedule={block.schedule!r}; use one of {IID_SCHEDULES}")
+  if block.schedule == "constant":
+    return block.learning_rate
+  if ctx.stream_samples < 1:
+    raise ValueError("iid.schedule='cosine' needs the stream's size (Context.stream_samples)")
+  steps = math.ceil(block.epochs * ctx.stream_samples / ctx.batch_size)
+  return optax.cosine_decay_schedule(block.learning_rate, decay_steps=steps)
+
 
 def make(ctx: base.Context, name: str, block, iid_stream: bool = False) -> base.Method:
-  tx, apply = common.optimizer_and_apply(ctx, block)
+  if iid_stream:
+    tx = common.make_adam(iid_learning_rate(ctx, block), block.weight_decay)
+    apply = common.make_apply(ctx.model)
+  else:
+    tx, apply = common.optimizer_and_apply(ctx, block)
   rank = ctx.config.learner.rank
 
   def init(key, params):
@@ -57,8 +81,10 @@ def config_finetune():
 
 def config_iid():
   """The `iid` block: the upper bound, supervised training on the whole stream, `epochs` passes
-  over i.i.d. shuffles of its samples (finetune's learner)."""
-  return common.baseline_block(learning_rate=1e-4, weight_decay=1e-4, epochs=5)
+  over i.i.d. shuffles of its samples (finetune's learner); `schedule`: 'constant' | 'cosine'
+  (the learning rate decayed to 0 over all its steps)."""
+  return common.baseline_block(learning_rate=1e-4, weight_decay=1e-4, epochs=5,
+                               schedule="constant")
 
 
 IID_PAPER_RESULTS = {

@@ -26,9 +26,11 @@ import jax.numpy as jnp
 from olora_jax.methods import base, common, prompt_pool
 
 
-def init_pool(key: jax.Array, pool_size: int, length: int, width: int, num_classes: int) -> dict:
-  """L2P's pool plus "masks" (M, C), all -1 (every class scaled by 2 sigmoid(-1) at start)."""
-  return {**prompt_pool.init(key, pool_size, length, width),
+def init_pool(key: jax.Array, pool_size: int, length: int, width: int, num_classes: int,
+              key_init: str = "uniform") -> dict:
+  """L2P's pool (keys drawn by `key_init`) plus "masks" (M, C), all -1 (every class scaled by
+  2 sigmoid(-1) at start)."""
+  return {**prompt_pool.init(key, pool_size, length, width, key_init),
           "masks": jnp.full((pool_size, num_classes), -1.0, jnp.float32)}
 
 
@@ -79,13 +81,19 @@ def contrastive_key_loss(distance, weight, idx, keys, valid) -> jax.Array:
 
 def build(ctx: base.Context) -> base.Method:
   block = ctx.config.mvp
+  if block.key_init not in prompt_pool.KEY_INITS:
+    raise ValueError(f"unknown mvp.key_init={block.key_init!r}; use one of"
+                     f" {prompt_pool.KEY_INITS}")
+  if block.updates_per_batch < 1:
+    raise ValueError(f"mvp.updates_per_batch={block.updates_per_batch} must be >= 1")
   tx, apply = common.optimizer_and_apply(ctx, block)
+  final_norm = not block.query_before_norm
 
   def init(key, params):
     state = common.init_state(
         key, params, block.trainable, ctx.spec, ctx.config.learner.rank, tx,
         init_prompts=lambda k: init_pool(k, block.pool_size, block.prompt_length,
-                                         ctx.spec.width, ctx.num_classes))
+                                         ctx.spec.width, ctx.num_classes, block.key_init))
     return {**state, "selection_count": jnp.zeros((block.pool_size,), jnp.float32)}
 
   def forward(state, params, images, queries):
@@ -100,24 +108,35 @@ def build(ctx: base.Context) -> base.Method:
 
   @common.train_step("mvp")
   def train_step(state, batch):
-    queries = prompt_pool.query(apply, state["frozen"], batch["images"])
+    queries = prompt_pool.query(apply, state["frozen"], batch["images"], final_norm)
 
-    def loss_fn(params):
-      features, mask, distance, weight, idx = forward(state, params, batch["images"], queries)
-      loss, terms = focal_scaled_loss(features, params["head"], mask, batch["labels"],
-                                      batch["mask"], block.gamma, block.margin, block.alpha)
-      key_loss = contrastive_key_loss(distance, weight, idx, params["prompt_pool"]["keys"],
-                                      batch["mask"])
-      return loss + key_loss, ({**terms, "key_loss": key_loss}, idx)
+    def update(state):
+      """One update on the batch: (state, (scalars, selected keys) before it)."""
 
-    (loss, (aux, idx)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["params"])
-    state = common.apply_gradients(state, grads, tx)
-    picked = jax.nn.one_hot(idx, block.pool_size) * batch["mask"][:, None, None]
-    state["selection_count"] = state["selection_count"] + jnp.sum(picked, axis=(0, 1))
-    return state, {"loss": loss, **aux}, {"prompt_idx": idx}
+      def loss_fn(params):
+        features, mask, distance, weight, idx = forward(state, params, batch["images"], queries)
+        loss, terms = focal_scaled_loss(features, params["head"], mask, batch["labels"],
+                                        batch["mask"], block.gamma, block.margin, block.alpha)
+        key_loss = contrastive_key_loss(distance, weight, idx, params["prompt_pool"]["keys"],
+                                        batch["mask"])
+        return loss + key_loss, ({**terms, "key_loss": key_loss}, idx)
+
+      (loss, (aux, idx)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["params"])
+      state = common.apply_gradients(state, grads, tx)
+      picked = jax.nn.one_hot(idx, block.pool_size) * batch["mask"][:, None, None]
+      state["selection_count"] = state["selection_count"] + jnp.sum(picked, axis=(0, 1))
+      return state, ({"loss": loss, **aux}, idx)
+
+    # More than one update per batch: the authors' script's `online_iter`, unrolled (so XLA's
+    # FLOP count, and the ledger's passes per step, count every update); one stream step.
+    step = state["step"]
+    state, (scalars, idx) = update(state)
+    for _ in range(block.updates_per_batch - 1):
+      state, _ = update(state)
+    return {**state, "step": step + 1}, scalars, {"prompt_idx": idx}
 
   def predict(state, images):
-    queries = prompt_pool.query(apply, state["frozen"], images)
+    queries = prompt_pool.query(apply, state["frozen"], images, final_norm)
     features, mask, *_ = forward(state, state["params"], images, queries)
     return head_logits(state["params"]["head"], features) * mask
 
@@ -127,10 +146,15 @@ def build(ctx: base.Context) -> base.Method:
 def config():
   """The `mvp` block (prompts as L2P's). gamma: focal exponent of the gradient dissimilarity;
   margin: m of the adaptive feature scale; alpha: weight of the focal term; pool_size,
-  prompt_length, top_k: ours (as L2P's pool, one prompt per image as MVP's selection size)."""
+  prompt_length, top_k: ours (as L2P's pool, one prompt per image as MVP's selection size);
+  query_before_norm: the query is the frozen class token before the final LayerNorm (the
+  authors' code) instead of after it (L2P's); key_init: 'uniform' (L2P's) | 'normal' (the
+  authors' code); updates_per_batch: updates on each incoming batch (the authors' script's
+  online_iter is 3; 1 is every method's budget here)."""
   return common.baseline_block(trainable="prompts", learning_rate=5e-3, weight_decay=0.0,
                                pool_size=10, prompt_length=10, top_k=1, gamma=2.0, margin=0.5,
-                               alpha=0.5)
+                               alpha=0.5, query_before_norm=False, key_init="uniform",
+                               updates_per_batch=1)
 
 
 PAPER_RESULTS = {

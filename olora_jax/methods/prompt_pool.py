@@ -28,11 +28,19 @@ import jax.numpy as jnp
 COSINE_EPS = 1e-8  # lower bound of a norm in a cosine
 
 
-def init(key: jax.Array, pool_size: int, length: int, width: int) -> dict:
+KEY_INITS = ("uniform", "normal")
+
+
+def init(key: jax.Array, pool_size: int, length: int, width: int,
+         key_init: str = "uniform") -> dict:
   """A fresh pool {"keys" (M, D), "prompts" (M, Lp, D)}, both uniform in [-1, 1] (L2P's
-  initialisation)."""
+  initialisation); `key_init='normal'` draws the keys standard normal instead (MVP's code)."""
+  if key_init not in KEY_INITS:
+    raise ValueError(f"unknown key_init={key_init!r}; use one of {KEY_INITS}")
   key_key, prompt_key = jax.random.split(key)
-  return {"keys": jax.random.uniform(key_key, (pool_size, width), jnp.float32, -1.0, 1.0),
+  keys = (jax.random.normal(key_key, (pool_size, width), jnp.float32) if key_init == "normal"
+          else jax.random.uniform(key_key, (pool_size, width), jnp.float32, -1.0, 1.0))
+  return {"keys": keys,
           "prompts": jax.random.uniform(prompt_key, (pool_size, length, width), jnp.float32,
                                         -1.0, 1.0)}
 
@@ -43,10 +51,12 @@ def cosine(a: jax.Array, b: jax.Array) -> jax.Array:
   return jnp.sum(a * b, axis=-1) / jnp.maximum(norms, COSINE_EPS)
 
 
-def query(apply, frozen: dict, images: jax.Array) -> jax.Array:
+def query(apply, frozen: dict, images: jax.Array, final_norm: bool = True) -> jax.Array:
   """The query of each image (B, D): the frozen model's class token without prompts, no
-  gradient. `apply` is `common.make_apply(model)`."""
-  return jax.lax.stop_gradient(apply(frozen, {}, images, pre_logits=True))
+  gradient, after the final LayerNorm (L2P's) or, with `final_norm=False`, before it (MVP's
+  code). `apply` is `common.make_apply(model)`."""
+  kwargs = {} if final_norm else {"final_norm": False}
+  return jax.lax.stop_gradient(apply(frozen, {}, images, pre_logits=True, **kwargs))
 
 
 def key_distance(queries: jax.Array, keys: jax.Array) -> jax.Array:

@@ -206,8 +206,8 @@ class VisionTransformer(nn.Module):
   `{query|value: {lora_a (D, r), lora_b (r, D)}}` or is None for the plain backbone; `prompts`
   (B, Lp, D) are tokens inserted after the class token (no position embedding) or None;
   `prefixes` maps `encoderblock_{i}` to that block's key/value prefixes (module docstring) or is
-  None; `pool` is one of `POOLING`. Returns logits (B, C), or the pooled features (B, D) with
-  `pre_logits`."""
+  None; `pool` is one of `POOLING`; `final_norm=False` skips the final LayerNorm (MVP's query,
+  read before it). Returns logits (B, C), or the pooled features (B, D) with `pre_logits`."""
 
   spec: ViTSpec
   num_classes: int
@@ -216,7 +216,8 @@ class VisionTransformer(nn.Module):
   @nn.compact
   def __call__(self, images: jnp.ndarray, lora: dict | None = None,
                pre_logits: bool = False, prompts: jnp.ndarray | None = None,
-               pool: str = "token", prefixes: dict | None = None) -> jnp.ndarray:
+               pool: str = "token", prefixes: dict | None = None,
+               final_norm: bool = True) -> jnp.ndarray:
     if pool not in POOLING or (pool == "prompts" and prompts is None):
       raise ValueError(f"pool={pool!r} must be one of {POOLING}; 'prompts' needs prompts")
     s = self.spec
@@ -235,7 +236,8 @@ class VisionTransformer(nn.Module):
       name = f"encoderblock_{i}"
       x = EncoderBlock(s.num_heads, s.mlp_dim, self.dtype, name=name)(x, lora.get(name),
                                                                       prefixes.get(name))
-    x = nn.LayerNorm(epsilon=LAYER_NORM_EPS, dtype=self.dtype, name="encoder_norm")(x)
+    if final_norm:
+      x = nn.LayerNorm(epsilon=LAYER_NORM_EPS, dtype=self.dtype, name="encoder_norm")(x)
     if pool == "token":
       features = x[:, 0]  # class-token pooling, (B, D)
     else:
