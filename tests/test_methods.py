@@ -19,6 +19,7 @@ from olora_jax.methods import (
     base,
     common,
     ewc_pp,
+    finetune,
     lode,
     mir,
     mvp,
@@ -627,6 +628,23 @@ def test_mvp_authors_readings_as_keys():
   stepped, _, _ = jax.jit(once.train_step)(stepped, data)
   both, scalars, report = jax.jit(twice.train_step)(jax.tree.map(jnp.array, state), data)
   assert int(both["step"]) == int(state["step"]) + 1 and int(stepped["step"]) == 2
-  for a, b in zip(jax.tree.leaves(both["params"]), jax.tree.leaves(stepped["params"])):
+  for a, b in zip(jax.tree.leaves(both["params"]), jax.tree.leaves(stepped["params"]),
+                  strict=True):
     assert_close(a, b, rtol=1e-5)
   np.testing.assert_array_equal(both["selection_count"], stepped["selection_count"])
+
+
+def test_iid_cosine_schedule_spans_the_iid_orders_steps():
+  """iid.schedule='cosine' decays from the learning rate to 0 over exactly the steps iid_order
+  makes of the stream (epochs x samples / batch, rounded up); 'constant' is the rate itself."""
+  labels = np.repeat(np.arange(4), 25)  # 100 samples
+  stream = streams.disjoint_class_incremental(labels, 2, 8, seed=0)
+  steps = len(streams.iid_order(stream, 8, seed=0, epochs=3).steps)
+  ctx = dataclasses.replace(context("iid", epochs=3, schedule="cosine", learning_rate=1e-3),
+                            stream_samples=stream.n_samples)
+  rate = finetune.iid_learning_rate(ctx, ctx.config.iid)
+  assert steps == 38 and float(rate(0)) == pytest.approx(1e-3, rel=1e-6)
+  assert float(rate(steps // 2)) == pytest.approx(5e-4, rel=0.05)
+  assert float(rate(steps)) == pytest.approx(0.0, abs=1e-12) and float(rate(steps - 1)) > 0
+  constant = context("iid", learning_rate=1e-3)
+  assert finetune.iid_learning_rate(constant, constant.config.iid) == 1e-3
