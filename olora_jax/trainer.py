@@ -98,8 +98,10 @@ class Setup:
         batch_size=c.learner.batch_size,
         image_shape=(self.spec.image_size, self.spec.image_size, 3)))
     # From the seed, or replayed from data.stream_manifest (data/manifest.py).
-    self.stream, self.manifest = manifest_lib.build_stream_and_manifest(
-        c.data, c.seed, c.learner.batch_size, self.train_source, self.test_source)
+    # A manifest recorded on another source re-indexes the sources to the images it names.
+    self.stream, self.manifest, self.train_source, self.test_source = (
+        manifest_lib.build_stream_and_manifest(c.data, c.seed, c.learner.batch_size,
+                                               self.train_source, self.test_source))
     # (A replayed manifest lists its own steps; the batch size only pads them.)
     if c.learner.batch_size > self.stream.n_samples and not c.data.stream_manifest:
       raise validation.InputError(
