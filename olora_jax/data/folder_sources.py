@@ -23,7 +23,9 @@ Record ids (the stream manifest's ids) index one list of examples per layout: an
 tree's files in `ImageFolder` order (`ImageFolder(root).samples[i]`; a train/test pair: each tree
 on its own), CUB's `images.txt` rows, CORe50's PNGs in session, object and frame order (s1..s11,
 o1..o50), the rows of a CIFAR-100 pickle. The manifest also records every example's path
-relative to the dataset's folder (`paths`), so another codebase can replay a stream from the files.
+relative to the dataset's folder (`paths`), so another codebase can replay a stream from the files,
+and its image digest (`digests`: the SHA-256 of each file's bytes, CIFAR-100's of its pixels;
+data/digests.py), so a stream recorded on TFDS replays here and the reverse.
 
 Images are decoded with PIL (converted to RGB, as `ImageFolder` does) in a thread pool. The first
 run decodes every image once, which also checks each one (a truncated or unreadable file is named
@@ -31,8 +33,8 @@ before any compute), resizes it to the model's size and keeps the uint8 result i
 (`.olora_jax_cache/` next to the dataset's folder when that is writable, else
 `~/.cache/olora_jax/images/`): later runs read the cache instead of the images. A cache belongs to
 one list of files with their sizes and modification times, and to one image size; any change
-makes a new one. `get_raw` (training augmentation) always decodes the file itself. CIFAR-100's
-pickles are already small uint8 arrays and are not cached.
+makes a new one; the image digests are kept there too. `get_raw` (training augmentation) always
+decodes the file itself. CIFAR-100's pickles are already small uint8 arrays and are not cached.
 """
 
 from __future__ import annotations

@@ -7,6 +7,9 @@ classes and home tasks, a domain stream's task domains, and the test set's ids a
 domains, when the dataset has them), together with the parameters that produced them. A folder
 source (`data.source='folder'`) also records each example's file, relative to the dataset's folder
 (`step_paths`, `test.paths`), so another codebase can replay the stream from the files themselves.
+TFDS and folder sources also record each example's image digest (`digest`, `step_digests`,
+`test.digests`; olora_jax/data/digests.py), a name for the image that does not depend on the
+source, so the manifest replays on another source of the dataset holding the same images.
 It holds integers and strings only, so its canonical JSON encoding (sorted keys, no spaces) is the
 same bytes on any machine; `manifest_sha256` is the SHA-256 of those bytes, and `write_manifest`
 writes exactly those bytes, so `sha256sum stream_manifest.json` prints the `stream_manifest_sha256`
@@ -19,7 +22,12 @@ which are required). Every id must exist in the configured dataset's training sp
 label the manifest records must be the data's label for that id; the test set, the dataset name
 and the class count, where given, must match the data too. A replayed run writes the same
 manifest back (canonical bytes), so replaying a run's own manifest reproduces its
-`stream_manifest_sha256`.
+`stream_manifest_sha256` (a manifest without digests is written back without them).
+
+A manifest recorded on another source of the dataset (TFDS and a folder, two folder layouts, two
+TFDS versions) is first put in this source's terms by `translate_manifest`: each of its images is
+found here by digest and label, the training and test sources are re-indexed to them, and the
+replay goes on as above; images that are not here are refused in one line.
 """
 
 from __future__ import annotations

@@ -24,8 +24,10 @@ sources keep each row's index in the TFDS split (`record_ids`), which the stream
 TFDS labels ImageNet-R with ImageNet-1k indices; its 200 classes (`IMAGENET_R_WNIDS`) are
 renumbered 0..199 in sorted WordNet-id order.
 
-Labels (and CORe50's `session`) are read once by decoding every record and cached next to the
-prepared dataset (`olora_jax_columns_<split>.npz`) when that folder is writable.
+Labels (and CORe50's `session`) are read once from every record, with its image left encoded,
+together with the image's digest (data/digests.py: the stored file's bytes hashed; CIFAR-100's
+pixels, decoded once), and cached next to the prepared dataset (`olora_jax_columns_<split>.npz`)
+when that folder is writable.
 """
 
 from __future__ import annotations
