@@ -229,3 +229,53 @@ def test_cifar100_pickles_and_a_png_tree_share_pixel_digests(tmp_path):
   # The pickles' `get` serves the stored 32x32 arrays, the tree's its resized cache: compare the
   # images as stored.
   _same_batches((stream, train, test), (replayed, tree_train, tree_test), "get_raw")
+
+
+def test_a_seeded_split_moves_to_train_and_test_trees_only_where_they_agree(tmp_path):
+  """One tree (the seeded split) and train/ and test/ trees of the same files are two layouts of
+  one dataset: a stream recorded on the trees replays on the one tree with the trees' split; one
+  recorded on the one tree needs images the trees hold as test images, and is refused."""
+  from test_data_folder import _write_jpegs
+
+  flat, trees = tmp_path / "flat" / "pets", tmp_path / "trees" / "pets"
+  rng = np.random.default_rng(5)
+  for name in ("cat", "dog", "owl"):
+    _write_jpegs(str(flat / name), [f"{k}.jpg" for k in range(5)], rng, (6, 6))
+    for split, names in (("train", ["0.jpg", "1.jpg", "2.jpg"]), ("test", ["3.jpg", "4.jpg"])):
+      os.makedirs(trees / split / name)
+      for n in names:
+        shutil.copy(flat / name / n, trees / split / name / n)
+  config = lambda root: _data(str(root), "folder", dataset="pets", scenario="disjoint",  # noqa: E731
+                              n_tasks=3, test_fraction=0.2)
+  train, test = sources.load_sources(config(trees), SIZE)
+  stream, recorded, _, _ = manifest.build_stream_and_manifest(config(trees), 0, 4, train, test)
+  assert recorded["source"] == "pets:folder-train-test"
+  replayed, written, flat_train, flat_test = _replay(recorded, tmp_path, config(flat))
+  assert written["source"] == "pets:folder-split"
+  assert sorted(flat_test.paths) == sorted(p.split("/", 1)[1] for p in test.paths)
+  assert len(flat_train) == 9  # the trees' split, not the seeded one (4 of 5 per class)
+  _same_batches((stream, train, test), (replayed, flat_train, flat_test))
+  flat_train, flat_test = sources.load_sources(config(flat), SIZE)
+  on_flat = manifest.build_stream_and_manifest(config(flat), 0, 4, flat_train, flat_test)[1]
+  with pytest.raises(manifest.ManifestError, match=r"[1-9] of the manifest's 12 training images"
+                     r" are in the other split of 'pets:folder-train-test' \(e.g. \w+/\d.jpg"
+                     r" \(id \d+\), here test/\w+/\d.jpg\); it splits train and test otherwise"):
+    _replay(on_flat, tmp_path, config(trees), "flat.json")
+
+
+def test_tfds_pixel_digests_are_the_files_pixel_digests(core50):
+  """The pixel kind read from TFDS records (the stored PNG decoded) equals the folder's (PIL)."""
+  from olora_jax.data import folder_sources, tfds_sources
+
+  ds = tfds_sources.open_data_source("core50", "test", core50["tfds"])
+  columns = tfds_sources.read_columns(ds, ("session",), 2, digests.PIXELS)
+  pool = folder_sources.list_core50(core50["folder"])
+  by_file = folder_sources.image_digests(pool, digests.PIXELS, 2, "core50")
+  assert len(set(columns["digest"].tolist())) == len(columns["digest"]) == 150
+  assert set(columns["digest"].tolist()) <= set(by_file.tolist())
+  # The cache names each digest column by its kind: the file digests are not served for pixels.
+  files = tfds_sources.read_columns(ds, ("session",), 2, digests.FILE)["digest"]
+  assert set(files.tolist()) <= set(folder_sources.image_digests(pool, digests.FILE, 2,
+                                                                 "core50").tolist())
+  again = tfds_sources.read_columns(ds, ("session",), 2, digests.PIXELS)["digest"]
+  assert np.array_equal(again, columns["digest"])

@@ -226,11 +226,13 @@ def read_columns(data_source, keys: tuple[str, ...], num_workers: int = 8,
   # Only a really prepared dataset folder (with its dataset_info.json) holds a cache.
   prepared = os.path.isfile(os.path.join(str(info.data_dir), "dataset_info.json"))
   cache = os.path.join(str(info.data_dir), f"olora_jax_columns_{data_source.split}.npz")
-  wanted = keys + (("digest",) if digest_kind and prepared else ())
+  stored_as = {k: k for k in keys}  # column -> its name in the cache (a digest's names its kind)
+  if digest_kind and prepared:
+    stored_as["digest"] = f"digest_{digest_kind}"
   if prepared and os.path.isfile(cache):
     with np.load(cache) as f:
-      if all(k in f for k in wanted) and len(f["label"]) == len(data_source):
-        return {k: f[k] for k in wanted}
+      if all(k in f for k in stored_as.values()) and len(f["label"]) == len(data_source):
+        return {k: f[name] for k, name in stored_as.items()}
 
   read = _record_reader(data_source, keys, digest_kind)
   with concurrent.futures.ThreadPoolExecutor(max(1, num_workers)) as pool:
@@ -241,7 +243,7 @@ def read_columns(data_source, keys: tuple[str, ...], num_workers: int = 8,
   if prepared and os.access(str(info.data_dir), os.W_OK):
     tmp = f"{cache}.{os.getpid()}.tmp"
     with open(tmp, "wb") as f:
-      np.savez(f, **columns)
+      np.savez(f, **{stored_as.get(k, k): v for k, v in columns.items()})
     os.replace(tmp, cache)  # atomic: a concurrent reader never sees half a file
   return columns
 
