@@ -464,15 +464,16 @@ def translate_manifest(manifest: dict, train_source, test_source,
   step_ids = [_int_list(ids, f"steps[{i}]", path) for i, ids in enumerate(steps)]
   step_digests = _digest_lists(manifest, step_ids, path)
   step_labels = manifest.get("step_labels")
-  if not (isinstance(step_labels, list) and len(step_labels) == len(step_ids)):
-    step_labels = [[None] * len(ids) for ids in step_ids]
+  if not (isinstance(step_labels, list) and len(step_labels) == len(step_ids) and all(
+      isinstance(x, list) and len(x) == len(ids) for x, ids in zip(step_labels, step_ids,
+                                                                   strict=True))):
+    step_labels = [[None] * len(ids) for ids in step_ids]  # malformed: replay_stream says so
   step_paths = manifest.get("step_paths")
   # One (digest, label) per distinct training example of the manifest, in id order.
   examples: dict[int, tuple] = {}
   for i, ids in enumerate(step_ids):
     for j, example in enumerate(ids.tolist()):
-      label = step_labels[i][j] if j < len(step_labels[i]) else None
-      seen = examples.setdefault(example, (step_digests[i][j], label, i, j))
+      seen = examples.setdefault(example, (step_digests[i][j], step_labels[i][j], i, j))
       if seen[0] != step_digests[i][j]:
         raise ManifestError(f"{path}: example id {example} has two digests in step_digests;"
                             " fix the manifest")
