@@ -93,8 +93,10 @@ class Setup:
                               f"data.dataset={c.data.dataset!r} ({source.split} split)")
     self.model = build_model(c, self.spec, self.num_classes)  # a ViT or a Swin
     # From the seed, or replayed from data.stream_manifest (data/manifest.py).
-    self.stream, self.manifest = manifest_lib.build_stream_and_manifest(
-        c.data, c.seed, c.learner.batch_size, self.train_source, self.test_source)
+    # A manifest recorded on another source re-indexes the sources to the images it names.
+    self.stream, self.manifest, self.train_source, self.test_source = (
+        manifest_lib.build_stream_and_manifest(c.data, c.seed, c.learner.batch_size,
+                                               self.train_source, self.test_source))
     # The method's builder validates its config block before any compute.
     self.method = methods_lib.build(methods_base.Context(
         config=c, model=self.model, spec=self.spec, num_classes=self.num_classes,

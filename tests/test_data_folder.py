@@ -132,7 +132,8 @@ def test_cache_serves_a_second_run_without_decoding(tmp_path, monkeypatch):
   config = _data_config(dataset="imagenet_r", data_dir=root)
   first, first_test = sources.load_sources(config, SIZE)
   cache = tmp_path / folder_sources.CACHE_DIR_NAME
-  assert sorted(p.suffix for p in cache.iterdir()) == [".npy", ".npy"]  # images and sizes
+  names = sorted(p.name for p in cache.iterdir())  # images, their sizes, the image digests
+  assert sorted(n.split(".", 1)[1] for n in names) == ["digests.npy", "npy", "sizes.npy"], names
   all_ids = np.arange(len(first))
   expected = first.get(all_ids)[0]
 
@@ -155,7 +156,9 @@ def test_cache_serves_a_second_run_without_decoding(tmp_path, monkeypatch):
   path = os.path.join(root, first.paths[0])
   Image.fromarray(np.zeros((7, 7, 3), np.uint8)).save(path)
   third, _ = sources.load_sources(config, SIZE)
-  assert len(list(cache.iterdir())) == 4
+  assert len(list(cache.iterdir())) == 6
+  assert third.digests[0] != first.digests[0] and np.array_equal(third.digests[1:],
+                                                                 first.digests[1:])
   assert np.array_equal(third.get(np.array([0]))[0][0], np.zeros((SIZE, SIZE, 3), np.uint8))
   # The manifest names the files: one recorded on another folder is refused.
   edited = json.loads(json.dumps(made[0]))
@@ -176,7 +179,7 @@ def test_cache_goes_to_the_users_cache_when_the_data_folder_is_read_only(tmp_pat
   monkeypatch.setattr(folder_sources, "_writable_dir", lambda d: d != beside and writable(d))
   config = _data_config(dataset="pets", data_dir=str(root))
   train, _ = sources.load_sources(config, SIZE)
-  assert len(os.listdir(tmp_path / "home_cache" / "olora_jax" / "images")) == 2
+  assert len(os.listdir(tmp_path / "home_cache" / "olora_jax" / "images")) == 3
   assert not os.path.exists(beside)
   # Nowhere writable: decoded into memory on every run, with a warning; the same images.
   monkeypatch.setattr(folder_sources, "_writable_dir", lambda d: False)

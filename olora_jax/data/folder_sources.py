@@ -23,7 +23,9 @@ Record ids (the stream manifest's ids) index one list of examples per layout: an
 tree's files in `ImageFolder` order (`ImageFolder(root).samples[i]`; a train/test pair: each tree
 on its own), CUB's `images.txt` rows, CORe50's PNGs in session, object and frame order (s1..s11,
 o1..o50), the rows of a CIFAR-100 pickle. The manifest also records every example's path
-relative to the dataset's folder (`paths`), so another codebase can replay a stream from the files.
+relative to the dataset's folder (`paths`), so another codebase can replay a stream from the files,
+and its image digest (`digests`: the SHA-256 of each file's bytes, CIFAR-100's of its pixels;
+data/digests.py), so a stream recorded on TFDS replays here and the reverse.
 
 Images are decoded with PIL (converted to RGB, as `ImageFolder` does) in a thread pool. The first
 run decodes every image once, which also checks each one (a truncated or unreadable file is named
@@ -31,8 +33,8 @@ before any compute), resizes it to the model's size and keeps the uint8 result i
 (`.olora_jax_cache/` next to the dataset's folder when that is writable, else
 `~/.cache/olora_jax/images/`): later runs read the cache instead of the images. A cache belongs to
 one list of files with their sizes and modification times, and to one image size; any change
-makes a new one. `get_raw` (training augmentation) always decodes the file itself. CIFAR-100's
-pickles are already small uint8 arrays and are not cached.
+makes a new one; the image digests are kept there too. `get_raw` (training augmentation) always
+decodes the file itself. CIFAR-100's pickles are already small uint8 arrays and are not cached.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ import numpy as np
 from PIL import Image
 
 from olora_jax import errors
+from olora_jax.data import digests as digests_lib
 from olora_jax.data.preprocess import resize_image
 from olora_jax.data.splits import stratified_split
 
@@ -305,6 +308,15 @@ def decode(path: str) -> np.ndarray:
     return np.asarray(image.convert("RGB"))
 
 
+def _decoded(path: str) -> np.ndarray:
+  """`decode(path)`; a file PIL cannot read is refused in one line naming it."""
+  try:
+    return decode(path)
+  except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as e:
+    raise _bad(f"cannot read the image {path} ({errors.first_line(e)}); replace or remove the"
+               " file") from None
+
+
 def cache_dirs(root: str) -> list[str]:
   """Where a cache may go, in order: next to the dataset's folder, then the user's cache."""
   base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
@@ -312,8 +324,9 @@ def cache_dirs(root: str) -> list[str]:
           os.path.join(base, "olora_jax", "images")]
 
 
-def cache_key(pool: Pool, image_size: int) -> str:
-  """A digest of the pool's files (relative path, size, modification time) and the image size."""
+def cache_key(pool: Pool, image_size: int | str) -> str:
+  """A digest of the pool's files (relative path, size, modification time) and the image size
+  (or, for the image digests, their kind)."""
   h = hashlib.sha256(f"{CACHE_FORMAT} {image_size} {os.path.abspath(pool.root)}\n".encode())
   for rel in pool.paths:
     try:
@@ -373,12 +386,7 @@ def resized_images(pool: Pool, image_size: int, num_workers: int,
   sizes = np.empty((n, 2), np.int64)
 
   def load(i):
-    path = os.path.join(pool.root, pool.paths[i])
-    try:
-      image = decode(path)
-    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as e:
-      raise _bad(f"cannot read the image {path} ({errors.first_line(e)}); replace or remove the"
-                 " file") from None
+    image = _decoded(os.path.join(pool.root, pool.paths[i]))
     images[i] = resize_image(image, image_size)
     sizes[i] = image.shape[:2]
 
@@ -403,17 +411,57 @@ def resized_images(pool: Pool, image_size: int, num_workers: int,
       os.remove(tmp)
 
 
+def image_digests(pool: Pool, kind: str, num_workers: int, name: str) -> np.ndarray:
+  """(N,) the digest (`digests`) of every example of `pool`: of each file's bytes, or of its
+  decoded pixels; CIFAR-100's pickle rows are pixels. Kept in the cache folder (one small file
+  per list of files and kind), so later runs read no image to compute them."""
+  if pool.images is not None:
+    if kind != digests_lib.PIXELS:
+      raise ValueError(f"{name}: images held as arrays have pixel digests, not {kind!r}")
+    return digests_lib.as_array(digests_lib.of_pixels(image) for image in pool.images)
+  key = f"{name}-{cache_key(pool, kind)}.digests.npy"
+  dirs = cache_dirs(pool.root)
+  for d in dirs:
+    path = os.path.join(d, key)
+    if os.path.isfile(path):
+      try:
+        found = np.load(path)
+      except (OSError, ValueError):  # a damaged file is computed again
+        continue
+      if found.shape == (len(pool.paths),) and found.dtype.kind == "U":
+        return found
+
+  def digest(rel):
+    path = os.path.join(pool.root, rel)
+    if kind == digests_lib.PIXELS:
+      return digests_lib.of_pixels(_decoded(path))
+    with open(path, "rb") as f:
+      return digests_lib.of_bytes(f.read())
+
+  with concurrent.futures.ThreadPoolExecutor(max(1, num_workers)) as workers:
+    found = digests_lib.as_array(workers.map(digest, pool.paths))
+  target = next((d for d in dirs if _writable_dir(d)), None)
+  if target is not None:
+    tmp = os.path.join(target, f"{key}.{os.getpid()}.tmp.npy")
+    np.save(tmp, found)
+    os.replace(tmp, os.path.join(target, key))  # atomic: a reader sees the whole file
+  return found
+
+
 # ----------------------------------------------------------------------------------------------
 # The source.
 
 
 class FolderSource:
   """Rows `record_ids` of a `Pool`: `get` returns the cached images at the model's size (CIFAR-100:
-  the stored 32x32 images), `get_raw` the images as stored, decoded from their files."""
+  the stored 32x32 images), `get_raw` the images as stored, decoded from their files. `digests`
+  names each row's image (olora_jax/data/digests.py), `record_pool` is the pool itself: two
+  sources with the same `record_pool` number one list of examples."""
 
   def __init__(self, name: str, split: str, pool: Pool, record_ids: np.ndarray,
                resized: np.ndarray | None, sizes: np.ndarray | None, num_workers: int,
-               layout: str, seeded_split: bool = False):
+               layout: str, seeded_split: bool = False, digests: np.ndarray | None = None,
+               digest_kind: str | None = None):
     self.name, self.split, self._pool_data = name, split, pool
     self.record_ids = np.asarray(record_ids, np.int64)
     self.labels = pool.labels[self.record_ids]
@@ -425,9 +473,23 @@ class FolderSource:
     self.version = f"{name}:folder-{layout}"  # the manifest's `source`
     self.paths = (None if pool.paths is None else
                   tuple(pool.paths[i] for i in self.record_ids))
+    self.digest_kind = digest_kind
+    self.digests = None if digests is None else digests[self.record_ids]
     self._resized = resized
     self._sizes = None if sizes is None else sizes[self.record_ids]
+    self._rebuild = (name, pool, resized, sizes, num_workers, layout, seeded_split, digests,
+                     digest_kind)
     self._workers = concurrent.futures.ThreadPoolExecutor(max(1, num_workers))
+
+  @property
+  def record_pool(self) -> Pool:
+    return self._pool_data
+
+  def with_records(self, record_ids: np.ndarray, split: str) -> FolderSource:
+    """The rows `record_ids` of the same pool, as split `split` (a replayed manifest's sets)."""
+    name, pool, resized, sizes, workers, layout, seeded, digests, kind = self._rebuild
+    return FolderSource(name, split, pool, record_ids, resized, sizes, workers, layout, seeded,
+                        digests, kind)
 
   def __len__(self) -> int:
     return len(self.record_ids)
@@ -510,15 +572,19 @@ def load_folder_sources(data_config, image_size: int) -> tuple[FolderSource, Fol
       return None, None
     return resized_images(pool, image_size, workers, name)
 
+  kind = digests_lib.kind_of(name)
   train_resized, train_sizes = cached(train_pool)
   if split is None:  # two pools
     test_resized, test_sizes = cached(test_pool)
     train_ids, test_ids = np.arange(len(train_pool.labels)), np.arange(len(test_pool.labels))
+    train_digests, test_digests = (image_digests(p, kind, workers, name)
+                                   for p in (train_pool, test_pool))
   else:  # one pool, two sets of rows
     test_resized, test_sizes = train_resized, train_sizes
     train_ids, test_ids = split
+    train_digests = test_digests = image_digests(train_pool, kind, workers, name)
   train = FolderSource(name, "train", train_pool, train_ids, train_resized, train_sizes, workers,
-                       layout, seeded)
+                       layout, seeded, train_digests, kind)
   test = FolderSource(name, "test", test_pool, test_ids, test_resized, test_sizes, workers,
-                      layout, seeded)
+                      layout, seeded, test_digests, kind)
   return train, test

@@ -7,6 +7,9 @@ classes and home tasks, a domain stream's task domains, and the test set's ids a
 domains, when the dataset has them), together with the parameters that produced them. A folder
 source (`data.source='folder'`) also records each example's file, relative to the dataset's folder
 (`step_paths`, `test.paths`), so another codebase can replay the stream from the files themselves.
+TFDS and folder sources also record each example's image digest (`digest`, `step_digests`,
+`test.digests`; olora_jax/data/digests.py), a name for the image that does not depend on the
+source, so the manifest replays on another source of the dataset holding the same images.
 It holds integers and strings only, so its canonical JSON encoding (sorted keys, no spaces) is the
 same bytes on any machine; `manifest_sha256` is the SHA-256 of those bytes, and `write_manifest`
 writes exactly those bytes, so `sha256sum stream_manifest.json` prints the `stream_manifest_sha256`
@@ -19,7 +22,12 @@ which are required). Every id must exist in the configured dataset's training sp
 label the manifest records must be the data's label for that id; the test set, the dataset name
 and the class count, where given, must match the data too. A replayed run writes the same
 manifest back (canonical bytes), so replaying a run's own manifest reproduces its
-`stream_manifest_sha256`.
+`stream_manifest_sha256` (a manifest without digests is written back without them).
+
+A manifest recorded on another source of the dataset (TFDS and a folder, two folder layouts, two
+TFDS versions) is first put in this source's terms by `translate_manifest`: each of its images is
+found here by digest and label, the training and test sources are re-indexed to them, and the
+replay goes on as above; images that are not here are refused in one line.
 """
 
 from __future__ import annotations
@@ -75,10 +83,19 @@ def _source_name(source) -> str:
   return getattr(source, "version", None) or source.name
 
 
+def digests_of(source) -> np.ndarray | None:
+  """Each row's image digest (TFDS and folder sources: olora_jax/data/digests.py), or None."""
+  digests = getattr(source, "digests", None)
+  return None if digests is None else np.asarray(digests)
+
+
 def stream_manifest(data_config: ml_collections.ConfigDict, seed: int, batch_size: int,
-                    stream: Stream, train_source, test_source, params: dict | None = None) -> dict:
+                    stream: Stream, train_source, test_source, params: dict | None = None,
+                    digests: bool = True) -> dict:
   """The manifest of `stream` over `train_source`, tested on `test_source`; `params` replaces the
-  stream parameters read from the config (a replayed manifest keeps its own)."""
+  stream parameters read from the config (a replayed manifest keeps its own). With `digests`,
+  sources that name their images (`digests_of`) add `digest`, `step_digests` and
+  `test.digests`; a replayed manifest without them is written back without them."""
   train_ids, test_ids = record_ids(train_source), record_ids(test_source)
   if params is None:
     params = stream_params(data_config, seed, batch_size, not train_source.seeded_split)
@@ -99,6 +116,11 @@ def stream_manifest(data_config: ml_collections.ConfigDict, seed: int, batch_siz
     manifest["step_paths"] = [[train_paths[i] for i in ids] for ids in stream.steps]
   if test_paths is not None:
     manifest["test"]["paths"] = list(test_paths)
+  train_digests, test_digests = digests_of(train_source), digests_of(test_source)
+  if digests and train_digests is not None and test_digests is not None:
+    manifest["digest"] = train_source.digest_kind  # what names the images, on any source
+    manifest["step_digests"] = [train_digests[ids].tolist() for ids in stream.steps]
+    manifest["test"]["digests"] = test_digests.tolist()
   if stream.task_domains is not None:  # domain streams: each task's domain, each test domain
     manifest["task_domains"] = _ints(stream.task_domains)
   test_domains = getattr(test_source, "domains", None)
@@ -172,6 +194,17 @@ def _int_list(value, what: str, path: str) -> np.ndarray:
   return np.asarray(value, np.int64).reshape(-1)
 
 
+def _digest_lists(manifest: dict, step_ids: list[np.ndarray], path: str) -> list[list[str]]:
+  """`step_digests`, checked to hold one string per id of `steps`."""
+  recorded = manifest["step_digests"]
+  ok = isinstance(recorded, list) and len(recorded) == len(step_ids) and all(
+      isinstance(x, list) and len(x) == len(ids) and all(isinstance(d, str) for d in x)
+      for x, ids in zip(recorded, step_ids, strict=False))
+  if not ok:
+    raise ManifestError(f"{path}: step_digests must hold one digest (a string) per id of steps")
+  return recorded
+
+
 def _rows_of(ids: np.ndarray, record_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
   """Rows of `record_ids` holding each of `ids`, and the mask of ids found."""
   order = np.argsort(record_ids, kind="stable")
@@ -198,9 +231,7 @@ def replay_stream(manifest: dict, train_source, test_source, batch_size: int,
       raise ManifestError(f"{path}: the required field {key!r} is missing (docs/replay.md)")
   name = _source_name(train_source)
   if "source" in manifest and manifest["source"] != name:
-    raise ManifestError(f"{path}: recorded on source {manifest['source']!r} but data.dataset"
-                        f" loads {name!r}; set data.dataset (and data.source) to the manifest's"
-                        " dataset")
+    raise _foreign(manifest, name, path)
   num_classes = int(train_source.num_classes)
   if "num_classes" in manifest and manifest["num_classes"] != num_classes:
     raise ManifestError(f"{path}: num_classes={manifest['num_classes']} but the data has"
@@ -259,6 +290,14 @@ def replay_stream(manifest: dict, train_source, test_source, batch_size: int,
         raise ManifestError(
             f"{path}: step {i}'s step_paths differ from the files of its ids in data.data_dir;"
             " the manifest was recorded on another folder: refusing to replay it")
+  train_digests = digests_of(train_source)
+  if "step_digests" in manifest and train_digests is not None:
+    recorded = _digest_lists(manifest, step_ids, path)
+    for i, x in enumerate(recorded):
+      if x != train_digests[rows[offsets[i]:offsets[i + 1]]].tolist():
+        raise ManifestError(
+            f"{path}: step {i}'s step_digests differ from the images of its ids in {name!r}; the"
+            " images changed since the manifest was recorded: refusing to replay it")
   step_task = _int_list(manifest["step_task"], "step_task", path)
   n_tasks = len(manifest["task_classes"]) if isinstance(manifest["task_classes"], list) else 0
   if len(step_task) != len(step_ids):
@@ -303,31 +342,217 @@ def replay_stream(manifest: dict, train_source, test_source, batch_size: int,
     test = manifest["test"]
     test_ids = _int_list(test.get("ids") if isinstance(test, dict) else None, "test.ids", path)
     test_labels = _int_list(test.get("labels"), "test.labels", path)
-    test_paths = paths_of(test_source)
+    test_paths, test_digests = paths_of(test_source), digests_of(test_source)
     if not (np.array_equal(test_ids, record_ids(test_source))
             and np.array_equal(test_labels, np.asarray(test_source.labels, np.int64))
             and ("paths" not in test or test_paths is None
-                 or test["paths"] == list(test_paths))):
+                 or test["paths"] == list(test_paths))
+            and ("digests" not in test or test_digests is None
+                 or test["digests"] == test_digests.tolist())):
       raise ManifestError(
           f"{path}: the manifest's test set differs from the test split of {name!r}; it was"
           " recorded with another split (data.test_fraction, data.split_seed) or other data")
   return stream
 
 
+def _foreign(manifest: dict, name: str, path: str) -> ManifestError:
+  return ManifestError(f"{path}: recorded on source {manifest['source']!r} but data.dataset"
+                       f" loads {name!r}; set data.dataset (and data.source) to the manifest's"
+                       " dataset")
+
+
+# --------------------------------------------------------------------------------------------
+# Replay on another source of the same dataset: the manifest's images found by their digests.
+
+
+def _dataset_of(source_name: str) -> str:
+  return str(source_name).split(":")[0]
+
+
+def _candidates(sources: list) -> tuple[np.ndarray, np.ndarray, np.ndarray, list]:
+  """(record ids, digests, labels, paths or None) of the rows of `sources` (one record pool),
+  in record-id order."""
+  ids = np.concatenate([record_ids(s) for s in sources])
+  digests = np.concatenate([digests_of(s) for s in sources])
+  labels = np.concatenate([np.asarray(s.labels, np.int64) for s in sources])
+  paths = [paths_of(s) for s in sources]
+  paths = None if any(p is None for p in paths) else [x for p in paths for x in p]
+  order = np.argsort(ids, kind="stable")
+  return ids[order], digests[order], labels[order], (
+      None if paths is None else [paths[i] for i in order])
+
+
+def _pair(digests: list[str], labels: list[int | None], candidates, taken: set) -> np.ndarray:
+  """For each wanted (digest, label), the position of an untaken candidate with that digest and
+  label (repeated images: the k-th wanted one gets the k-th candidate), or -1."""
+  _, cand_digests, cand_labels, _ = candidates
+  index: dict[str, list[int]] = {}
+  for pos, d in enumerate(cand_digests.tolist()):
+    if pos not in taken:
+      index.setdefault(d, []).append(pos)
+  out = np.full(len(digests), -1, np.int64)
+  for j, (d, label) in enumerate(zip(digests, labels, strict=True)):
+    free = index.get(d, [])
+    k = next((k for k, pos in enumerate(free)
+              if label is None or int(cand_labels[pos]) == label), None)
+    if k is not None:
+      out[j] = free.pop(k)
+  return out
+
+
+def _unmatched(path: str, what: str, n_missing: int, n: int, example: str, digest: str,
+               label, here: str, there: str, candidates, other=None) -> ManifestError:
+  """The one line refusing images this source does not hold (or holds with other labels, or in
+  its other split)."""
+  hits = np.flatnonzero(candidates[1] == digest)
+  relabelled = [h for h in hits if label is not None and int(candidates[2][h]) != label]
+  if relabelled:
+    at = _where(candidates, relabelled[0])
+    return ManifestError(
+        f"{path}: {n_missing} of the manifest's {n} {what} images are not in {here!r} with their"
+        f" labels ({example} has label {label}; the same image is {at} with label"
+        f" {int(candidates[2][relabelled[0]])}); the two sources number the classes otherwise:"
+        " give the folder the benchmark's class folders (docs/streams.md)")
+  hits = [] if other is None else np.flatnonzero(other[1] == digest)
+  if len(hits):
+    return ManifestError(
+        f"{path}: {n_missing} of the manifest's {n} {what} images are in the other split of"
+        f" {here!r} (e.g. {example}, here {_where(other, hits[0])}); it splits train and test"
+        f" otherwise than {there!r}: replay it on data with the manifest's split (one tree for"
+        " a seeded split)")
+  return ManifestError(
+      f"{path}: {n_missing} of the manifest's {n} {what} images are not in {here!r} (e.g."
+      f" {example}, digest {digest}); its images differ from those of {there!r}, where it was"
+      f" recorded: point data.data_dir at the same images, or replay it on {there!r}")
+
+
+def _where(candidates, pos: int) -> str:
+  ids, _, _, paths = candidates
+  return paths[pos] if paths is not None else f"id {int(ids[pos])}"
+
+
+def translate_manifest(manifest: dict, train_source, test_source,
+                       path: str = "<manifest>") -> tuple[dict, object, object]:
+  """`manifest`, recorded on another source of the dataset (TFDS, or a folder in another
+  layout), in this source's terms: each of its images is found here by its digest and label.
+
+  Returns (the manifest with this source's name, record ids and paths; the training source
+  re-indexed to its training images; the test source re-indexed to its test images, in its
+  order): the split is the manifest's, whatever this source's own. `replay_stream` then checks
+  and replays it as usual. Raises ManifestError (one line) when the manifest records no digests,
+  or when an image is not here (naming how many, and one)."""
+  here, there = _source_name(train_source), manifest["source"]
+  if _dataset_of(there) != _dataset_of(here):
+    raise _foreign(manifest, here, path)
+  kind = getattr(train_source, "digest_kind", None)
+  if "step_digests" not in manifest or not isinstance(manifest.get("test"), dict) or (
+      "digests" not in manifest["test"]):
+    raise ManifestError(
+        f"{path}: recorded on {there!r} but data.source and data.data_dir read {here!r}, and it"
+        " records no image digests (step_digests, test.digests) to find its images here: replay"
+        f" it on {there!r}, or record the stream again there (runs write the digests)")
+  if digests_of(train_source) is None or digests_of(test_source) is None:
+    raise ManifestError(
+        f"{path}: recorded on {there!r}, but {here!r} does not compute image digests, so its"
+        f" images cannot be found here: replay it on {there!r}")
+  if manifest.get("digest") != kind:
+    raise ManifestError(f"{path}: its digests are {manifest.get('digest')!r} but {here!r}"
+                        f" computes {kind!r}; it was recorded on another dataset")
+  steps = manifest["steps"]
+  if not isinstance(steps, list) or not steps:
+    raise ManifestError(f"{path}: steps must be a non-empty list of lists of example ids")
+  step_ids = [_int_list(ids, f"steps[{i}]", path) for i, ids in enumerate(steps)]
+  step_digests = _digest_lists(manifest, step_ids, path)
+  step_labels = manifest.get("step_labels")
+  if not (isinstance(step_labels, list) and len(step_labels) == len(step_ids) and all(
+      isinstance(x, list) and len(x) == len(ids) for x, ids in zip(step_labels, step_ids,
+                                                                   strict=True))):
+    step_labels = [[None] * len(ids) for ids in step_ids]  # malformed: replay_stream says so
+  step_paths = manifest.get("step_paths")
+  # One (digest, label) per distinct training example of the manifest, in id order.
+  examples: dict[int, tuple] = {}
+  for i, ids in enumerate(step_ids):
+    for j, example in enumerate(ids.tolist()):
+      seen = examples.setdefault(example, (step_digests[i][j], step_labels[i][j], i, j))
+      if seen[0] != step_digests[i][j]:
+        raise ManifestError(f"{path}: example id {example} has two digests in step_digests;"
+                            " fix the manifest")
+  train_ids = sorted(examples)
+
+  def name(i, j, example):
+    if isinstance(step_paths, list) and i < len(step_paths) and j < len(step_paths[i]):
+      return f"{step_paths[i][j]} (id {example})"
+    return f"example id {example}"
+
+  shared = getattr(train_source, "record_pool", None) is not None and (
+      train_source.record_pool is getattr(test_source, "record_pool", None))
+  pool = _candidates([train_source, test_source] if shared else [train_source])
+  other = None if shared else _candidates([test_source])
+  wanted = [examples[e] for e in train_ids]
+  found = _pair([w[0] for w in wanted], [w[1] for w in wanted], pool, set())
+  if (found < 0).any():
+    miss = int(np.flatnonzero(found < 0)[0])
+    d, label, i, j = wanted[miss]
+    raise _unmatched(path, "training", int((found < 0).sum()), len(wanted),
+                     name(i, j, train_ids[miss]), d, label, here, there, pool, other)
+  here_of = dict(zip(train_ids, pool[0][found].tolist(), strict=True))
+  test = manifest["test"]
+  test_digests = test["digests"]
+  test_labels = _int_list(test.get("labels"), "test.labels", path).tolist()
+  if not (isinstance(test_digests, list) and all(isinstance(d, str) for d in test_digests)):
+    raise ManifestError(f"{path}: test.digests must be a list of strings")
+  if len(test_labels) != len(test_digests):
+    raise ManifestError(f"{path}: test.labels must give one label per test.digests entry")
+  test_pool = pool if shared else other
+  taken = set(found.tolist()) if shared else set()
+  test_found = _pair(test_digests, test_labels, test_pool, taken)
+  if (test_found < 0).any():
+    miss = int(np.flatnonzero(test_found < 0)[0])
+    paths = test.get("paths")
+    example = (f"{paths[miss]}" if isinstance(paths, list) and miss < len(paths) else
+               f"test example {miss}")
+    raise _unmatched(path, "test", int((test_found < 0).sum()), len(test_digests), example,
+                     test_digests[miss], test_labels[miss], here, there, test_pool,
+                     None if shared else pool)
+  new_train = train_source.with_records(np.asarray(sorted(here_of.values()), np.int64), "train")
+  new_test = test_source.with_records(test_pool[0][test_found], "test")
+  translated = {k: v for k, v in manifest.items() if k != "step_paths"}
+  translated["source"] = here
+  translated["steps"] = [[here_of[e] for e in ids.tolist()] for ids in step_ids]
+  translated_test = {k: v for k, v in test.items() if k != "paths"}
+  translated_test["ids"] = _ints(record_ids(new_test))
+  if paths_of(new_train) is not None:
+    where = dict(zip(record_ids(new_train).tolist(), paths_of(new_train), strict=True))
+    translated["step_paths"] = [[where[e] for e in ids] for ids in translated["steps"]]
+  if paths_of(new_test) is not None:
+    translated_test["paths"] = list(paths_of(new_test))
+  translated["test"] = translated_test
+  return translated, new_train, new_test
+
+
 def build_stream_and_manifest(data_config: ml_collections.ConfigDict, seed: int, batch_size: int,
-                              train_source, test_source) -> tuple[Stream, dict]:
-  """The run's stream and its manifest: replayed from `data_config.stream_manifest` when set,
-  else built from the seed (`streams.build_stream`)."""
+                              train_source, test_source) -> tuple[Stream, dict, object, object]:
+  """The run's stream, its manifest and its (train, test) sources: replayed from
+  `data_config.stream_manifest` when set, else built from the seed (`streams.build_stream`).
+  A manifest recorded on another source of the dataset replays on the images it names
+  (`translate_manifest`): the sources returned are then re-indexed to them."""
   path = data_config.stream_manifest
   if not path:
     stream = streams_lib.build_stream(data_config, train_source, batch_size, seed)
     return stream, stream_manifest(data_config, seed, batch_size, stream, train_source,
-                                   test_source)
+                                   test_source), train_source, test_source
   given = read_manifest(path)
-  stream = replay_stream(given, train_source, test_source, batch_size, path)
+  replayed = given
+  if "source" in given and given["source"] != _source_name(train_source):
+    replayed, train_source, test_source = translate_manifest(given, train_source, test_source,
+                                                             path)
+    logging.info("replaying %s, recorded on %r, on %r: its %d training and %d test images found"
+                 " here by their digests", path, given["source"], replayed["source"],
+                 len(train_source), len(test_source))
+  stream = replay_stream(replayed, train_source, test_source, batch_size, path)
   manifest = stream_manifest(data_config, seed, batch_size, stream, train_source, test_source,
-                             params=given.get("params", {}))
+                             params=given.get("params", {}), digests="step_digests" in given)
   logging.info("replaying %s: %d steps, %d tasks; the complete manifest's SHA-256 is %s%s", path,
                len(stream.steps), stream.n_tasks, manifest_sha256(manifest),
                " (the file's own canonical hash)" if manifest == given else "")
-  return stream, manifest
+  return stream, manifest, train_source, test_source

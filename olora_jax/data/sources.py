@@ -9,6 +9,9 @@ written to the stream manifest), `metadata` (further int arrays per row, e.g. CO
 e.g. CORe50's session or a rotation) and `seeded_split` (True when train and test were drawn from
 one split by `stratified_split`), and optionally `raw_image_shape` ((H, W, C) when every `get_raw`
 image has that size, else None or absent: `data.preprocess='device'` with 'crop_flip' needs it).
+TFDS and folder sources also give `digests` ((N,) each row's image digest, of kind `digest_kind`:
+data/digests.py), `record_pool` (what their record ids index) and `with_records(ids, split)`
+(other rows of that pool), with which a stream manifest replays on another source of the dataset.
 Streams, the input pipeline and the evaluator see nothing else.
 
 `load_sources(config.data, image_size)` picks the dataset: the embedded ones below, the TFDS

@@ -24,8 +24,10 @@ sources keep each row's index in the TFDS split (`record_ids`), which the stream
 TFDS labels ImageNet-R with ImageNet-1k indices; its 200 classes (`IMAGENET_R_WNIDS`) are
 renumbered 0..199 in sorted WordNet-id order.
 
-Labels (and CORe50's `session`) are read once by decoding every record and cached next to the
-prepared dataset (`olora_jax_columns_<split>.npz`) when that folder is writable.
+Labels (and CORe50's `session`) are read once from every record, with its image left encoded,
+together with the image's digest (data/digests.py: the stored file's bytes hashed; CIFAR-100's
+pixels, decoded once), and cached next to the prepared dataset (`olora_jax_columns_<split>.npz`)
+when that folder is writable.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ import ml_collections
 import numpy as np
 import tensorflow_datasets as tfds
 
+from olora_jax.data import digests as digests_lib
 from olora_jax.data.folder_sources import IMAGENET_R_WNIDS
 from olora_jax.data.preprocess import resize_image
 from olora_jax.data.splits import stratified_split
@@ -116,7 +119,13 @@ class TfdsSource:
     self._data_source = data_source
     self.record_ids = np.asarray(record_ids, np.int64)
     self.labels = columns["label"][self.record_ids]
-    self.metadata = {k: v[self.record_ids] for k, v in columns.items() if k != "label"}
+    self.metadata = {k: v[self.record_ids] for k, v in columns.items()
+                     if k not in ("label", "digest")}
+    # Each row's image digest (olora_jax/data/digests.py), None where the records give none.
+    self.digest_kind = digests_lib.kind_of(name) if "digest" in columns else None
+    self.digests = columns["digest"][self.record_ids] if "digest" in columns else None
+    self._rebuild = (name, data_source, columns, num_classes, image_size, num_workers,
+                     seeded_split, cache_resized)
     # The domains of a domain-incremental stream: CORe50's sessions (None for the others).
     self.domains = self.metadata.get("session")
     self.num_classes = num_classes
@@ -129,6 +138,18 @@ class TfdsSource:
 
   def __len__(self) -> int:
     return len(self.record_ids)
+
+  @property
+  def record_pool(self):
+    """The TFDS split the record ids index (shared by train and test of a seeded split)."""
+    return self._data_source
+
+  def with_records(self, record_ids: np.ndarray, split: str) -> TfdsSource:
+    """The records `record_ids` of the same TFDS split, as split `split` (a replayed
+    manifest's sets)."""
+    name, data_source, columns, num_classes, size, workers, seeded, cache = self._rebuild
+    return TfdsSource(name, split, data_source, record_ids, columns, num_classes, size, workers,
+                      seeded, cache)
 
   @property
   def raw_image_shape(self) -> tuple[int, ...] | None:
@@ -165,29 +186,64 @@ class TfdsSource:
     return self._cache[ids], self.labels[ids]
 
 
-def read_columns(data_source, keys: tuple[str, ...], num_workers: int = 8) -> dict:
-  """{key: (N,) int64} for 'label' and `keys` of every record of a split (cached when possible)."""
+def _record_reader(data_source, keys: tuple[str, ...], digest_kind: str | None):
+  """A function: record index -> [its `keys` values, its image digest]. It parses the stored
+  record with the image left encoded (the labels need no decoding; a file digest hashes the
+  stored bytes, a pixel digest decodes them), or, where the data source gives no stored bytes
+  (tfds' mock data), reads the decoded example and records no digest (None)."""
+  features = data_source.dataset_info.features
+  stored = getattr(data_source, "data_source", None)
+  try:
+    raw = stored[0] if stored is not None and len(data_source) else None
+  except Exception:  # noqa: BLE001  (a data source without random access to its records)
+    raw = None
+  if not isinstance(raw, (bytes, memoryview)) or digest_kind is None:
+
+    def read_decoded(i):
+      example = data_source[i]
+      return [int(example[k]) for k in keys] + [None]
+
+    return read_decoded
+  skip = {"image": tfds.decode.SkipDecoding()}
+
+  def read_stored(i):
+    example = features.deserialize_example_np(stored[i], decoders=skip)
+    image = example["image"]
+    digest = (digests_lib.of_bytes(image) if digest_kind == digests_lib.FILE else
+              digests_lib.of_pixels(features["image"].decode_example_np(image)))
+    return [int(example[k]) for k in keys] + [digest]
+
+  return read_stored
+
+
+def read_columns(data_source, keys: tuple[str, ...], num_workers: int = 8,
+                 digest_kind: str | None = None) -> dict:
+  """{key: (N,) int64} for 'label' and `keys` of every record of a split, and, with
+  `digest_kind`, 'digest': each record's image digest (olora_jax/data/digests.py), when the
+  records are stored ones (cached next to the dataset when possible)."""
   keys = ("label", *keys)
   info = data_source.dataset_info
   # Only a really prepared dataset folder (with its dataset_info.json) holds a cache.
   prepared = os.path.isfile(os.path.join(str(info.data_dir), "dataset_info.json"))
   cache = os.path.join(str(info.data_dir), f"olora_jax_columns_{data_source.split}.npz")
+  stored_as = {k: k for k in keys}  # column -> its name in the cache (a digest's names its kind)
+  if digest_kind and prepared:
+    stored_as["digest"] = f"digest_{digest_kind}"
   if prepared and os.path.isfile(cache):
     with np.load(cache) as f:
-      if all(k in f for k in keys) and len(f["label"]) == len(data_source):
-        return {k: f[k] for k in keys}
+      if all(k in f for k in stored_as.values()) and len(f["label"]) == len(data_source):
+        return {k: f[name] for k, name in stored_as.items()}
 
-  def read(i):
-    example = data_source[i]
-    return [int(example[k]) for k in keys]
-
+  read = _record_reader(data_source, keys, digest_kind)
   with concurrent.futures.ThreadPoolExecutor(max(1, num_workers)) as pool:
-    rows = np.array(list(pool.map(read, range(len(data_source)))), np.int64).reshape(-1, len(keys))
-  columns = {k: rows[:, j] for j, k in enumerate(keys)}
+    rows = list(pool.map(read, range(len(data_source))))
+  columns = {k: np.array([r[j] for r in rows], np.int64) for j, k in enumerate(keys)}
+  if rows and rows[0][-1] is not None:
+    columns["digest"] = digests_lib.as_array(r[-1] for r in rows)
   if prepared and os.access(str(info.data_dir), os.W_OK):
     tmp = f"{cache}.{os.getpid()}.tmp"
     with open(tmp, "wb") as f:
-      np.savez(f, **columns)
+      np.savez(f, **{stored_as.get(k, k): v for k, v in columns.items()})
     os.replace(tmp, cache)  # atomic: a concurrent reader never sees half a file
   return columns
 
@@ -207,7 +263,7 @@ def load_tfds_sources(data_config: ml_collections.ConfigDict,
 
   def open_split(split):
     ds = open_data_source(spec.tfds_name, split, c.data_dir)
-    return ds, read_columns(ds, spec.metadata_keys, workers)
+    return ds, read_columns(ds, spec.metadata_keys, workers, digests_lib.kind_of(c.dataset))
 
   train_ds, train_columns = open_split(spec.train_split)
   label_feature = train_ds.dataset_info.features["label"]
