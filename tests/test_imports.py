@@ -7,6 +7,10 @@ Read statically from the source (imports inside functions included, as they run 
 from __future__ import annotations
 
 import ast
+import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "olora_jax"
@@ -77,3 +81,32 @@ def test_the_package_has_no_import_circle():
 
 def test_a_circle_is_found():
   assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_configs_is_part_of_the_installed_distribution(tmp_path):
+  """`import configs` works outside the repository once the project is installed: the
+  distribution's packages (pyproject.toml) include `configs` beside `olora_jax`. setuptools'
+  build_py copies exactly what an install puts on the path (package data included) from a copy
+  of the sources; a fresh interpreter in another directory imports the settings from there."""
+  root = PACKAGE.parent
+  src, lib, elsewhere = tmp_path / "src", tmp_path / "lib", tmp_path / "elsewhere"
+  src.mkdir()
+  elsewhere.mkdir()
+  for name in ("pyproject.toml", "README.md"):
+    shutil.copy(root / name, src / name)
+  for name in ("olora_jax", "configs"):
+    shutil.copytree(root / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
+  subprocess.run([sys.executable, "-c", "from setuptools import setup; setup()", "-q",
+                  "build_py", f"--build-lib={lib}"], cwd=src, check=True, capture_output=True,
+                 timeout=120)
+  env = {**os.environ, "PYTHONPATH": str(lib)}  # the installed files, not the checkout
+  code = ("import os, configs, olora_jax; from configs import demo; c = demo.get_config();"
+          " print(configs.__file__); print(olora_jax.__file__);"
+          " print(os.path.isfile(c.pretrained.path))")
+  proc = subprocess.run([sys.executable, "-c", code], cwd=elsewhere, env=env, text=True,
+                        capture_output=True, timeout=120)
+  assert proc.returncode == 0, proc.stderr
+  configs_file, package_file, backbone_found = proc.stdout.split()
+  assert Path(configs_file).parent == lib / "configs"
+  assert Path(package_file).parent == lib / "olora_jax"
+  assert backbone_found == "True"  # the demo's shipped backbone is package data
