@@ -235,18 +235,6 @@ def mean_std_curve(curves: Sequence[tuple[np.ndarray, np.ndarray]]
   return grid, ys.mean(axis=0), std
 
 
-SCENARIO_NAMES = {"disjoint": "disjoint", "si_blurry": "Si-Blurry", "domain": "domain"}
-
-
-def setting_title(config: dict) -> str:
-  """A setting as a figure names it, e.g. 'mnist_5k: 5 disjoint tasks, custom ViT' (`config`:
-  a run's flattened config)."""
-  scenario, model = config.get("data.scenario"), str(config.get("model.name"))
-  backbone = model if model.startswith(("vit", "swin")) else f"{model} ViT"
-  return (f"{reporting.dataset_name(config.get('data.dataset'))}: {config.get('data.n_tasks')}"
-          f" {SCENARIO_NAMES.get(scenario, scenario)} tasks, {backbone}")
-
-
 def _run_curve(run_dir: str) -> tuple[tuple[np.ndarray, np.ndarray], tuple[int, ...] | None]:
   """A finished run's anytime curve (samples, accuracy in [0, 1]) and its true task boundaries
   in samples (None when results.json does not record them)."""
@@ -295,7 +283,8 @@ def overlay_figure(rows: Sequence[dict]) -> Figure:
       ax.axvline(b, color="0.35", linestyle="--", linewidth=1.0 if len(boundary_sets) == 1
                  else 0.6, alpha=1.0 if len(boundary_sets) == 1 else 0.5, gid="task_boundary",
                  label=label if n == 0 else None)
-    ax.set_title(setting_title(reporting.Run(panel[0]["runs"][0]).config), fontsize=10)
+    ax.set_title(reporting.setting_title(reporting.Run(panel[0]["runs"][0]).config),
+                 fontsize=10)
     ax.set_xlabel("samples seen")
     ax.grid(alpha=0.3)
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.13), fontsize=8, frameon=False)
