@@ -99,10 +99,11 @@ def _titled(title: str, run_name: str) -> str:
 
 
 def run_name(workdir: str, config: dict) -> str:
-  """'<run directory>: <method>, <setting>', the name every figure of a run carries."""
+  """'<run directory>: <method> on <setting>', the name every figure of a run carries (e.g.
+'demo: Online-LoRA on mnist_5k: 5 disjoint tasks, custom ViT')."""
   flat = validation.flatten(config)
   name = os.path.basename(os.path.normpath(workdir))
-  return f"{name}: {reporting.method_label(flat)}, {reporting.setting_label(flat)}"
+  return f"{name}: {reporting.method_label(flat)} on {reporting.setting_title(flat)}"
 
 
 def _mark_boundaries(ax, boundary_samples, label: bool = True) -> None:
@@ -130,8 +131,9 @@ def plot_loss_surface(samples: np.ndarray, window_value: np.ndarray,
   _mark_boundaries(ax, boundary_samples)
   ax.set_xlabel("samples seen")
   ax.set_ylabel("loss (pre-update, no regulariser)")
-  ax.set_title(_titled(f"Loss surface: {len(plateau_samples)} plateaus, "
-                       f"{len(boundary_samples)} true task boundaries", run_name))
+  n, t = len(plateau_samples), len(boundary_samples)
+  ax.set_title(_titled(f"Loss surface: {n} plateau{'' if n == 1 else 's'}, {t} true task"
+                       f" boundar{'y' if t == 1 else 'ies'}", run_name))
   ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)  # outside: no overlap
   ax.grid(alpha=0.3)
   return _save(fig, path)
