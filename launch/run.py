@@ -16,8 +16,10 @@ default ~/.cache/olora_jax/jax): a later run of the same shapes loads them inste
 with identical results. `--compilation_cache=off` compiles everything afresh.
 
 Exit codes (olora_jax/errors.py); every non-zero exit ends stderr with one `error: ...` line that
-names the cause and the fix, and writes the full traceback to DIR/error.log (or, when DIR cannot
-be written, to the system's temp directory; `--traceback` also prints it):
+names the cause and the fix. Exits 1, 3 and 4 (but a busy DIR) also write the full traceback to
+DIR/error.log (or, when DIR cannot be written, to the system's temp directory; the line says
+where); bad input (2), a busy DIR and signals leave no error.log. `--traceback` prints the
+traceback to the terminal, before the line, for every failure, bad input included:
   0    finished (or DIR already held the finished run: nothing ran, the table is reprinted)
   1    an unexpected error (a bug; please report it with error.log): the newest checkpoint is kept
   2    bad input, refused before any compute, nothing written: a missing or broken config file,
@@ -105,10 +107,27 @@ def _reason(text: str) -> str:
 
 def _fail(message: str, code: int) -> None:
   """Prints the one error line last and exits at once: background threads of the libraries
-  (orbax's writers after a failed save) must not print their own noise after it."""
+  (orbax's writers after a failed save) must not print their own noise after it. With
+  --traceback, the traceback of the exception being handled (if any) comes first, whatever the
+  exit code, bad flags and config keys included."""
   sys.stdout.flush()
+  if _traceback_wanted() and sys.exc_info()[0] is not None:
+    traceback.print_exc()
   print(f"error: {message}", file=sys.stderr, flush=True)
   _exit_now(code)
+
+
+def _traceback_wanted() -> bool:
+  """--traceback, read from the command line itself while the flags are being parsed."""
+  if flags.FLAGS.is_parsed():
+    return _TRACEBACK.value
+  wanted = False
+  for arg in sys.argv[1:]:
+    if arg in ("--traceback", "--traceback=true", "--traceback=True", "--traceback=1"):
+      wanted = True
+    elif arg in ("--notraceback", "--traceback=false", "--traceback=False", "--traceback=0"):
+      wanted = False
+  return wanted
 
 
 def _flag_value(argv: list[str], name: str) -> str:
@@ -234,10 +253,8 @@ def main(argv):
       where = _write_error_log(workdir)
       if where:
         message += f" ({where})"
-    if _TRACEBACK.value:
-      traceback.print_exc()
     _fail(" ".join(message.split()), code)
-  print(trainer.format_results_table(results))
+  print(trainer.format_results_table(results, config))
   if results.get("already_finished"):
     print(f"\nnothing ran: {workdir} already holds this finished run (results.json written"
           f" {results['already_finished']}); pass a new --workdir to run it again")

@@ -14,8 +14,9 @@ one table.
                                                                              current step
 
 Every message is one line that names the cause and the fix. `launch/run.py` prints it as the last
-line of stderr and writes the full traceback to a log file (`error.log` in the workdir when it can
-be written, else in the system's temp directory).
+line of stderr; for the classes whose `write_log` is True (exits 1, 3 and 4, but a busy workdir)
+it also writes the full traceback to a log file (`error.log` in the workdir when it can be
+written, else in the system's temp directory). Bad input, a busy workdir and signals leave none.
 """
 
 from __future__ import annotations

@@ -14,8 +14,9 @@ Each title names the run (its directory, method and setting). One run, into `DIR
   rounded up.
 
 Several runs (`launch/report.py --plots DIR`): `anytime_overlay.png` overlays the anytime
-accuracy curves of every run, one colour per (method, setting) group: each run thin, the mean
-over the group's seeds bold, and a band of +-1 standard deviation (ddof 1) around it.
+accuracy curves of every run, one panel per setting and one colour per method in it: each run
+thin, the mean over the method's seeds bold, a band of +-1 standard deviation (ddof 1) around it,
+and the setting's true task boundaries.
 
 Figures are drawn with matplotlib's object API on an Agg canvas: no pyplot, no global backend
 change, no display needed.
@@ -26,7 +27,7 @@ from __future__ import annotations
 import json
 import os
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -98,10 +99,11 @@ def _titled(title: str, run_name: str) -> str:
 
 
 def run_name(workdir: str, config: dict) -> str:
-  """'<run directory>: <method>, <setting>', the name every figure of a run carries."""
+  """'<run directory>: <method> on <setting>', the name every figure of a run carries (e.g.
+'demo: Online-LoRA on mnist_5k: 5 disjoint tasks, custom ViT')."""
   flat = validation.flatten(config)
   name = os.path.basename(os.path.normpath(workdir))
-  return f"{name}: {reporting.method_label(flat)}, {reporting.setting_label(flat)}"
+  return f"{name}: {reporting.method_label(flat)} on {reporting.setting_title(flat)}"
 
 
 def _mark_boundaries(ax, boundary_samples, label: bool = True) -> None:
@@ -129,8 +131,9 @@ def plot_loss_surface(samples: np.ndarray, window_value: np.ndarray,
   _mark_boundaries(ax, boundary_samples)
   ax.set_xlabel("samples seen")
   ax.set_ylabel("loss (pre-update, no regulariser)")
-  ax.set_title(_titled(f"Loss surface: {len(plateau_samples)} plateaus, "
-                       f"{len(boundary_samples)} true task boundaries", run_name))
+  n, t = len(plateau_samples), len(boundary_samples)
+  ax.set_title(_titled(f"Loss surface: {n} plateau{'' if n == 1 else 's'}, {t} true task"
+                       f" boundar{'y' if t == 1 else 'ies'}", run_name))
   ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)  # outside: no overlap
   ax.grid(alpha=0.3)
   return _save(fig, path)
@@ -234,46 +237,67 @@ def mean_std_curve(curves: Sequence[tuple[np.ndarray, np.ndarray]]
   return grid, ys.mean(axis=0), std
 
 
-def plot_anytime_overlay(groups: Mapping[str, Sequence[tuple[np.ndarray, np.ndarray]]],
-                         path: str, title: str) -> str:
-  """Anytime accuracy (%) of several runs: per group label, its runs (samples, accuracy in
-  [0, 1]) thin, their mean bold with a +-1 std band. Returns `path` (a PDF is written too)."""
-  fig = _figure(figsize=(8, 5), layout="constrained")
-  ax = fig.add_subplot()
-  colours = [f"C{i % 10}" for i in range(len(groups))]
-  for colour, (label, curves) in zip(colours, groups.items(), strict=True):
-    for x, y in curves:
-      ax.plot(x, 100 * np.asarray(y, np.float64), color=colour, linewidth=0.6, alpha=0.35)
-    grid, mean, std = mean_std_curve(curves)
-    n = len(curves)
-    ax.plot(grid, 100 * mean, color=colour, linewidth=2.0,
-            label=f"{label} (mean ± std, {n} run{'s' if n > 1 else ''})")
-    ax.fill_between(grid, 100 * (mean - std), 100 * (mean + std), color=colour, alpha=0.2,
-                    linewidth=0)
-  ax.set_xlabel("samples seen")
-  ax.set_ylabel("anytime accuracy on seen data (%)")
-  ax.set_ylim(0, 100)
-  ax.set_title(title, fontsize=10)
-  ax.grid(alpha=0.3)
-  # Below the axes: the labels (method | setting) are long, the curves keep the full width.
-  ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.13), fontsize=8, frameon=False)
-  return _save(fig, path)
+def _run_curve(run_dir: str) -> tuple[tuple[np.ndarray, np.ndarray], tuple[int, ...] | None]:
+  """A finished run's anytime curve (samples, accuracy in [0, 1]) and its true task boundaries
+  in samples (None when results.json does not record them)."""
+  with open(os.path.join(run_dir, "results.json")) as f:
+    results = json.load(f)
+  acc = [np.nan if a is None else a for a in results["anytime_accuracy"]]
+  boundaries = (results.get("plateau_detection") or {}).get("boundary_samples")
+  return ((np.asarray(results["anytime_samples"]), np.asarray(acc, np.float64)),
+          None if boundaries is None else tuple(boundaries))
+
+
+def overlay_figure(rows: Sequence[dict]) -> Figure:
+  """The overlay of `reporting.aggregate`'s groups (read from their runs' results.json): one
+  panel per setting, titled with it (`setting_title`); in each, one colour per method (the
+  legend names it and its number of seeds): every run thin, the mean over seeds bold with a
+  +-1 std band (ddof 1), and the setting's true task boundaries as dashed vertical lines (gid
+  'task_boundary'). When the runs of a setting have different boundaries (Si-Blurry's task sizes
+  are drawn per seed), every run's boundaries are drawn, lighter."""
+  panels: dict[str, list[dict]] = {}
+  for row in rows:
+    panels.setdefault(row["setting"], []).append(row)
+  fig = _figure(figsize=(7 * len(panels), 5.2), layout="constrained")
+  axes = fig.subplots(1, len(panels), sharey=True, squeeze=False)[0]
+  n_runs = sum(len(row["runs"]) for row in rows)
+  for ax, (_, panel) in zip(axes, sorted(panels.items()), strict=True):
+    boundary_sets = set()
+    for i, row in enumerate(panel):
+      colour = f"C{i % 10}"
+      curves = []
+      for run_dir in row["runs"]:
+        curve, boundaries = _run_curve(run_dir)
+        curves.append(curve)
+        if boundaries is not None:
+          boundary_sets.add(boundaries)
+      for x, y in curves:
+        ax.plot(x, 100 * y, color=colour, linewidth=0.6, alpha=0.35)
+      grid, mean, std = mean_std_curve(curves)
+      n = len(curves)
+      ax.plot(grid, 100 * mean, color=colour, linewidth=2.0,
+              label=f"{row['method']} ({n} seed{'s' if n > 1 else ''})")
+      ax.fill_between(grid, 100 * (mean - std), 100 * (mean + std), color=colour, alpha=0.2,
+                      linewidth=0)
+    label = ("true task boundary" if len(boundary_sets) == 1
+             else "true task boundaries (differ by run)")
+    for n, b in enumerate(sorted(set().union(*boundary_sets))):
+      ax.axvline(b, color="0.35", linestyle="--", linewidth=1.0 if len(boundary_sets) == 1
+                 else 0.6, alpha=1.0 if len(boundary_sets) == 1 else 0.5, gid="task_boundary",
+                 label=label if n == 0 else None)
+    ax.set_title(reporting.setting_title(reporting.Run(panel[0]["runs"][0]).config),
+                 fontsize=10)
+    ax.set_xlabel("samples seen")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.13), fontsize=8, frameon=False)
+  axes[0].set_ylabel("anytime accuracy on seen data (%)")
+  axes[0].set_ylim(0, 100)
+  fig.suptitle(f"Anytime accuracy of {n_runs} runs (bold: mean over seeds, band: ±1 std,"
+               " thin: each run)", fontsize=10)
+  return fig
 
 
 def write_overlay_plot(rows: Sequence[dict], out_dir: str) -> str:
-  """The overlay of `reporting.aggregate`'s groups (their run directories' results.json) into
-  `out_dir/anytime_overlay.{png,pdf}`; returns the PNG's path."""
-  groups = {}
-  for row in rows:
-    curves = []
-    for run_dir in row["runs"]:
-      with open(os.path.join(run_dir, "results.json")) as f:
-        results = json.load(f)
-      acc = [np.nan if a is None else a for a in results["anytime_accuracy"]]
-      curves.append((np.asarray(results["anytime_samples"]), np.asarray(acc)))
-    groups[f"{row['method']} | {row['setting']}"] = curves
+  """`overlay_figure(rows)` into `out_dir/anytime_overlay.{png,pdf}`; returns the PNG's path."""
   os.makedirs(out_dir, exist_ok=True)
-  settings = sorted({row["setting"] for row in rows})
-  n_runs = sum(len(row["runs"]) for row in rows)
-  title = f"Anytime accuracy of {n_runs} runs: {'; '.join(settings)}"
-  return plot_anytime_overlay(groups, os.path.join(out_dir, OVERLAY_FILE), title)
+  return _save(overlay_figure(rows), os.path.join(out_dir, OVERLAY_FILE))

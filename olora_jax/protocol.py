@@ -14,7 +14,9 @@ The learner never sees tasks; the protocol does (docs/metrics.md):
                     detection against the true boundaries, and every metric's definition
 
 When both fall on one step, one pass over the whole test set serves both (the seen classes' part
-of a task-end evaluation is the anytime evaluation: same class mask, same predictions).
+of a task-end evaluation is the anytime evaluation: same class mask, same predictions). A stream
+shorter than `eval.eval_every` would have no anytime point: its final evaluation (the last task
+end) is taken as the one point, so A_auc is its accuracy on the seen data, and the run warns.
 
 Its state is an `EvaluationLog` (the protocol's part of the checkpointed `Progress`): a resumed
 run continues the same records, so its results equal an uninterrupted run's.
@@ -23,6 +25,7 @@ run continues the same records, so its results equal an uninterrupted run's.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -77,6 +80,11 @@ class EvaluationProtocol:
     self.task_ends = set(stream.task_end_steps().tolist())
     # Which test examples are "task i's test data": by class, or by domain (docs/streams.md).
     self.groups = stream.evaluation_groups(sources_lib.domains_of(test_source))
+    self.last_step = len(stream.steps) - 1
+    # No multiple of eval_every within the stream: the final evaluation is the anytime point.
+    self.short_stream = anytime_eval and stream.n_samples < eval_every
+    if self.short_stream:
+      logging.warning("%s", short_stream_note(stream.n_samples, eval_every))
 
   def observe(self, labels: np.ndarray) -> None:
     """The classes of one stream batch (all of its rows, across processes) are now seen."""
@@ -86,7 +94,8 @@ class EvaluationProtocol:
     """Runs the evaluations due after stream step `step` (`samples_seen` samples in) on the
     learner's `state`, and records them."""
     log, stream = self.log, self.stream
-    anytime_due = self.anytime_eval and samples_seen >= log.next_eval
+    anytime_due = self.anytime_eval and (samples_seen >= log.next_eval or (
+        self.short_stream and step == self.last_step))
     at_task_end = step in self.task_ends
     if not (anytime_due or at_task_end):
       return
@@ -138,6 +147,8 @@ class EvaluationProtocol:
     seen_at_end = np.array(log.end_seen, bool)  # (T, C)
     notes = dict(metrics_lib.DEFINITIONS)
     notes["A_auc"] += f" (eval_every = {self.eval_every} samples)"
+    if self.short_stream:
+      notes["A_auc"] += "; " + short_stream_note(self.stream.n_samples, self.eval_every)
     notes["mask_unseen_logits"] = (
         "logits of classes not yet seen were masked at evaluation" if self.mask_unseen_logits
         else "no logit masking at evaluation: every class can be predicted")
@@ -169,6 +180,14 @@ class EvaluationProtocol:
       results["task_domains"] = self.groups.domains
       results["forgetting_per_domain"] = metrics_lib.forgetting_per_task(acc_matrix)
     return {k: jsonable(v) if not isinstance(v, dict) else v for k, v in results.items()}
+
+
+def short_stream_note(n_samples: int, eval_every: int) -> str:
+  """The one line a run whose stream is shorter than `eval.eval_every` warns with (and
+  results.json's A_auc note records)."""
+  return (f"the stream has {n_samples} samples, fewer than eval.eval_every={eval_every}: the"
+          " anytime curve is the final evaluation alone and A_auc its accuracy on the seen"
+          f" data; lower eval.eval_every for a curve of several points")
 
 
 def jsonable(v):

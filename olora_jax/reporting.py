@@ -190,6 +190,18 @@ def setting_label(config: dict) -> str:
           f"{config.get('data.n_tasks')} {config.get('model.name')}")
 
 
+SCENARIO_NAMES = {"disjoint": "disjoint", "si_blurry": "Si-Blurry", "domain": "domain"}
+
+
+def setting_title(config: dict) -> str:
+  """A setting as figures and a run's closing table name it, e.g. 'mnist_5k: 5 disjoint tasks,
+  custom ViT' (`config`: a run's flattened config)."""
+  scenario, model = config.get("data.scenario"), str(config.get("model.name"))
+  backbone = model if model.startswith(("vit", "swin")) else f"{model} ViT"
+  return (f"{dataset_name(config.get('data.dataset'))}: {config.get('data.n_tasks')}"
+          f" {SCENARIO_NAMES.get(scenario, scenario)} tasks, {backbone}")
+
+
 def aggregate(run_dirs: Sequence[str], metrics: Sequence[str] = DEFAULT_METRICS) -> list[dict]:
   """One row per group of runs: method, setting, seeds, and mean/std/n of each metric (%)."""
   if not run_dirs:

@@ -479,20 +479,32 @@ def _fmt(v, spec: str = ".2f") -> str:
   return "n/a" if v is None else format(v, spec)
 
 
-def format_results_table(results: dict) -> str:
-  """A Markdown table of the headline numbers (percentages) and the accuracy matrix."""
+def format_results_table(results: dict, config: dict | ml_collections.ConfigDict | None = None
+                         ) -> str:
+  """The run's closing tables (Markdown, percentages): the headline row in the README's layout
+  (setting and seed, then the method: A_final, Forgetting, A_auc, plateaus), the other metrics,
+  and the accuracy matrix. `config` (the run's) names the setting and the method; without it
+  the headline says 'this run'."""
 
   def pct(v):
     return "n/a" if v is None else f"{100 * v:.2f}"
 
+  if config is not None:
+    flat = validation.flatten(config)
+    method = reporting.method_label(flat)
+    if flat.get("method", "online_lora") == "online_lora" and flat.get("fidelity"):
+      method += f" (`{flat['fidelity']}` fidelity)"
+    setting = f"{reporting.setting_title(flat)}, seed {flat.get('seed')}"
+  else:
+    setting, method = "this run", "method"
+  lines = [f"| {setting} | A_final % | Forgetting % | A_auc % | plateaus |",
+           "|---|---|---|---|---|",
+           f"| {method} | {pct(results['A_final'])} | {pct(results['forgetting'])}"
+           f" | {pct(results['A_auc'])} | {results['n_plateaus']} |", ""]
   detection = results["plateau_detection"]
-  rows = [("A_final (%)", pct(results["A_final"])),
-          ("Forgetting (%)", pct(results["forgetting"])),
-          ("A_auc (%)", pct(results["A_auc"])),
-          ("A_last, Si-Blurry sample-weighted (%)", pct(results["A_last"])),
+  rows = [("A_last, Si-Blurry sample-weighted (%)", pct(results["A_last"])),
           ("F_last, class-wise (%)", pct(results["F_last"])),
           ("backward transfer (%)", pct(results["backward_transfer"])),
-          ("plateaus", str(results["n_plateaus"])),
           ("plateau precision / recall",
            f"{_fmt(detection['precision'])} / {_fmt(detection['recall'])}"),
           ("plateau mean latency (samples)", _fmt(detection["mean_latency_samples"], ".0f")),
@@ -502,7 +514,7 @@ def format_results_table(results: dict) -> str:
   if skipped:
     shown = ", ".join(map(str, skipped[:10])) + (", ..." if len(skipped) > 10 else "")
     rows.append(("steps skipped for a non-finite loss", f"{len(skipped)} ({shown})"))
-  lines = ["| metric | value |", "|---|---|"] + [f"| {k} | {v} |" for k, v in rows]
+  lines += ["| more | value |", "|---|---|"] + [f"| {k} | {v} |" for k, v in rows]
   acc = np.asarray(results["acc_matrix"])
   t = acc.shape[0]
   row = "domain" if "task_domains" in results else "task"  # a stream evaluated by domain

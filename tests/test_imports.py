@@ -7,6 +7,13 @@ Read statically from the source (imports inside functions included, as they run 
 from __future__ import annotations
 
 import ast
+import fnmatch
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+import tomllib
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "olora_jax"
@@ -77,3 +84,54 @@ def test_the_package_has_no_import_circle():
 
 def test_a_circle_is_found():
   assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_configs_is_part_of_the_installed_distribution(tmp_path):
+  """`import configs` works outside the repository once the project is installed: the
+  distribution's packages (pyproject.toml) include `configs` beside `olora_jax`. setuptools'
+  build_py copies exactly what an install puts on the path (package data included) from a copy
+  of the sources; a fresh interpreter in another directory imports the settings from there."""
+  root = PACKAGE.parent
+  src, lib, elsewhere = tmp_path / "src", tmp_path / "lib", tmp_path / "elsewhere"
+  src.mkdir()
+  elsewhere.mkdir()
+  for name in ("pyproject.toml", "README.md"):
+    shutil.copy(root / name, src / name)
+  for name in ("olora_jax", "configs"):
+    shutil.copytree(root / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
+  if importlib.util.find_spec("setuptools") is not None:
+    subprocess.run([sys.executable, "-c", "from setuptools import setup; setup()", "-q",
+                    "build_py", f"--build-lib={lib}"], cwd=src, check=True, capture_output=True,
+                   timeout=120)
+  else:  # venvs of Python 3.12+ come without setuptools: pyproject's rules, applied by hand
+    copy_declared_packages(src, lib)
+  env = {**os.environ, "PYTHONPATH": str(lib)}  # the installed files, not the checkout
+  code = ("import os, configs, olora_jax; from configs import demo; c = demo.get_config();"
+          " print(configs.__file__); print(olora_jax.__file__);"
+          " print(os.path.isfile(c.pretrained.path))")
+  proc = subprocess.run([sys.executable, "-c", code], cwd=elsewhere, env=env, text=True,
+                        capture_output=True, timeout=120)
+  assert proc.returncode == 0, proc.stderr
+  configs_file, package_file, backbone_found = proc.stdout.split()
+  assert Path(configs_file).parent == lib / "configs"
+  assert Path(package_file).parent == lib / "olora_jax"
+  assert backbone_found == "True"  # the demo's shipped backbone is package data
+
+
+def copy_declared_packages(src: Path, lib: Path) -> None:
+  """What setuptools' build_py puts in `lib`: the packages under `src` that pyproject.toml's
+  `packages.find.include` patterns match (their .py files) and each package's `package-data`."""
+  with open(src / "pyproject.toml", "rb") as f:
+    setuptools_table = tomllib.load(f)["tool"]["setuptools"]
+  include = setuptools_table["packages"]["find"]["include"]
+  for init in src.rglob("__init__.py"):
+    package = ".".join(init.parent.relative_to(src).parts)
+    if any(fnmatch.fnmatchcase(package, pattern) for pattern in include):
+      for module in init.parent.glob("*.py"):
+        (lib / module.relative_to(src)).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(module, lib / module.relative_to(src))
+  for package, patterns in setuptools_table.get("package-data", {}).items():
+    for pattern in patterns:
+      for data in (src / package.replace(".", "/")).glob(pattern):
+        (lib / data.relative_to(src)).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(data, lib / data.relative_to(src))

@@ -117,3 +117,25 @@ def test_the_log_survives_a_round_trip_through_the_checkpoint_record():
   restored = checkpointing.Progress.from_json(progress.to_json())
   assert restored.evaluation == log
   assert list(progress.to_json()) == list(checkpointing.PROGRESS_JSON_KEYS)
+
+
+def test_a_stream_shorter_than_eval_every_warns_and_takes_a_auc_from_the_final_evaluation(
+    caplog):
+  with caplog.at_level("WARNING"):
+    p, log, lines, evaluator = run(eval_every=100)  # the stream has 24 samples
+  (warning,) = [r.getMessage() for r in caplog.records]
+  assert "24 samples, fewer than eval.eval_every=100" in warning and "\n" not in warning
+  # The last step's task-end pass is also the one anytime point: the seen data, all 4 classes.
+  assert log.anytime_samples == [24] and log.anytime == pytest.approx([25 / 40])
+  assert [(e, s) for e, s, _, _ in lines] == [("task_end", 2), ("eval", 5), ("task_end", 5)]
+  assert [kind for kind, _ in evaluator.calls] == ["all", "all"]
+  results = p.results([], [], [], {})
+  assert results["A_auc"] == pytest.approx(25 / 40)
+  assert "final evaluation alone" in results["metric_notes"]["A_auc"]
+  # A stream of exactly eval_every samples has its point already; no anytime evaluation at
+  # all (GDumb) has no curve to miss: neither warns.
+  caplog.clear()
+  with caplog.at_level("WARNING"):
+    _, exact, _, _ = run(eval_every=24)
+    _, none, _, _ = run(eval_every=100, anytime_eval=False)
+  assert caplog.records == [] and exact.anytime_samples == [24] and none.anytime == []

@@ -211,10 +211,17 @@ def test_report_groups_seeds_and_methods_and_draws_the_overlay(tmp_path):
   assert [(r["method"], r["seeds"]) for r in rows] == [("Online-LoRA", [0, 1, 2]),
                                                         ("single LoRA", [0, 1])]
   assert rows[0]["A_final"]["mean"] == pytest.approx(60.0)
+  # No --csv: the report writes nothing but what it is asked for (the figure), and nothing into
+  # the directory it runs in.
+  cwd = tmp_path / "cwd"
+  cwd.mkdir()
   proc = subprocess.run([sys.executable, str(ROOT / "launch" / "report.py"), *dirs,
-                         f"--csv={tmp_path / 't.csv'}", f"--plots={tmp_path / 'figs'}"],
+                         f"--plots={tmp_path / 'figs'}"], cwd=cwd,
                         capture_output=True, text=True, check=True, timeout=120)
-  assert "overlay figure written" in proc.stdout
+  assert "overlay figure written" in proc.stdout and "CSV" not in proc.stdout
+  assert list(cwd.iterdir()) == []
+  assert sorted(p.name for p in (tmp_path / "figs").iterdir()) == ["anytime_overlay.pdf",
+                                                                   plots.OVERLAY_FILE]
   assert_png(tmp_path / "figs" / plots.OVERLAY_FILE)
   with open(tmp_path / "figs" / "anytime_overlay.pdf", "rb") as f:
     assert f.read(5) == b"%PDF-"
@@ -225,6 +232,41 @@ def test_report_groups_seeds_and_methods_and_draws_the_overlay(tmp_path):
   np.testing.assert_allclose(grid, [100, 200, 250, 300])
   np.testing.assert_allclose(mean, [0.6, (0.6 + (0.7 - 0.1 / 1.5)) / 2, (0.65 + 0.6) / 2, 0.6])
   np.testing.assert_allclose(std[[0, 3]], [np.std([0.5, 0.7], ddof=1)] * 2)
+
+
+def test_overlay_figure_marks_task_boundaries_and_names_methods(tmp_path):
+  def run(name, seed, boundaries, **overrides):
+    results = {"A_final": 0.5, "forgetting": 0.1, "A_auc": 0.5,
+               "anytime_samples": [100, 200, 300, 400], "anytime_accuracy": [0.9, 0.7, 0.6, 0.5],
+               "plateau_detection": {"boundary_samples": boundaries}}
+    return write_run(tmp_path / name, seed, results, **overrides)
+
+  dirs = [run("olora0", 0, [120, 240, 360]), run("olora1", 1, [120, 240, 360]),
+          run("lora0", 0, [120, 240, 360], learner__incremental_lora=False,
+              learner__hard_loss=False),
+          # Si-Blurry: each seed's stream has its own task sizes, so its own boundaries.
+          run("blurry0", 0, [150, 310], data__scenario="si_blurry", data__n_tasks=3),
+          run("blurry1", 1, [90, 250], data__scenario="si_blurry", data__n_tasks=3)]
+  fig = plots.overlay_figure(reporting.aggregate(dirs))
+  by_title = {ax.get_title(): ax for ax in fig.axes}
+  assert sorted(by_title) == ["cifar100: 10 disjoint tasks, vit_b16",
+                              "cifar100: 3 Si-Blurry tasks, vit_b16"]  # a panel per setting
+
+  def boundaries(ax):
+    return sorted(line.get_xdata()[0] for line in ax.lines if line.get_gid() == "task_boundary")
+
+  def legend(ax):
+    return [t.get_text() for t in ax.get_legend().get_texts()]
+
+  disjoint = by_title["cifar100: 10 disjoint tasks, vit_b16"]
+  assert boundaries(disjoint) == [120, 240, 360]
+  # The legend names the method (the setting is the panel's title) and its seeds, once each.
+  assert legend(disjoint) == ["Online-LoRA (2 seeds)", "single LoRA (1 seed)",
+                              "true task boundary"]
+  blurry = by_title["cifar100: 3 Si-Blurry tasks, vit_b16"]
+  assert boundaries(blurry) == [90, 150, 250, 310]
+  assert legend(blurry) == ["Online-LoRA (2 seeds)", "true task boundaries (differ by run)"]
+  assert "5 runs" in fig.get_suptitle()
 
 
 def test_duplicate_runs_are_named_with_their_seed(tmp_path):

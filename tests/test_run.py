@@ -45,13 +45,21 @@ def test_writes_config_metrics_and_results(tiny_run):
   task_ends = [e for e in events if e["event"] == "task_end"]
   assert [e["task"] for e in task_ends] == list(range(5))
   assert task_ends[-1]["samples_seen"] == results["samples_seen"] == 1438
-  assert "A_final (%)" in proc.stdout  # the closing table
+  # The closing table opens in the README's layout: setting and seed, then the method's row.
+  pct = lambda v: f"{100 * v:.2f}"  # noqa: E731
+  assert ("| sklearn_digits: 5 disjoint tasks, custom ViT, seed 0 | A_final % | Forgetting % |"
+          " A_auc % | plateaus |\n|---|---|---|---|---|\n| Online-LoRA (`paper` fidelity) |"
+          f" {pct(results['A_final'])} | {pct(results['forgetting'])} | {pct(results['A_auc'])}"
+          f" | {results['n_plateaus']} |") in proc.stdout
 
 
 def test_misspelt_key_is_an_error_and_writes_nothing(tmp_path):
+  # --traceback shows the traceback for bad input too; the error line stays the last line.
   proc = run("--config", "configs/tiny.py", "--workdir", str(tmp_path / "x"),
-             "--config.learner.learning_rat=0.1")
-  assert proc.returncode != 0 and "learning_rat" in proc.stderr
+             "--config.learner.learning_rat=0.1", "--traceback")
+  assert proc.returncode == 2 and "Traceback (most recent call last)" in proc.stderr
+  assert proc.stderr.splitlines()[-1].startswith("error: unknown config key(s)"
+                                                 " learner.learning_rat")
   assert not (tmp_path / "x").exists()
 
 
