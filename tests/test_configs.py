@@ -47,7 +47,8 @@ def load_config(name: str, *args):
 
 def test_every_config_file_is_covered():
   files = {p.stem for p in CONFIGS.glob("*.py")} - {"__init__", "common", "benchmark"}
-  assert files == set(BENCHMARKS) | {"demo", "demo_si_blurry", "tiny", "rotated_mnist"}
+  assert files == set(BENCHMARKS) | {"demo", "demo_si_blurry", "demo_swin", "tiny",
+                                      "rotated_mnist"}
 
 
 @pytest.fixture(scope="module")
@@ -99,9 +100,14 @@ def test_benchmark_config_builds_its_stream(name, core50_data_dir, tmp_path):
   assert manifest_sha256(_setup(other, data_dir).manifest) != manifest_sha256(setup.manifest)
 
 
-@pytest.mark.parametrize("name", ["demo", "demo_si_blurry", "tiny", "rotated_mnist"])
+@pytest.mark.parametrize("name", ["demo", "demo_si_blurry", "demo_swin", "tiny",
+                                  "rotated_mnist"])
 def test_embedded_configs_build_their_streams(name):
   setup = trainer.Setup(load_config(name))
+  if name == "demo_swin":  # the demo's stream, on a Swin whose last stage's window is its map
+    assert setup.spec.stage_resolution(2) == setup.spec.window_size == 4
+    assert manifest_sha256(setup.manifest) == manifest_sha256(
+        trainer.Setup(load_config("demo")).manifest)
   ids = np.concatenate(setup.stream.steps)
   assert len(np.unique(ids)) == len(ids) == len(setup.train_source)
   assert setup.stream.n_tasks == 5 and setup.train_source.num_classes == 10
