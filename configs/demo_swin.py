@@ -18,6 +18,20 @@ and `configs/core50.py:swin_t` (weights from a local file). Runs in a few minute
 
 Any method that applies to a Swin (every one but the ViT-only methods, docs/models.md) is
 `--config.method=NAME`, or `configs/demo_swin.py:NAME`.
+
+Measured (seeds 0-2, mean ± std in %, a 2-core CPU shared with other jobs, 30-46 s a run; the
+plateau thresholds are the ViT demo's, not tuned for this backbone):
+
+    Online-LoRA       A_final 17.77 ± 0.93  Forgetting 84.38 ± 2.71  A_auc 50.18 ± 1.61  5 plateaus
+    plain single LoRA A_final 17.30 ± 0.75  Forgetting 90.58 ± 0.40  A_auc 47.32 ± 3.38
+
+    .venv/bin/python launch/sweep.py --root runs/swin_ol --settings configs/demo_swin.py \
+        --methods online_lora --seeds 0,1,2
+    .venv/bin/python launch/sweep.py --root runs/swin_lora --settings configs/demo_swin.py \
+        --methods online_lora --seeds 0,1,2 -- --config.learner.incremental_lora=False \
+        --config.learner.hard_loss=False --config.learner.buffer_size=0
+    .venv/bin/python launch/report.py runs/swin_ol/demo_swin/online_lora/seed* \
+        runs/swin_lora/demo_swin/online_lora/seed*
 """
 
 import os
