@@ -7,11 +7,14 @@ the same inputs give the same outputs; the jitted learner functions also donate 
 state they are given, as noted.
 
 Model and LoRA
-  ViTSpec, spec_from_config      static ViT sizes (from a `model` config section)
+  ViTSpec, SwinSpec              static ViT / Swin sizes
+  spec_from_config               the one of them a `model` config section names
   VisionTransformer              Flax ViT: (N, H, W, 3) float32 -> logits (N, C), `lora=` tree
-  init_lora, merge_into_backbone LoRA tree {encoderblock_i: {query|value: lora_a (D, r),
-                                 lora_b (r, D)}}; the exact merge W += A B (pure)
+  SwinTransformer                Flax Swin, the same call and LoRA tree layout (per stage width)
+  init_lora, merge_into_backbone LoRA tree {block: {query|value: lora_a (D, r), lora_b (r, D)}}
+                                 of either backbone; the exact merge W += A B (pure)
   load_pretrained                local timm safetensors / AugReg / big_vision file -> params
+                                 (a Swin: timm or the authors' Online-LoRA file)
 Learner (Online-LoRA's numerics, olora_jax.learner.online_lora)
   LearnerConfig, TrainState, Learner, make_learner, make_optimizer, split_params, init_frozen,
   init_train_state, init_buffer, lora_regulariser
@@ -64,15 +67,17 @@ from olora_jax.learner.plateau import PlateauConfig, PlateauState
 from olora_jax.learner.plateau import init as init_plateau
 from olora_jax.learner.plateau import update as update_plateau
 from olora_jax.methods.base import Context, Method, MethodSpec, StepReport
+from olora_jax.models import spec_from_config
 from olora_jax.models.lora import init_lora, merge_into_backbone
-from olora_jax.models.vit import VisionTransformer, ViTSpec, spec_from_config
+from olora_jax.models.swin import SwinSpec, SwinTransformer
+from olora_jax.models.vit import VisionTransformer, ViTSpec
 from olora_jax.pretrained import load_pretrained
 from olora_jax.trainer import train_and_evaluate
 
 __all__ = [
     "BatchBuffer", "ClassCounts", "Context", "EvaluationGroups", "Evaluator", "HardBuffer",
     "Learner", "LearnerConfig", "Method", "MethodSpec", "PlateauConfig", "PlateauState", "Source",
-    "StepReport", "Stream", "TrainState",
+    "StepReport", "Stream", "SwinSpec", "SwinTransformer", "TrainState",
     "ViTSpec", "VisionTransformer", "build_stream", "disjoint_class_incremental",
     "domain_incremental", "domains_of", "group_accuracies", "init_buffer", "init_frozen",
     "init_lora", "init_plateau", "init_train_state", "load_pretrained", "load_sources",

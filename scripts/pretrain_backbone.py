@@ -1,4 +1,4 @@
-"""Pretrains the demo's tiny ViT backbone and writes it as a timm safetensors checkpoint.
+"""Pretrains the demo's tiny ViT (or Swin) backbone and writes it as a timm safetensors checkpoint.
 
 Online-LoRA adapts a *pretrained* ViT. No pretrained weights can be downloaded on our build
 machines, so the demo ships its own small backbone, trained here on data different from the demo
@@ -10,6 +10,8 @@ images).
 The checkpoint is written in timm's layout, so the demo goes through the real timm loader.
 
     .venv/bin/python scripts/pretrain_backbone.py --out olora_jax/assets/vit_tiny_digits.safetensors
+    .venv/bin/python scripts/pretrain_backbone.py --backbone swin \
+        --out olora_jax/assets/swin_tiny_digits.safetensors     # configs/demo_swin.py's
 
 Deterministic given --seed on one machine. Takes about a minute on 2 CPU cores.
 """
@@ -28,10 +30,13 @@ from PIL import Image
 from olora_jax import pretrained
 from olora_jax.data.preprocess import to_model_input
 from olora_jax.data.sources import load_source
+from olora_jax.models.swin import SwinSpec, SwinTransformer
 from olora_jax.models.vit import VisionTransformer, ViTSpec
 
-# The demo backbone (configs/demo.py must use the same sizes).
+# The demo backbones (configs/demo.py and configs/demo_swin.py must use the same sizes).
 SPEC = ViTSpec(width=64, depth=2, num_heads=4, mlp_dim=256, patch_size=4, image_size=32)
+SWIN_SPEC = SwinSpec(embed_dim=16, depths=(2, 2, 2), num_heads=(2, 4, 8), window_size=4,
+                     patch_size=2, image_size=32)
 
 
 def mnist_layout(images: np.ndarray) -> np.ndarray:
@@ -55,6 +60,7 @@ def augment(rng: np.random.Generator, images: np.ndarray, max_shift: int = 3) ->
 
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--backbone", choices=("vit", "swin"), default="vit")
   parser.add_argument("--out", default="olora_jax/assets/vit_tiny_digits.safetensors")
   parser.add_argument("--epochs", type=int, default=40)
   parser.add_argument("--batch_size", type=int, default=64)
@@ -63,9 +69,11 @@ def main() -> None:
   args = parser.parse_args()
 
   train, test = (load_source("sklearn_digits", split) for split in ("train", "test"))
-  x_train = to_model_input(mnist_layout(train.images), SPEC.image_size)
-  x_test = to_model_input(mnist_layout(test.images), SPEC.image_size)
-  model = VisionTransformer(SPEC, train.num_classes)
+  spec = SWIN_SPEC if args.backbone == "swin" else SPEC
+  x_train = to_model_input(mnist_layout(train.images), spec.image_size)
+  x_test = to_model_input(mnist_layout(test.images), spec.image_size)
+  model = (SwinTransformer if args.backbone == "swin" else VisionTransformer)(
+      spec, train.num_classes)
   params = model.init(jax.random.key(args.seed), x_train[:1])["params"]
   params["head"]["kernel"] = 0.02 * jax.random.normal(
       jax.random.key(args.seed + 1), params["head"]["kernel"].shape)

@@ -15,7 +15,7 @@ import tensorflow_datasets as tfds
 from absl import flags
 from ml_collections import config_flags
 
-from olora_jax import trainer
+from olora_jax import pretrained, trainer
 from olora_jax.data import core50
 from olora_jax.data.manifest import manifest_sha256
 from tests.data_fixtures import no_network, write_core50_folder  # noqa: F401
@@ -47,7 +47,8 @@ def load_config(name: str, *args):
 
 def test_every_config_file_is_covered():
   files = {p.stem for p in CONFIGS.glob("*.py")} - {"__init__", "common", "benchmark"}
-  assert files == set(BENCHMARKS) | {"demo", "demo_si_blurry", "tiny", "rotated_mnist"}
+  assert files == set(BENCHMARKS) | {"demo", "demo_si_blurry", "demo_swin", "tiny",
+                                      "rotated_mnist"}
 
 
 @pytest.fixture(scope="module")
@@ -99,9 +100,17 @@ def test_benchmark_config_builds_its_stream(name, core50_data_dir, tmp_path):
   assert manifest_sha256(_setup(other, data_dir).manifest) != manifest_sha256(setup.manifest)
 
 
-@pytest.mark.parametrize("name", ["demo", "demo_si_blurry", "tiny", "rotated_mnist"])
+@pytest.mark.parametrize("name", ["demo", "demo_si_blurry", "demo_swin", "tiny",
+                                  "rotated_mnist"])
 def test_embedded_configs_build_their_streams(name):
   setup = trainer.Setup(load_config(name))
+  if name == "demo_swin":  # the demo's stream, on a Swin whose last stage's window is its map
+    assert setup.spec.stage_resolution(2) == setup.spec.window_size == 4
+    path = load_config(name).pretrained.path  # the shipped backbone, in timm's Swin layout
+    assert pretrained.detect_format(path) == "timm"
+    assert pretrained.load_pretrained(path, setup.spec, 10)["head"]["kernel"].shape == (64, 10)
+    assert manifest_sha256(setup.manifest) == manifest_sha256(
+        trainer.Setup(load_config("demo")).manifest)
   ids = np.concatenate(setup.stream.steps)
   assert len(np.unique(ids)) == len(ids) == len(setup.train_source)
   assert setup.stream.n_tasks == 5 and setup.train_source.num_classes == 10

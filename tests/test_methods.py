@@ -299,6 +299,26 @@ def test_pcr_loss_against_numpy():
   assert abs(loss - once) > 1e-2 * abs(once)
 
 
+def test_pcr_gradient_is_finite_with_a_zero_feature_row():
+  # A random Swin maps a padded all-zero image to exactly zero features: the masked row must
+  # score 0 and leave the gradient what it is without the row (not 0 * NaN).
+  rng = np.random.default_rng(1)
+  features = jnp.asarray(rng.normal(size=(5, 6)), jnp.float32).at[4].set(0.0)
+  kernel = jnp.asarray(rng.normal(size=(6, C)), jnp.float32)
+  labels, mask = jnp.array([0, 1, 2, 1, 3]), jnp.array([True] * 4 + [False])
+
+  def loss(f, k, n):
+    return pcr.proxy_contrastive_loss(pcr.cosine_logits(f, {"kernel": k}, 0.09), labels[:n],
+                                      mask[:n])
+
+  assert np.all(np.asarray(pcr.cosine_logits(features, {"kernel": kernel}, 0.09)[4]) == 0)
+  grads = jax.grad(loss, argnums=(0, 1))(features, kernel, 5)
+  without = jax.grad(loss, argnums=(0, 1))(features[:4], kernel, 4)
+  assert np.all(np.asarray(grads[0][4]) == 0)
+  assert_close(grads[0][:4], without[0], rtol=1e-5)
+  assert_close(grads[1], without[1], rtol=1e-5)
+
+
 def test_pcr_replays_only_after_the_warmup():
   ctx = context("pcr", trainable="head", buffer_size=16, replay_batch=4, warmup_batches=2)
   method = REGISTRY["pcr"](ctx)

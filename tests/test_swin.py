@@ -310,3 +310,21 @@ def test_swin_t_variants_of_the_appendix_settings():
     assert reporting.setting_label(validation.flatten(config)) == label
     assert reporting.PAPER_RESULTS["swin"][label]["Online-LoRA"][0][0] in (53.75, 95.29)
   assert reporting.LAYOUTS["swin"].backbones == ("swin_t",)
+
+
+def test_the_public_api_builds_a_swin_from_a_config():
+  """`olora_jax.spec_from_config` gives a `SwinSpec` for a Swin model section (a `ViTSpec` for a
+  ViT one), and the exported `SwinTransformer` and `init_lora` take it as the trainer does."""
+  import olora_jax as ol
+  config = core50.get_config("swin_t").model
+  config.update(name=swin.CUSTOM, width=8, stage_depths=(2, 1), stage_heads=(1, 2),
+                window_size=4, patch_size=2, image_size=16)
+  spec = ol.spec_from_config(config)
+  assert isinstance(spec, ol.SwinSpec) and spec == SMALL
+  assert ol.SwinTransformer is swin.SwinTransformer
+  assert isinstance(ol.spec_from_config(split_imagenet_s.get_config().model), ol.ViTSpec)
+  _, params, x = _small()
+  lora = ol.init_lora(jax.random.key(3), spec, 2)
+  np.testing.assert_array_equal(
+      jax.jit(ol.SwinTransformer(spec, 10).apply)({"params": params}, x, lora=lora),
+      _small_apply(params, x))

@@ -21,11 +21,24 @@ from olora_jax.methods import base, common, replay
 from olora_jax.methods.er import init_with_buffer
 
 
+def normalise(x: jax.Array, axis: int) -> jax.Array:
+  """x / max(||x||, 1e-12) along `axis`; an all-zero vector (no direction) stays zero, with a zero
+  gradient. Plain jnp.linalg.norm has gradient 0/0 = NaN at a zero vector, and a zero feature
+  vector is ordinary: a randomly initialised Swin (zero patch-embedding bias, no class token or
+  position embedding) maps an all-zero image, as a padded row or an empty replay slot, to
+  exactly zero features, and the NaN would reach every weight through the masked rows (0 * NaN).
+  The zero vectors are swapped for ones before the norm and their result for zeros after, so
+  every other vector goes through the same operations as before. Pure."""
+  zero = jnp.all(x == 0, axis=axis, keepdims=True)
+  nonzero = jnp.where(zero, 1.0, x)
+  unit = nonzero / jnp.linalg.norm(nonzero, axis=axis, keepdims=True).clip(1e-12)
+  return jnp.where(zero, 0.0, unit)
+
+
 def cosine_logits(features: jax.Array, head: dict, temperature: float) -> jax.Array:
-  """(N, D) features, head {"kernel" (D, C)} -> (N, C) cos(feature, proxy) / temperature. Pure."""
-  f = features / jnp.linalg.norm(features, axis=-1, keepdims=True).clip(1e-12)
-  w = head["kernel"] / jnp.linalg.norm(head["kernel"], axis=0, keepdims=True).clip(1e-12)
-  return (f @ w) / temperature
+  """(N, D) features, head {"kernel" (D, C)} -> (N, C) cos(feature, proxy) / temperature; a zero
+  feature or proxy scores 0 (`normalise`). Pure."""
+  return (normalise(features, -1) @ normalise(head["kernel"], 0)) / temperature
 
 
 def proxy_contrastive_loss(logits: jax.Array, labels: jax.Array, mask: jax.Array) -> jax.Array:

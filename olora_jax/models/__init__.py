@@ -16,8 +16,17 @@ from olora_jax import errors
 from olora_jax.models import lora as lora_lib
 from olora_jax.models import swin, vit
 
-# Methods that insert prompt tokens into a ViT's token sequence (olora_jax/methods/prompt_pool.py).
-PROMPT_METHODS = ("l2p", "mvp")
+# Methods built on the ViT's structure alone, with why: the prompt methods prompt a ViT's token
+# sequence or its attention (olora_jax/methods/prompt_pool.py), and InfLoRA / SD-LoRA stack their
+# LoRA branches into one array over blocks of one width (a Swin's stages differ in width).
+VIT_ONLY_METHODS = {
+    "l2p": "inserts prompt tokens into a ViT's token sequence",
+    "mvp": "inserts prompt tokens into a ViT's token sequence",
+    "dualprompt": "prepends prefix tokens to the keys and values of a ViT's attention",
+    "coda_prompt": "prepends prefix tokens to the keys and values of a ViT's attention",
+    "inflora": "stacks its LoRA branches over a ViT's blocks of one width",
+    "sd_lora": "stacks its LoRA branches over a ViT's blocks of one width",
+}
 
 
 class ModelError(errors.BadInput):
@@ -25,7 +34,8 @@ class ModelError(errors.BadInput):
 
 
 def spec_from_config(model_config: Any) -> vit.ViTSpec | swin.SwinSpec:
-  """The backbone's static sizes from the `model` config section (module docstring)."""
+  """The backbone's static sizes from the `model` config section: a `ViTSpec` for a ViT preset or
+  `custom`, a `SwinSpec` for a Swin preset or `swin_custom` (module docstring). Validated."""
   name = model_config.name
   if name in swin.PRESETS or name == swin.CUSTOM:
     return swin.spec_from_config(model_config)
@@ -42,15 +52,14 @@ def is_swin(spec: Any) -> bool:
 
 def build_model(config: Any, spec: vit.ViTSpec | swin.SwinSpec, num_classes: int):
   """The Flax classifier of `spec` with a `num_classes` head in `model.compute_dtype`, after the
-  checks that need both the model and the method (before any compute): prompt methods need a
-  ViT, and the LoRA rank must fit the narrowest adapted layer."""
+  checks that need both the model and the method (before any compute): the VIT_ONLY_METHODS
+  need a ViT, and the LoRA rank must fit the narrowest adapted layer."""
   dtype = vit.COMPUTE_DTYPES[config.model.compute_dtype]
   if is_swin(spec):
-    if config.method in PROMPT_METHODS:
+    if config.method in VIT_ONLY_METHODS:
       raise ModelError(
-          f"method={config.method!r} inserts prompt tokens into a ViT's token sequence and has"
-          f" no Swin version; use a ViT model.name ({', '.join(sorted(vit.PRESETS))}) or another"
-          " method")
+          f"method={config.method!r} {VIT_ONLY_METHODS[config.method]} and has no Swin version;"
+          f" use a ViT model.name ({', '.join(sorted(vit.PRESETS))}) or another method")
     narrowest = lora_lib.max_rank(spec)
     if config.learner.rank > narrowest:
       raise ModelError(

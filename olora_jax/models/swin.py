@@ -34,7 +34,8 @@ learner sees "the adapted layers" whatever backbone holds them (`SwinSpec.lora_l
 `dtype` is the computation dtype as for the ViT (olora_jax/models/vit.py): parameters stay
 float32; with bfloat16 the attention logits (bias and mask added), softmax and LayerNorm
 statistics run in float32 and the logits come back float32. Prompts (L2P, MVP) are ViT-only:
-the Swin has no token sequence to insert them into, so `prompts` must be None.
+the Swin has no token sequence to insert them into, so `prompts` must be None (the methods a Swin
+refuses: `olora_jax.models.VIT_ONLY_METHODS`, docs/models.md).
 """
 
 from __future__ import annotations
