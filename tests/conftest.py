@@ -1,5 +1,6 @@
 """Session fixtures: one uninterrupted run of the tiny stream, shared by the resume and failure
-tests, and the compilation cache its subprocesses and the tests' in-process runs share."""
+tests, and the compilation cache its subprocesses and the tests' in-process runs share. The
+session compiles at XLA's fastest optimisation level (tiny_run.FAST_COMPILE_FLAG)."""
 
 from __future__ import annotations
 
@@ -9,12 +10,17 @@ import os
 import shutil
 from pathlib import Path
 
-import jax
-import pytest
 import tiny_run
+
+# Before any backend exists (XLA reads its flags once per process); see tiny_run.FAST_COMPILE_FLAG.
+if "--xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
+  os.environ["XLA_FLAGS"] = tiny_run.xla_flags(tiny_run.FAST_COMPILE_FLAG)
+
+import jax  # noqa: E402
+import pytest  # noqa: E402
 from jax._src import compilation_cache as jax_cache
 
-from olora_jax import compute
+from olora_jax import compute  # noqa: E402
 
 
 def _session_root(tmp_path_factory) -> Path:

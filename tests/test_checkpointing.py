@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import legacy_checkpoint
 import numpy as np
 import pytest
+import tiny_run
 
 from configs import tiny
 from olora_jax import checkpointing, trainer
@@ -296,7 +297,8 @@ def test_a_run_resumed_on_a_changed_pretrained_file_is_refused(tmp_path):
 # --------------------------------------------------------------------------------------------
 # Device digests: the same on every layout, sensitive to one byte; saves that gather nothing.
 
-EIGHT_DEVICES = {"XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"}
+EIGHT_DEVICES = {"XLA_FLAGS": tiny_run.xla_flags("--xla_force_host_platform_device_count=8"),
+                 "JAX_PLATFORMS": "cpu"}
 
 
 def _run_on_eight_devices(script: str, *args: str) -> str:

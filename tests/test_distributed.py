@@ -25,7 +25,7 @@ def _free_port() -> int:
 
 def _devices_env(cache, n: int) -> dict:
   return {**env(cache), "JAX_PLATFORMS": "cpu",
-          "XLA_FLAGS": f"--xla_force_host_platform_device_count={n}"}
+          "XLA_FLAGS": tiny_run.xla_flags(f"--xla_force_host_platform_device_count={n}")}
 
 
 def _start_processes(workdir, cache, n: int = 2) -> list[subprocess.Popen]:

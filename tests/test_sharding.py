@@ -5,6 +5,8 @@ import subprocess
 import sys
 import textwrap
 
+import tiny_run
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 SCRIPT = textwrap.dedent("""
@@ -52,7 +54,7 @@ SCRIPT = textwrap.dedent("""
 
 
 def test_two_device_data_parallel_step_matches_one_device():
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2",
+  env = dict(os.environ, XLA_FLAGS=tiny_run.xla_flags("--xla_force_host_platform_device_count=2"),
              JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
   proc = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env,
                         cwd=ROOT, timeout=600)

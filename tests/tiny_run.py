@@ -36,6 +36,21 @@ def command(workdir: Path, *extra: str) -> list[str]:
           *(f"--config.{k}={v}" for k, v in OVERRIDES.items()), *extra]
 
 
+# The tests compile on XLA's CPU backend at LLVM optimisation level 0: compiling, not running,
+# dominates the tests' tiny programs, and this about halves it (one tiny run end to end, on a
+# loaded 2-core machine: 46 s -> 24 s). Floats may differ in their last bits from those of XLA's
+# default level (the tiny stream's losses do; its plateaus and accuracies are
+# identical), and every comparison in the tests is between programs compiled alike. conftest.py
+# sets it for the session and its subprocesses; an explicit `--xla_backend_optimization_level`
+# in XLA_FLAGS (3 is XLA's default) is kept instead.
+FAST_COMPILE_FLAG = "--xla_backend_optimization_level=0"
+
+
+def xla_flags(*flags: str) -> str:
+  """XLA_FLAGS for a subprocess: the session's (with FAST_COMPILE_FLAG) plus `flags`."""
+  return " ".join([os.environ.get("XLA_FLAGS", ""), *flags]).strip()
+
+
 def cache_env(cache: Path) -> dict:
   """The environment that points a subprocess's persistent compilation cache at `cache`."""
   return {"JAX_COMPILATION_CACHE_DIR": str(cache),
