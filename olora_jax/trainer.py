@@ -295,7 +295,7 @@ def _train_and_evaluate(setup: Setup, params: dict, method_key: jax.Array, workd
   bar = _progress_bar(len(stream.steps), p.cursor, progress)
   # The files are closed however the loop ends (finished, preempted, non-finite loss).
   with StopSignal() as stop, contextlib.closing(saver), bar:
-    for step, batch in _batches(setup, p.cursor):  # the stream, seen once; no task ids
+    for step, batch in _batches(setup, p.cursor, ledger):  # the stream, seen once; no task ids
       with compute_lib.Stopwatch() as step_time:  # 1. the method's train step    [jitted]
         state, scalars, extras = train_step(state, batch)
         scalars = sharding.to_host(scalars)  # replicated: no communication
@@ -374,13 +374,21 @@ def _start(setup: Setup, params: dict, method_key: jax.Array, workdir: str,
   return state, p, saver, protocol, switch
 
 
-def _batches(setup: Setup, cursor: int):
+def _batches(setup: Setup, cursor: int, ledger: compute_lib.Ledger):
   """(step, batch) from stream step `cursor` on. Host threads prepare the next batches while
   the device runs (data/pipeline.py), each placed on the devices by the thread that prepared
   it; a batch is a pure function of its step, so a resumed run sees the same batches.
-  data.preprocess='device': uint8 becomes the float batch every method takes, on the device."""
+  data.preprocess='device': uint8 becomes the float batch every method takes, on the device.
+  The time the loop waits for a batch goes to the ledger (`host_wait_seconds`)."""
   place = functools.partial(sharding.shard_batch, mesh=setup.mesh)
-  for step, placed in enumerate(setup.pipeline.iterate(cursor, place), start=cursor):
+  batches = enumerate(setup.pipeline.iterate(cursor, place), start=cursor)
+  while True:
+    with compute_lib.Stopwatch() as wait:
+      item = next(batches, None)
+    if item is None:  # the stream's end (the pipeline's threads are done)
+      return
+    ledger.timed_host_wait(wait.seconds)
+    step, placed = item
     yield step, setup.pipeline.on_device(placed)
 
 
