@@ -222,8 +222,11 @@ def device_memory_bytes() -> int | None:
   """The memory of one local device: the allocator's limit on GPU/TPU, the machine's physical
   memory on CPU (None when unknown)."""
   limit = (jax.local_devices()[0].memory_stats() or {}).get("bytes_limit")
-  if limit:
-    return int(limit)
+  return int(limit) if limit else host_memory_bytes()
+
+
+def host_memory_bytes() -> int | None:
+  """The machine's physical memory (None when unknown)."""
   try:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
   except (ValueError, OSError, AttributeError):
