@@ -166,14 +166,33 @@ def make_count_fn(predict_fn: Callable[..., jax.Array], num_classes: int,
   return jax.jit(count)
 
 
-def check_predict_chunk(chunk: int, batch_size: int, n_devices: int) -> None:
-  """eval.predict_chunk: 0 (one pass) or a divisor of each device's rows of a test batch."""
+# eval.predict_chunk=-1 (the default): picked by the backend (`resolve_predict_chunk`).
+AUTO_PREDICT_CHUNK = -1
+# On a CPU: passes of 64 images keep a ViT's activations closer to the caches (docs/performance.md).
+CPU_PREDICT_CHUNK = 64
+
+
+def resolve_predict_chunk(chunk: int, batch_size: int, n_devices: int,
+                          backend: str | None = None) -> int:
+  """eval.predict_chunk as it runs: `chunk` itself, or for -1 (auto) CPU_PREDICT_CHUNK on a CPU
+  backend when it divides each device's rows of a test batch, else 0 (one pass: GPUs and TPUs,
+  whose large passes are faster)."""
+  if chunk != AUTO_PREDICT_CHUNK:
+    return chunk
   per_device = batch_size // n_devices
-  if chunk < 0 or (chunk and per_device % chunk):
+  on_cpu = (backend or jax.default_backend()) == "cpu"
+  return CPU_PREDICT_CHUNK if on_cpu and per_device % CPU_PREDICT_CHUNK == 0 else 0
+
+
+def check_predict_chunk(chunk: int, batch_size: int, n_devices: int) -> None:
+  """eval.predict_chunk: 0 (one pass), -1 (by backend) or a divisor of each device's rows of a
+  test batch."""
+  per_device = batch_size // n_devices
+  if chunk < AUTO_PREDICT_CHUNK or (chunk > 0 and per_device % chunk):
     raise ValueError(
-        f"eval.predict_chunk={chunk} must be 0 (whole batches) or divide the {per_device} rows"
-        f" of a test batch per device (eval.batch_size={batch_size} over {n_devices} devices);"
-        " pick a divisor")
+        f"eval.predict_chunk={chunk} must be 0 (whole batches), -1 (picked by the backend) or"
+        f" divide the {per_device} rows of a test batch per device (eval.batch_size={batch_size}"
+        f" over {n_devices} devices); pick a divisor")
 
 
 def cache_placement(source: Source, image_size: int, mesh: Mesh) -> str:
@@ -216,6 +235,7 @@ class Evaluator:
       raise ValueError(f"eval.batch_size={batch_size} must be >= 1")
     self.mesh = mesh or sharding.make_mesh()  # batches split over devices (olora_jax/sharding.py)
     check_predict_chunk(predict_chunk, batch_size, self.mesh.devices.size)
+    predict_chunk = resolve_predict_chunk(predict_chunk, batch_size, self.mesh.devices.size)
     if len(source) and int(source.labels.max()) >= num_classes:
       raise ValueError(
           f"test label {int(source.labels.max())} >= num_classes={num_classes}; the head must"

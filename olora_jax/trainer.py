@@ -120,6 +120,10 @@ class Setup:
     sharding.check_divisible(c.learner.batch_size, self.mesh, "learner.batch_size")
     sharding.check_divisible(c.eval.batch_size, self.mesh, "eval.batch_size")
     evaluate.check_predict_chunk(c.eval.predict_chunk, c.eval.batch_size, self.mesh.devices.size)
+    # -1: by the backend; config.json records the value that ran.
+    c.eval.predict_chunk = evaluate.resolve_predict_chunk(c.eval.predict_chunk,
+                                                          c.eval.batch_size,
+                                                          self.mesh.devices.size)
     # Each process prepares only its rows of every batch (all of them with one process).
     self.pipeline = InputPipeline(self.train_source, self.stream, c.learner.batch_size,
                                   self.spec.image_size, c.data.augment, c.seed, c.data.prefetch,

@@ -205,6 +205,17 @@ def test_bad_arguments(setup):
     evaluate.Evaluator(source, 16, 0, C, _predict(learner))
   with pytest.raises(ValueError, match="num_classes"):
     evaluate.Evaluator(source, 16, 8, 3, _predict(learner))
-  for chunk in (3, -1):
+  for chunk in (3, -2):
     with pytest.raises(ValueError, match=f"eval.predict_chunk={chunk} must be 0 .* divide the 8"):
       evaluate.Evaluator(source, 16, 8, C, _predict(learner), predict_chunk=chunk)
+
+
+def test_predict_chunk_minus_one_is_picked_by_the_backend():
+  resolve = evaluate.resolve_predict_chunk
+  assert resolve(-1, 256, 1, "cpu") == 64  # pieces of 64 on a CPU
+  assert resolve(-1, 256, 2, "cpu") == 64 and resolve(-1, 96, 1, "cpu") == 0  # 64 must divide
+  assert resolve(-1, 256, 1, "gpu") == resolve(-1, 256, 1, "tpu") == 0  # one pass
+  assert resolve(0, 256, 1, "cpu") == 0 and resolve(32, 256, 1, "gpu") == 32  # as given
+  evaluate.check_predict_chunk(-1, 96, 1)
+  with pytest.raises(ValueError, match=r"eval.predict_chunk=-2 must be 0 .*-1 \(picked by"):
+    evaluate.check_predict_chunk(-2, 96, 1)
