@@ -56,7 +56,8 @@ Keys that matter:
                                 -1 (default) = by the backend: 64 on a CPU (smaller passes stay
                                 in the caches) when it divides a device's rows of a test batch,
                                 else 0. Any value gives the same predictions up to float rounding
-                                (docs/performance.md); config.json records the value that ran
+                                (docs/performance-internals.md); config.json records the value
+                                that ran
   eval.mask_unseen_logits       evaluate with the logits of not-yet-seen classes masked (Si-Blurry)
   eval.write_plots              draw DIR/plots/*.png at the end of the run
   fidelity                      'paper' (default) | 'reference' (the authors' released code):

@@ -168,7 +168,8 @@ def make_count_fn(predict_fn: Callable[..., jax.Array], num_classes: int,
 
 # eval.predict_chunk=-1 (the default): picked by the backend (`resolve_predict_chunk`).
 AUTO_PREDICT_CHUNK = -1
-# On a CPU: passes of 64 images keep a ViT's activations closer to the caches (docs/performance.md).
+# On a CPU: passes of 64 images keep a ViT's activations closer to the caches
+# (docs/performance-internals.md).
 CPU_PREDICT_CHUNK = 64
 
 

@@ -1,5 +1,6 @@
 """Times the work of one Online-LoRA train step in PyTorch, to compare this implementation with an
-eager PyTorch one on the same machine (docs/performance.md, "Against PyTorch").
+eager PyTorch one on the same machine (docs/performance-internals.md, "Where a step spends its
+time").
 
     pip install torch==2.13.0        # in a separate virtual environment: not a dependency
     python scripts/torch_step.py --images 40 --steps 3
