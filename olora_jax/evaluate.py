@@ -7,9 +7,15 @@ Counting runs inside one jitted function that takes a padded batch, its validity
 boolean class mask, and adds the batch's per-class counts to running (C,) accumulators on the
 device; the host fetches the two count vectors once per evaluation. Batches are padded to
 `batch_size`, so the function compiles once per run whatever the number of test examples.
-With `preprocess='device'` (`data.preprocess`) the test images stay uint8 at their stored size on
-the host (a quarter of float32's memory, no resize there) and become the model's input inside the
-same jitted function (data/device_preprocess.py).
+The test set is decoded once, when the evaluator is built, at the model's input resolution as
+uint8 levels (PIL's bilinear resize, the host path's, which data/device_preprocess.py reproduces
+bit for bit): on the devices when it fits there (a quarter of one device's memory, a
+single-process run), else in host memory (a quarter of it), so an anytime evaluation never
+decodes or resizes an image again; each batch is gathered by row ids and its levels become the
+model's float input (the shared lookup table) inside the counting function. The model sees the
+same floats as without the cache. A test set too large for both is read, resized and scaled
+batch by batch at every evaluation: on the host with `preprocess='host'`, on the device from
+uint8 at the stored size with `preprocess='device'` (`data.preprocess`).
 
 `mask_unseen_logits` (Si-Blurry's protocol): logits of classes the stream has not shown yet are
 set to -inf before the argmax, so the model can only predict seen classes. The mask is a traced
@@ -36,17 +42,21 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
+from olora_jax import compute as compute_lib
 from olora_jax import metrics as metrics_lib
 from olora_jax import sharding
 from olora_jax.data import device_preprocess
 from olora_jax.data.pipeline import device_image_shape
-from olora_jax.data.preprocess import PREPROCESS_MODES, pad_batch, to_model_input
+from olora_jax.data.preprocess import PREPROCESS_MODES, pad_batch, to_model_input, to_model_levels
 from olora_jax.data.sources import Source, domains_of
 from olora_jax.data.streams import EvaluationGroups
 
-# Preprocessed test images are kept in host memory when they fit this budget (the embedded and
-# small datasets); larger test sets are preprocessed batch by batch at every evaluation.
-CACHE_BYTES = 1 << 30
+# The test-set cache's budgets: the share of one device's memory it may take there, and of the
+# host's memory when it does not fit the device (compute.device_memory_bytes; on a CPU both are
+# the machine's memory). Beyond both, test batches are preprocessed at every evaluation.
+CACHE_DEVICE_FRACTION = 0.25
+CACHE_HOST_FRACTION = 0.25
+CACHE_WHERE = ("device", "host", "none")  # where `Evaluator.cached` can be
 TRACE_COUNTS = {"count": 0}
 
 
@@ -131,15 +141,18 @@ def predict_in_pieces(predict_fn: Callable[..., jax.Array], state: Any, images: 
 def make_count_fn(predict_fn: Callable[..., jax.Array], num_classes: int,
                   num_domains: int = 1, preprocess_fn: Callable | None = None,
                   predict_chunk: int = 0, n_shards: int = 1) -> Callable:
-  """Jitted `(state, images, labels, domains, mask, class_mask, correct, total) ->
+  """Jitted `(state, images, labels, domains, mask, class_mask, correct, total[, cache]) ->
   (correct, total)`: adds one padded batch's per-(domain, class) counts to the (D, C)
-  accumulators; `domains` (B,) are row indices 0..D-1. With `preprocess_fn(images, mask)`, the
+  accumulators; `domains` (B,) are row indices 0..D-1. With `cache` (the test set's uint8 levels
+  on the device), `images` are row ids into it. With `preprocess_fn(images, mask)`, the
   images are uint8 and become the model's input inside the same program (data.preprocess).
   With `predict_chunk`, the logits are computed that many images per shard at a time
   (`predict_in_pieces`, eval.predict_chunk)."""
 
-  def count(state, images, labels, domains, mask, class_mask, correct, total):
+  def count(state, images, labels, domains, mask, class_mask, correct, total, cache=None):
     TRACE_COUNTS["count"] += 1
+    if cache is not None:  # `images` are the batch's row ids in the cached test set
+      images = cache[images]
     if preprocess_fn is not None:
       images = preprocess_fn(images, mask)
     logits = predict_in_pieces(predict_fn, state, images, predict_chunk, n_shards)  # (B, C)
@@ -153,14 +166,63 @@ def make_count_fn(predict_fn: Callable[..., jax.Array], num_classes: int,
   return jax.jit(count)
 
 
-def check_predict_chunk(chunk: int, batch_size: int, n_devices: int) -> None:
-  """eval.predict_chunk: 0 (one pass) or a divisor of each device's rows of a test batch."""
+# eval.predict_chunk=-1 (the default): picked by the backend (`resolve_predict_chunk`).
+AUTO_PREDICT_CHUNK = -1
+# On a CPU: passes of 64 images keep a ViT's activations closer to the caches
+# (docs/performance-internals.md).
+CPU_PREDICT_CHUNK = 64
+
+
+def resolve_predict_chunk(chunk: int, batch_size: int, n_devices: int,
+                          backend: str | None = None) -> int:
+  """eval.predict_chunk as it runs: `chunk` itself, or for -1 (auto) CPU_PREDICT_CHUNK on a CPU
+  backend when it divides each device's rows of a test batch, else 0 (one pass: GPUs and TPUs,
+  whose large passes are faster)."""
+  if chunk != AUTO_PREDICT_CHUNK:
+    return chunk
   per_device = batch_size // n_devices
-  if chunk < 0 or (chunk and per_device % chunk):
+  on_cpu = (backend or jax.default_backend()) == "cpu"
+  return CPU_PREDICT_CHUNK if on_cpu and per_device % CPU_PREDICT_CHUNK == 0 else 0
+
+
+def check_predict_chunk(chunk: int, batch_size: int, n_devices: int) -> None:
+  """eval.predict_chunk: 0 (one pass), -1 (by backend) or a divisor of each device's rows of a
+  test batch."""
+  per_device = batch_size // n_devices
+  if chunk < AUTO_PREDICT_CHUNK or (chunk > 0 and per_device % chunk):
     raise ValueError(
-        f"eval.predict_chunk={chunk} must be 0 (whole batches) or divide the {per_device} rows"
-        f" of a test batch per device (eval.batch_size={batch_size} over {n_devices} devices);"
-        " pick a divisor")
+        f"eval.predict_chunk={chunk} must be 0 (whole batches), -1 (picked by the backend) or"
+        f" divide the {per_device} rows of a test batch per device (eval.batch_size={batch_size}"
+        f" over {n_devices} devices); pick a divisor")
+
+
+def cache_placement(source: Source, image_size: int, mesh: Mesh) -> str:
+  """Where the test set's uint8 levels at `image_size` are kept: 'device' when they fit
+  CACHE_DEVICE_FRACTION of one device's memory in a single-process run, else 'host' when they
+  fit CACHE_HOST_FRACTION of the host's, else 'none'."""
+  if not len(source):
+    return "none"
+  channels = np.asarray(source.get(np.arange(1))[0]).shape[-1]
+  n_bytes = len(source) * image_size * image_size * channels
+  device_bytes = compute_lib.device_memory_bytes()
+  if (jax.process_count() == 1 and device_bytes
+      and n_bytes <= CACHE_DEVICE_FRACTION * device_bytes):
+    return "device"
+  host_bytes = compute_lib.host_memory_bytes()
+  if host_bytes and n_bytes <= CACHE_HOST_FRACTION * host_bytes:
+    return "host"
+  return "none"
+
+
+def decode_levels(source: Source, image_size: int, chunk: int = 1024) -> np.ndarray:
+  """Every test image of `source` decoded and resized once: (N, S, S, 1|3) uint8 levels, read
+  `chunk` images at a time (the decoded originals never all in memory at once)."""
+  first = to_model_levels(np.asarray(source.get(np.arange(1))[0]), image_size)
+  out = np.empty((len(source), *first.shape[1:]), np.uint8)
+  for start in range(0, len(source), chunk):
+    ids = np.arange(start, min(start + chunk, len(source)))
+    out[ids] = to_model_levels(np.asarray(source.get(ids)[0]), image_size)
+  return out
 
 
 class Evaluator:
@@ -174,6 +236,7 @@ class Evaluator:
       raise ValueError(f"eval.batch_size={batch_size} must be >= 1")
     self.mesh = mesh or sharding.make_mesh()  # batches split over devices (olora_jax/sharding.py)
     check_predict_chunk(predict_chunk, batch_size, self.mesh.devices.size)
+    predict_chunk = resolve_predict_chunk(predict_chunk, batch_size, self.mesh.devices.size)
     if len(source) and int(source.labels.max()) >= num_classes:
       raise ValueError(
           f"test label {int(source.labels.max())} >= num_classes={num_classes}; the head must"
@@ -193,35 +256,33 @@ class Evaluator:
     if preprocess not in PREPROCESS_MODES:
       raise ValueError(f"unknown data.preprocess={preprocess!r}; use one of {PREPROCESS_MODES}")
     self.preprocess = preprocess
-    preprocess_fn = None
-    if preprocess == "device":  # uint8 batches at the stored size, preprocessed in `count`
+    # This process's rows of each test batch (all of them in a single-process run).
+    self.rows = sharding.local_rows(batch_size, self.mesh)
+    self.input_scale = input_scale
+    self.cached = cache_placement(source, image_size, self.mesh)
+    self._levels = None  # the cached test set: (N, S, S, 1|3) uint8, on the devices or the host
+    if self.cached != "none":
+      self._levels = decode_levels(source, image_size)
+      if self.cached == "device":
+        self._levels = sharding.replicate(self._levels, self.mesh)
+    elif preprocess == "device":
       self._stored_shape = device_image_shape(source, "none")
+    preprocess_fn = None
+    if self.cached != "none" or preprocess == "device":  # uint8 batches, scaled in `count`
       preprocess_fn = functools.partial(device_preprocess.preprocess_images,
                                         image_size=image_size, input_scale=input_scale)
     self._count = make_count_fn(predict_fn, num_classes, len(self.domain_ids), preprocess_fn,
                                 predict_chunk, self.mesh.devices.size)
-    # This process's rows of each test batch (all of them in a single-process run).
-    self.rows = sharding.local_rows(batch_size, self.mesh)
-    self.input_scale = input_scale
-    if preprocess == "device":
-      n_bytes = len(source) * int(np.prod(self._stored_shape))  # uint8: no resize on the host
-    else:
-      n_bytes = len(source) * image_size * image_size * 3 * 4
-    self._inputs = None  # all test images preprocessed (device mode: uint8), when they fit
-    if n_bytes <= CACHE_BYTES:
-      images = source.get(np.arange(len(source)))[0] if len(source) else None
-      if images is not None and preprocess == "device":
-        self._inputs = np.asarray(images)
-      elif images is not None:
-        self._inputs = to_model_input(images, image_size, input_scale)
 
   def _batch(self, ids: np.ndarray) -> dict:
     """This process's rows of the padded test batch of `ids`."""
     ids = ids[self.rows]
     n_rows = self.rows.stop - self.rows.start
     labels = self.source.labels[ids]
-    if self._inputs is not None:  # preprocessed (device mode: uint8 at the stored size)
-      images = self._inputs[ids]
+    if self.cached == "device":  # row ids: the images are gathered on the device, in `count`
+      images = ids.astype(np.int32)
+    elif self.cached == "host":  # uint8 at the model's resolution
+      images = self._levels[ids]
     elif self.preprocess == "device":
       images = self.source.get(ids)[0]
     else:
@@ -255,7 +316,8 @@ class Evaluator:
     for start in range(0, len(ids), self.batch_size):
       batch = sharding.shard_batch(self._batch(ids[start:start + self.batch_size]), self.mesh)
       correct, total = self._count(state, batch["images"], batch["labels"], batch["domains"],
-                                   batch["mask"], class_mask, correct, total)
+                                   batch["mask"], class_mask, correct, total,
+                                   self._levels if self.cached == "device" else None)
     # One transfer per evaluation (the counts are replicated: no communication either).
     correct, total = sharding.to_host((correct, total))
     correct, total = correct.astype(np.int64), total.astype(np.int64)

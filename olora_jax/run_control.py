@@ -116,11 +116,13 @@ class Saver:
     p.wall_seconds = self.wall_seconds()
     p.compute = self.ledger.checkpoint_record()
     _SAVING[0] = True
+    start = time.perf_counter()
     try:
       self.checkpointer.save(state, p, {**self.meta, "run_log": run_log})
       self.trace.save()
     finally:
       _SAVING[0] = False
+    self.ledger.timed_checkpoint(time.perf_counter() - start)
 
   def after_step(self, state, p, step: int, stop: StopSignal) -> None:
     """At the cadence, a checkpoint; on a signal (to any process), a checkpoint, then

@@ -123,6 +123,10 @@ class Setup:
     sharding.check_divisible(c.learner.batch_size, self.mesh, "learner.batch_size")
     sharding.check_divisible(c.eval.batch_size, self.mesh, "eval.batch_size")
     evaluate.check_predict_chunk(c.eval.predict_chunk, c.eval.batch_size, self.mesh.devices.size)
+    # -1: by the backend; config.json records the value that ran.
+    c.eval.predict_chunk = evaluate.resolve_predict_chunk(c.eval.predict_chunk,
+                                                          c.eval.batch_size,
+                                                          self.mesh.devices.size)
     # Each process prepares only its rows of every batch (all of them with one process).
     self.pipeline = InputPipeline(self.train_source, self.stream, c.learner.batch_size,
                                   self.spec.image_size, c.data.augment, c.seed, c.data.prefetch,
@@ -298,7 +302,7 @@ def _train_and_evaluate(setup: Setup, params: dict, method_key: jax.Array, workd
   bar = _progress_bar(len(stream.steps), p.cursor, progress)
   # The files are closed however the loop ends (finished, preempted, non-finite loss).
   with StopSignal() as stop, contextlib.closing(saver), bar:
-    for step, batch in _batches(setup, p.cursor):  # the stream, seen once; no task ids
+    for step, batch in _batches(setup, p.cursor, ledger):  # the stream, seen once; no task ids
       with compute_lib.Stopwatch() as step_time:  # 1. the method's train step    [jitted]
         state, scalars, extras = train_step(state, batch)
         scalars = sharding.to_host(scalars)  # replicated: no communication
@@ -377,13 +381,21 @@ def _start(setup: Setup, params: dict, method_key: jax.Array, workdir: str,
   return state, p, saver, protocol, switch
 
 
-def _batches(setup: Setup, cursor: int):
+def _batches(setup: Setup, cursor: int, ledger: compute_lib.Ledger):
   """(step, batch) from stream step `cursor` on. Host threads prepare the next batches while
   the device runs (data/pipeline.py), each placed on the devices by the thread that prepared
   it; a batch is a pure function of its step, so a resumed run sees the same batches.
-  data.preprocess='device': uint8 becomes the float batch every method takes, on the device."""
+  data.preprocess='device': uint8 becomes the float batch every method takes, on the device.
+  The time the loop waits for a batch goes to the ledger (`host_wait_seconds`)."""
   place = functools.partial(sharding.shard_batch, mesh=setup.mesh)
-  for step, placed in enumerate(setup.pipeline.iterate(cursor, place), start=cursor):
+  batches = enumerate(setup.pipeline.iterate(cursor, place), start=cursor)
+  while True:
+    with compute_lib.Stopwatch() as wait:
+      item = next(batches, None)
+    if item is None:  # the stream's end (the pipeline's threads are done)
+      return
+    ledger.timed_host_wait(wait.seconds)
+    step, placed = item
     yield step, setup.pipeline.on_device(placed)
 
 

@@ -1,6 +1,6 @@
 """Times the dense matrix products of one Online-LoRA train step on their own: the floor the step
 cannot go under in float32 on this machine, whatever is done about attention, layout and
-element-wise work (docs/performance.md, "What bounds the step").
+element-wise work (docs/performance-internals.md, "Where a step spends its time").
 
     .venv/bin/python scripts/dense_floor.py --model vit_s16 --images 40
 

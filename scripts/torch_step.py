@@ -1,5 +1,6 @@
 """Times the work of one Online-LoRA train step in PyTorch, to compare this implementation with an
-eager PyTorch one on the same machine (docs/performance.md, "Against PyTorch").
+eager PyTorch one on the same machine (docs/performance-internals.md, "Where a step spends its
+time").
 
     pip install torch==2.13.0        # in a separate virtual environment: not a dependency
     python scripts/torch_step.py --images 40 --steps 3
@@ -20,6 +21,7 @@ number it prints is what eager PyTorch does with the same work, on the same core
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import time
 
@@ -101,6 +103,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
   p.add_argument("--steps", type=int, default=3, help="timed steps")
   p.add_argument("--warmup", type=int, default=2, help="untimed steps first")
   p.add_argument("--fused", action="store_true", help="scaled_dot_product_attention")
+  p.add_argument("--device", default="cpu", help="torch device: cpu, cuda, cuda:1, ...")
+  p.add_argument("--json", action="store_true",
+                 help="print one JSON line (launch/bench.py --suite accelerator reads it)")
   # ViT-S/16 at 224 px by default.
   p.add_argument("--image_size", type=int, default=224)
   p.add_argument("--patch", type=int, default=16)
@@ -118,11 +123,15 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 def train_steps(model: ViT, args: argparse.Namespace) -> list[float]:
   """Runs `--warmup` + `--steps` steps on random images; returns each step's seconds."""
+  device = torch.device(getattr(args, "device", "cpu"))
+  model.to(device)
   optimizer = torch.optim.Adam(trained_parameters(model), lr=1e-3)
+  sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
   seconds = []
   for _ in range(args.warmup + args.steps):
-    images = torch.randn(args.images, 3, args.image_size, args.image_size)
-    labels = torch.randint(0, args.classes, (args.images,))
+    images = torch.randn(args.images, 3, args.image_size, args.image_size, device=device)
+    labels = torch.randint(0, args.classes, (args.images,), device=device)
+    sync()
     start = time.perf_counter()
     logits = model(images)
     loss = F.cross_entropy(logits[:args.batch], labels[:args.batch])
@@ -131,6 +140,7 @@ def train_steps(model: ViT, args: argparse.Namespace) -> list[float]:
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     optimizer.step()
+    sync()  # the step's kernels done, as launch/bench.py waits for its step
     seconds.append(time.perf_counter() - start)
   return seconds
 
@@ -139,6 +149,11 @@ def main(argv: list[str] | None = None) -> None:
   args = parse(argv)
   torch.manual_seed(0)
   timed = train_steps(ViT(args), args)[args.warmup:]
+  if args.json:
+    print(json.dumps({"device": args.device, "torch": torch.__version__,
+                      "threads": torch.get_num_threads(), "fused": args.fused,
+                      "step_s_median": statistics.median(timed), "step_s_min": min(timed)}))
+    return
   print(f"torch {torch.__version__}, {torch.get_num_threads()} threads,"
         f" {'fused' if args.fused else 'written-out'} attention, {args.images} images:"
         f" step median {statistics.median(timed):.3f} s, min {min(timed):.3f} s")

@@ -4,6 +4,7 @@ asserted: it must run and report every column)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import platform
@@ -31,6 +32,8 @@ def test_the_ledger_leaves_out_each_process_first_step_and_sums_over_processes()
   first.timed_step(16, 0.5)
   first.timed_step(8, 0.5)
   first.timed_eval(2.0)
+  first.timed_host_wait(0.25)
+  first.timed_checkpoint(0.5)
   first.set_flops(1e9, 1e7)
   record = first.checkpoint_record()
   assert record["step_seconds"] == pytest.approx(6.0)
@@ -38,9 +41,13 @@ def test_the_ledger_leaves_out_each_process_first_step_and_sums_over_processes()
   second = compute.Ledger(json.loads(json.dumps(record)))  # as a checkpoint carries it
   second.timed_step(16, 4.0)  # the resumed process compiles again
   second.timed_step(16, 1.0)
+  second.timed_host_wait(0.5)
+  second.timed_checkpoint(1.0)
   out = second.results()
   assert out["step_seconds"] == pytest.approx(11.0)
   assert out["eval_seconds"] == pytest.approx(2.0)
+  assert out["host_wait_seconds"] == pytest.approx(0.75)
+  assert out["checkpoint_seconds"] == pytest.approx(1.5) and out["n_checkpoints"] == 2
   assert out["steady_samples_per_second"] == pytest.approx(40 / 2.0)
   assert out["passes_per_step"] == pytest.approx(100.0)
   assert out["passes_per_sample"] == pytest.approx(100.0 * 5 / 72)  # every step, every sample
@@ -53,6 +60,12 @@ def test_results_carry_the_ledger_and_run_py_fills_the_compilation_cache(
     tiny_reference, compilation_cache):
   ledger = json.loads((tiny_reference / "results.json").read_text())["compute"]
   assert ledger["step_seconds"] > 0 and ledger["eval_seconds"] > 0
+  # The loop waits on the host for at least its first batch; every checkpoint is timed.
+  assert ledger["host_wait_seconds"] > 0 and ledger["checkpoint_seconds"] > 0
+  assert ledger["n_checkpoints"] >= tiny_run.N_STEPS // tiny_run.OVERRIDES["checkpoint_every"]
+  assert (ledger["step_seconds"] + ledger["eval_seconds"] + ledger["host_wait_seconds"]
+          + ledger["checkpoint_seconds"]) < json.loads(
+              (tiny_reference / "results.json").read_text())["wall_seconds"]
   assert ledger["steady_samples_per_second"] > 0
   assert ledger["flops_per_step"] > ledger["forward_flops_per_image"] > 0
   assert ledger["passes_per_step"] > 1  # forward and backward over the batch at least
@@ -111,6 +124,66 @@ def test_bench_runs_the_tiny_model_and_reports_every_column(tmp_path, compilatio
   assert reference["passes_per_step"] > 2 * paper["passes_per_step"]  # K whole batches vs K
   if reference["memory"] == "host peak RSS":  # each case in its own process: its own peak
     assert paper["peak_memory_bytes"] < reference["peak_memory_bytes"]
+
+
+# What the accelerator suite must run without (a machine with JAX, flax, optax, orbax, PyTorch and
+# timm preinstalled has none of them): TFDS, TensorBoard, plotting, the demo's dataset packages.
+SUITE_NEEDS_NONE_OF = ("tensorflow_datasets", "tensorflow", "tensorboardX", "tensorboard",
+                       "matplotlib", "mlxtend", "sklearn")
+# Runs launch/bench.py with those packages missing: every finder of sys.meta_path is wrapped to
+# find none of them (find_spec says None, an import raises ModuleNotFoundError).
+_WITHOUT = """
+import runpy, sys
+class Without:
+  def __init__(self, finder): self.finder = finder
+  def find_spec(self, name, path=None, target=None):
+    if name.split('.')[0] in {blocked!r}: return None
+    find = getattr(self.finder, 'find_spec', None)
+    return find(name, path, target) if find else None
+  def __getattr__(self, attr): return getattr(self.finder, attr)
+sys.meta_path[:] = [Without(f) for f in sys.meta_path]
+sys.argv = ['launch/bench.py', *sys.argv[1:]]
+runpy.run_path('launch/bench.py', run_name='__main__')
+"""
+
+
+def test_accelerator_suite_runs_tiny_on_cpu_without_tfds_tensorboard_or_plotting(
+    tmp_path, compilation_cache):
+  """launch/bench.py --suite accelerator, shrunk to the tiny model and a 20-step stream of 10
+  classes, with the packages above missing: the report has every field (numbers not
+  asserted, but consistent)."""
+  out = tmp_path / "suite.json"
+  done = subprocess.run(
+      [sys.executable, "-c", _WITHOUT.format(blocked=SUITE_NEEDS_NONE_OF), "--suite=accelerator",
+       "--sizes=tiny", "--fidelities=paper", "--compute_dtypes=float32", "--steps=2",
+       "--warmup=1", "--peak_n=256", "--stream_size=tiny", "--stream_train=320",
+       "--stream_test=100", "--stream_classes=10", "--stream_tasks=5",
+       "--stream_batch_size=16", "--stream_eval_every=80", "--stream_checkpoint_every=10",
+       f"--compilation_cache={compilation_cache}", f"--out={out}"],
+      cwd=tiny_run.ROOT, env=tiny_run.env(compilation_cache), capture_output=True, text=True,
+      timeout=600)
+  assert done.returncode == 0, done.stderr[-3000:]
+  report = json.loads(out.read_text())
+  assert report["suite"] == "accelerator" and report["device_count"] >= 1
+  assert report["platform"] == jax.default_backend() and report["device_kind"]
+  assert set(report["matmul_peak_gflops"]) == {"float32", "bfloat16"}
+  assert all(v > 0 for v in report["matmul_peak_gflops"].values())
+  (row,) = report["steps"]
+  for name, _ in bench.COLUMNS:
+    if name not in {f"{kind}_pct" for kind in compute.OP_KINDS}:  # those need --profile
+      assert row[name] is not None, name
+  assert (row["size"], row["fidelity"], row["compute_dtype"]) == ("tiny", "paper", "float32")
+  stream = report["stream"]
+  assert (stream["n_steps"], stream["classes"], stream["tasks"]) == (20, 10, 5)
+  assert stream["n_anytime_evaluations"] == 320 // 80 and stream["n_task_end_evaluations"] == 5
+  for key in (*bench.STREAM_SPLIT, "setup_seconds", "loop_seconds"):
+    assert stream[key] >= 0, key
+  assert stream["step_seconds"] > 0 and stream["eval_seconds"] > 0
+  assert stream["total_seconds"] >= stream["loop_seconds"] > stream["step_seconds"]
+  assert stream["n_checkpoints"] >= 2 and stream["checkpoint_save_seconds"] > 0
+  assert stream["checkpoint_bytes"] > 0 and stream["peak_memory_bytes"] > 0
+  assert bool(report["torch_steps"]) == (importlib.util.find_spec("torch") is not None)
+  assert "| step |" in done.stdout and "measured matmul peak" in done.stdout
 
 
 def test_op_time_shares_split_a_traced_program_by_kind(tmp_path):
@@ -187,6 +260,10 @@ def test_hlo_ops_read_tuple_results_fusions_and_library_products():
     (["--steps=0"], "at least 1"),
     (["--out=/nonexistent/dir/b.json"], "its directory does not exist"),
     (["--peak_gflops=-1"], "--peak_gflops=-1.0 must be >= 0"),
+    (["--suite=gpu"], "--suite='gpu'"),
+    (["--compute_dtypes=float16"], "--compute_dtypes='float16'"),
+    (["--suite=accelerator", "--stream_size=vit_x"], "--stream_size='vit_x'"),
+    (["--suite=accelerator", "--stream_classes=100", "--stream_test=50"], "each of its"),
 ])
 def test_bench_refuses_bad_arguments_before_any_compute(argv, message):
   with pytest.raises(SystemExit, match=message):

@@ -98,8 +98,8 @@ def test_evaluator_keeps_uint8_and_counts_as_the_host_path():
 
   host = evaluate.Evaluator(source, 16, 16, 3, predict)
   device = evaluate.Evaluator(source, 16, 16, 3, predict, preprocess="device")
-  assert device._inputs.dtype == np.uint8 and device._inputs.shape == (60, 28, 28, 1)
-  assert host._inputs.dtype == np.float32 and host._inputs.shape == (60, 16, 16, 3)
+  for ev in (host, device):  # both keep the test set as uint8 levels at the model's input
+    assert np.asarray(ev._levels).dtype == np.uint8 and ev._levels.shape == (60, 16, 16, 1)
   ids = np.arange(50)  # 4 batches, the last one padded
   want, got = host.counts(w, ids, np.arange(3)), device.counts(w, ids, np.arange(3))
   np.testing.assert_array_equal(got.correct, want.correct)

@@ -116,15 +116,58 @@ def test_never_changes_state_and_compiles_once(setup):
   jax.tree.map(np.testing.assert_array_equal, before, after)
 
 
-def test_uncached_path_gives_the_same_counts(setup, monkeypatch):
-  source, learner, state, frozen, _ = setup
-  cached = evaluate.Evaluator(source, 16, 8, C, _predict(learner)).all_counts(
-      (state, frozen), [0])
-  monkeypatch.setattr(evaluate, "CACHE_BYTES", 0)  # preprocess batch by batch instead
-  ev = evaluate.Evaluator(source, 16, 8, C, _predict(learner))
-  assert ev._inputs is None
-  counts = ev.all_counts((state, frozen), [0])
-  np.testing.assert_array_equal(counts.correct, cached.correct)
+class _CountingSource:
+  """A test source that counts the images it is asked to decode."""
+
+  def __init__(self, source):
+    self.source, self.labels, self.num_classes, self.decoded = (
+        source, source.labels, source.num_classes, 0)
+
+  def __len__(self):
+    return len(self.source)
+
+  def get(self, ids):
+    self.decoded += len(ids)
+    return self.source.get(ids)
+
+
+@pytest.mark.parametrize("preprocess", ["host", "device"])
+def test_the_cached_test_set_gives_the_uncached_counts_and_is_decoded_once(
+    setup, monkeypatch, preprocess):
+  """The test set decoded once at the model's resolution (uint8, on the device or the host)
+  counts as the evaluator that reads and resizes every batch at every evaluation ('none')."""
+  source, learner, state, frozen, logits = setup
+  seen = np.array([0, 2, 3])
+  counts = {}
+  for where in evaluate.CACHE_WHERE:
+    monkeypatch.setattr(evaluate, "cache_placement", lambda *args, where=where: where)
+    counting = _CountingSource(source)
+    ev = evaluate.Evaluator(counting, 16, 8, C, _predict(learner), preprocess=preprocess)
+    assert ev.cached == where
+    if where != "none":
+      assert ev._levels.dtype == np.uint8 and ev._levels.shape == (37, 16, 16, 1)
+      assert isinstance(ev._levels, jax.Array) == (where == "device")
+    decoded = counting.decoded
+    counts[where] = [ev.all_counts((state, frozen), seen), ev.seen_counts((state, frozen), seen)]
+    # An evaluation from the cache decodes nothing; without it, every test image again.
+    assert counting.decoded - decoded == (0 if where != "none" else 37 + np.isin(
+        source.labels, seen).sum())
+  for where in ("device", "host"):
+    for got, want in zip(counts[where], counts["none"], strict=True):
+      np.testing.assert_array_equal(got.correct, want.correct)
+      np.testing.assert_array_equal(got.total, want.total)
+  want, _ = numpy_counts(logits, source.labels, np.arange(37), np.ones(C, bool))
+  np.testing.assert_array_equal(counts["device"][0].correct, want)
+
+
+def test_the_cache_goes_where_it_fits(setup, monkeypatch):
+  source = setup[0]  # 37 images of 16 x 16 x 1 at the model's input: 9,472 bytes
+  mesh = evaluate.sharding.make_mesh()
+  for device_bytes, host_bytes, where in ((10**9, 10**9, "device"), (10**4, 10**9, "host"),
+                                          (10**4, 10**4, "none")):
+    monkeypatch.setattr(evaluate.compute_lib, "device_memory_bytes", lambda b=device_bytes: b)
+    monkeypatch.setattr(evaluate.compute_lib, "host_memory_bytes", lambda b=host_bytes: b)
+    assert evaluate.cache_placement(source, 16, mesh) == where
 
 
 @pytest.mark.parametrize("n_shards", [1, 2])
@@ -162,6 +205,17 @@ def test_bad_arguments(setup):
     evaluate.Evaluator(source, 16, 0, C, _predict(learner))
   with pytest.raises(ValueError, match="num_classes"):
     evaluate.Evaluator(source, 16, 8, 3, _predict(learner))
-  for chunk in (3, -1):
+  for chunk in (3, -2):
     with pytest.raises(ValueError, match=f"eval.predict_chunk={chunk} must be 0 .* divide the 8"):
       evaluate.Evaluator(source, 16, 8, C, _predict(learner), predict_chunk=chunk)
+
+
+def test_predict_chunk_minus_one_is_picked_by_the_backend():
+  resolve = evaluate.resolve_predict_chunk
+  assert resolve(-1, 256, 1, "cpu") == 64  # pieces of 64 on a CPU
+  assert resolve(-1, 256, 2, "cpu") == 64 and resolve(-1, 96, 1, "cpu") == 0  # 64 must divide
+  assert resolve(-1, 256, 1, "gpu") == resolve(-1, 256, 1, "tpu") == 0  # one pass
+  assert resolve(0, 256, 1, "cpu") == 0 and resolve(32, 256, 1, "gpu") == 32  # as given
+  evaluate.check_predict_chunk(-1, 96, 1)
+  with pytest.raises(ValueError, match=r"eval.predict_chunk=-2 must be 0 .*-1 \(picked by"):
+    evaluate.check_predict_chunk(-2, 96, 1)

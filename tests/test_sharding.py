@@ -1,4 +1,5 @@
-"""Data parallelism: a step on a batch split over 2 devices equals the single-device step."""
+"""Data parallelism: a step on a batch split over 2 devices equals the single-device step; the
+evaluator's cached test set counts the same on 2 devices as on one."""
 
 import os
 import subprocess
@@ -49,6 +50,26 @@ SCRIPT = textwrap.dedent("""
   l2, t2 = run(True)
   np.testing.assert_allclose(l1, l2, rtol=1e-5)
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6), t1, t2)
+
+  # The evaluator's test set cached on the devices (replicated; each device gathers its rows of
+  # every batch) counts as the host cache and as one device.
+  from jax.sharding import Mesh
+  from olora_jax import evaluate
+  from olora_jax.data.sources import Source
+  test = Source("toy", "test", rng.integers(0, 256, (21, 8, 8, 3)).astype(np.uint8),
+                rng.integers(0, 4, 21), 4)
+  predict = lambda p, x: model.apply({"params": p}, x)
+  one = Mesh(np.array(jax.devices()[:1]).reshape(1, 1), sharding.AXES)
+  counts = {}
+  for name, where, m in (("two", "device", mesh), ("two_host", "host", mesh),
+                         ("one", "device", one)):
+    evaluate.cache_placement = lambda *args, where=where: where
+    ev = evaluate.Evaluator(test, 16, 8, 4, predict, mesh=m)
+    assert ev.cached == where
+    counts[name] = ev.all_counts(sharding.replicate(params, m), np.arange(4))
+  for name in ("two_host", "one"):
+    np.testing.assert_array_equal(counts[name].correct, counts["two"].correct)
+    np.testing.assert_array_equal(counts[name].total, counts["two"].total)
   print("OK", l1)
 """)
 

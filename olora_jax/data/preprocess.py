@@ -38,19 +38,26 @@ def to_model_input(images: np.ndarray, image_size: int, input_scale: str = "unit
   """(N, H, W, C) uint8 with C in {1, 3} -> (N, image_size, image_size, 3) float32 in [0, 1]
   (`input_scale='unit'`) or [-1, 1] ('signed')."""
   table = level_table(input_scale)
+  if not len(images):  # e.g. a process's rows of a short batch (olora_jax/sharding.py)
+    return np.zeros((0, image_size, image_size, 3), np.float32)
+  images = to_model_levels(images, image_size)
+  if images.shape[-1] == 1:
+    images = np.repeat(images, 3, axis=-1)
+  return table[images]
+
+
+def to_model_levels(images: np.ndarray, image_size: int) -> np.ndarray:
+  """(N, H, W, C) uint8 with C in {1, 3} -> (N, image_size, image_size, C) uint8: the resize of
+  `to_model_input` (PIL, bilinear), channels and levels kept (the evaluator's test-set cache)."""
   if images.dtype != np.uint8 or images.ndim != 4 or images.shape[-1] not in (1, 3):
     raise ValueError(
         f"images must be uint8 (N, H, W, 1|3), got {images.dtype} {images.shape};"
         " convert the dataset to 8-bit grey or RGB")
-  if not len(images):  # e.g. a process's rows of a short batch (olora_jax/sharding.py)
-    return np.zeros((0, image_size, image_size, 3), np.float32)
-  if images.shape[1:3] != (image_size, image_size):
-    resized = [np.asarray(Image.fromarray(im.squeeze(-1) if im.shape[-1] == 1 else im)
-                          .resize((image_size, image_size), Image.BILINEAR)) for im in images]
-    images = np.stack(resized).reshape(len(images), image_size, image_size, -1)
-  if images.shape[-1] == 1:
-    images = np.repeat(images, 3, axis=-1)
-  return table[images]
+  if images.shape[1:3] == (image_size, image_size) or not len(images):
+    return images
+  resized = [np.asarray(Image.fromarray(im.squeeze(-1) if im.shape[-1] == 1 else im)
+                        .resize((image_size, image_size), Image.BILINEAR)) for im in images]
+  return np.stack(resized).reshape(len(images), image_size, image_size, -1)
 
 
 AUGMENTATIONS = ("none", "crop_flip")
