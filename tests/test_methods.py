@@ -247,7 +247,7 @@ def test_der_pp_stores_insertion_logits_and_distils_towards_them():
   assert bool(jnp.all(buf.valid))
   order = np.asarray(buf.labels)  # slot i holds batch item i while the buffer fills
   np.testing.assert_array_equal(order, b1["labels"])
-  np.testing.assert_allclose(buf.logits, logits_at_insertion, rtol=1e-6)
+  assert_close(buf.logits, logits_at_insertion, rtol=1e-5)  # same logits, another program
   # The model has moved: the stored logits are not today's logits.
   now = method.predict(state, replay.decode(buf.images, "unit"))
   assert float(jnp.max(jnp.abs(now - buf.logits))) > 1e-3
