@@ -194,6 +194,14 @@ def _int_list(value, what: str, path: str) -> np.ndarray:
   return np.asarray(value, np.int64).reshape(-1)
 
 
+
+def _step_ids(manifest: dict, path: str) -> list[np.ndarray]:
+  """The manifest's `steps` as lists of ints; a malformed list is refused in one line."""
+  steps = manifest["steps"]
+  if not isinstance(steps, list) or not steps:
+    raise ManifestError(f"{path}: steps must be a non-empty list of lists of example ids")
+  return [_int_list(ids, f"steps[{i}]", path) for i, ids in enumerate(steps)]
+
 def _digest_lists(manifest: dict, step_ids: list[np.ndarray], path: str) -> list[list[str]]:
   """`step_digests`, checked to hold one string per id of `steps`."""
   recorded = manifest["step_digests"]
@@ -236,10 +244,7 @@ def replay_stream(manifest: dict, train_source, test_source, batch_size: int,
   if "num_classes" in manifest and manifest["num_classes"] != num_classes:
     raise ManifestError(f"{path}: num_classes={manifest['num_classes']} but the data has"
                         f" {num_classes} classes; it was recorded on other data")
-  steps = manifest["steps"]
-  if not isinstance(steps, list) or not steps:
-    raise ManifestError(f"{path}: steps must be a non-empty list of lists of example ids")
-  step_ids = [_int_list(ids, f"steps[{i}]", path) for i, ids in enumerate(steps)]
+  step_ids = _step_ids(manifest, path)
   for i, ids in enumerate(step_ids):
     if not 1 <= len(ids) <= batch_size:
       raise ManifestError(f"{path}: step {i} has {len(ids)} examples but learner.batch_size is"
@@ -458,10 +463,7 @@ def translate_manifest(manifest: dict, train_source, test_source,
   if manifest.get("digest") != kind:
     raise ManifestError(f"{path}: its digests are {manifest.get('digest')!r} but {here!r}"
                         f" computes {kind!r}; it was recorded on another dataset")
-  steps = manifest["steps"]
-  if not isinstance(steps, list) or not steps:
-    raise ManifestError(f"{path}: steps must be a non-empty list of lists of example ids")
-  step_ids = [_int_list(ids, f"steps[{i}]", path) for i, ids in enumerate(steps)]
+  step_ids = _step_ids(manifest, path)
   step_digests = _digest_lists(manifest, step_ids, path)
   step_labels = manifest.get("step_labels")
   if not (isinstance(step_labels, list) and len(step_labels) == len(step_ids) and all(
