@@ -9,11 +9,12 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import pytest
+import tiny_methods
 from numerics import assert_close
 
 from configs import tiny
 from olora_jax import validation
-from olora_jax.methods import base, inflora, sd_lora
+from olora_jax.methods import inflora, sd_lora
 from olora_jax.models import lora as lora_lib
 from olora_jax.models.vit import LORA_TARGETS, VisionTransformer, ViTSpec
 
@@ -24,15 +25,8 @@ MODEL = VisionTransformer(SPEC, C)
 
 
 def build(module, **block):
-  config = tiny.get_config()
-  name = module.METHODS[0].name
-  config.method = name
-  for key, value in block.items():
-    config[name][key] = value
-  method = module.build(base.Context(config=config, model=MODEL, spec=SPEC, num_classes=C,
-                                     batch_size=8, image_shape=SHAPE))
-  params = jax.jit(MODEL.init)(jax.random.key(0), jnp.zeros((1, *SHAPE)))["params"]
-  return method, jax.jit(method.init)(jax.random.key(1), params)
+  method, state, _ = tiny_methods.build(module, SPEC, C, **block)
+  return method, state
 
 
 def batch(seed, n=8):

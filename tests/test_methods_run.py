@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import pathlib
 import shutil
 
 import pytest
@@ -93,19 +94,12 @@ def _outputs(workdir) -> tuple[dict, bytes, dict]:
   return results, (workdir / "metrics.jsonl").read_bytes(), checksums
 
 
-@pytest.fixture(scope="module", params=BASELINES)
-def runs(request, tmp_path_factory):
-  """(method, traces of the uninterrupted run, its outputs, outputs of the killed + resumed,
-  the uninterrupted run's workdir)."""
-  name = request.param
-  root = tmp_path_factory.mktemp(name)
-  common.TRACE_COUNTS.clear()
-  config = _config(name)
-  trainer.train_and_evaluate(config, str(root / "full"), progress=False)
-  traces = dict(common.TRACE_COUNTS)
-  full = _outputs(root / "full")
-  killed = root / "killed"  # what SIGKILL right after checkpoint KILLED_AFTER leaves
-  shutil.copytree(root / "full", killed, ignore=shutil.ignore_patterns("plots", "results.json"))
+def resume_after_simulated_kill(config, full: pathlib.Path, killed: pathlib.Path):
+  """What SIGKILL right after checkpoint KILLED_AFTER leaves: the finished run `full` copied to
+  `killed` without its results, export, plots and later checkpoints. Runs `config` there (a
+  resume, which must say it resumed at that step) and returns its `_outputs`."""
+  shutil.copytree(full, killed, ignore=shutil.ignore_patterns(
+      "plots", "results.json", trainer.EXPORT_FILENAME))
   later = [d for d in (killed / "checkpoints").iterdir()
            if d.name.isdigit() and int(d.name) > KILLED_AFTER]
   assert later and (killed / "checkpoints" / str(KILLED_AFTER)).is_dir()
@@ -118,7 +112,22 @@ def runs(request, tmp_path_factory):
   finally:
     logging.getLogger().removeHandler(messages)
   assert any(f"at stream step {KILLED_AFTER} of" in m for m in messages.lines), messages.lines
-  return name, traces, full, _outputs(killed), root / "full"
+  return _outputs(killed)
+
+
+@pytest.fixture(scope="module", params=BASELINES)
+def runs(request, tmp_path_factory):
+  """(method, traces of the uninterrupted run, its outputs, outputs of the killed + resumed,
+  the uninterrupted run's workdir)."""
+  name = request.param
+  root = tmp_path_factory.mktemp(name)
+  common.TRACE_COUNTS.clear()
+  config = _config(name)
+  trainer.train_and_evaluate(config, str(root / "full"), progress=False)
+  traces = dict(common.TRACE_COUNTS)
+  full = _outputs(root / "full")
+  resumed = resume_after_simulated_kill(config, root / "full", root / "killed")
+  return name, traces, full, resumed, root / "full"
 
 
 def test_runs_end_to_end_and_traces_each_function_once(runs):

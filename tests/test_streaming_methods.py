@@ -7,12 +7,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import tiny_methods
 from numerics import assert_close
 
 from configs import tiny
 from olora_jax import validation
-from olora_jax.methods import base, common, ranpac, simplecil, slda
-from olora_jax.models.vit import VisionTransformer, ViTSpec
+from olora_jax.methods import common, ranpac, simplecil, slda
+from olora_jax.models.vit import ViTSpec
 
 SPEC = ViTSpec(width=16, depth=1, num_heads=2, mlp_dim=32, patch_size=4, image_size=16)
 C = 5
@@ -20,18 +21,8 @@ SHAPE = (16, 16, 3)
 
 
 def build(module, **block):
-  """(method, its initial state) on a random tiny ViT."""
-  config = tiny.get_config()
-  name = module.METHODS[0].name
-  config.method = name
-  for key, value in block.items():
-    config[name][key] = value
-  model = VisionTransformer(SPEC, C)
-  ctx = base.Context(config=config, model=model, spec=SPEC, num_classes=C, batch_size=8,
-                     image_shape=SHAPE)
-  method = module.build(ctx)
-  params = jax.jit(model.init)(jax.random.key(0), jnp.zeros((1, *SHAPE)))["params"]
-  return method, jax.jit(method.init)(jax.random.key(1), params), model
+  """(method, its initial state, model) on a random tiny ViT."""
+  return tiny_methods.build(module, SPEC, C, **block)
 
 
 def stream(n_batches=4, n=8, classes=(0, 1, 2, 3)):

@@ -5,11 +5,8 @@ in test_methods_run.py). The ViT-only methods are refused on a Swin before anyth
 
 from __future__ import annotations
 
-import logging
-import shutil
-
 import pytest
-from test_methods_run import KILLED_AFTER, _Messages, _outputs
+from test_methods_run import KILLED_AFTER, _outputs, resume_after_simulated_kill
 from test_methods_run import _config as methods_run_config
 
 from olora_jax import models, pretrained, trainer
@@ -70,20 +67,7 @@ def test_online_lora_both_fidelities_and_resume_after_a_kill(fidelity, tmp_path)
   lora, frozen = pretrained.load_online_lora(exported, spec, config.learner.rank)
   assert set(lora) == set(spec.lora_layers()) == set(frozen)
 
-  killed = tmp_path / "killed"  # what SIGKILL right after checkpoint KILLED_AFTER leaves
-  shutil.copytree(tmp_path / "full", killed,
-                  ignore=shutil.ignore_patterns("results.json", trainer.EXPORT_FILENAME))
-  for d in (killed / "checkpoints").iterdir():
-    if d.name.isdigit() and int(d.name) > KILLED_AFTER:
-      shutil.rmtree(d)
-  messages = _Messages()
-  logging.getLogger().addHandler(messages)
-  try:
-    trainer.train_and_evaluate(config, str(killed), progress=False)
-  finally:
-    logging.getLogger().removeHandler(messages)
-  assert any(f"at stream step {KILLED_AFTER} of" in m for m in messages.lines), messages.lines
-  assert _outputs(killed) == full
+  assert resume_after_simulated_kill(config, tmp_path / "full", tmp_path / "killed") == full
 
 
 @pytest.mark.parametrize("method", sorted(models.VIT_ONLY_METHODS))
