@@ -50,9 +50,33 @@ to 224 px; the setting's batch size, evaluation and checkpoint cadence; ViT-B/16
 frozen backbone), its wall time split into set-up, train steps, evaluations, waiting on the host,
 checkpoints and the rest (and the compilation inside them), its peak memory, checkpoint size and
 save time; and, when PyTorch is importable, scripts/torch_step.py's step of the same ViT shapes
-on the same device (`reference`'s full-buffer step, float32). Every part shrinks with a flag
-(`--sizes`, `--fidelities`, `--compute_dtypes`, `--steps`, `--stream_size`, `--stream_train`,
-`--stream_test`, `--stream_classes`, `--stream_tasks`, ...; `--stream_train=0` skips the stream).
+on the same device (`reference`'s full-buffer step, float32).
+
+Before the stream it measures the host input path alone, with no device work (`host` in the
+JSON), so that a reader sees whether the host can feed the device. Each rate is given as
+`images_per_s`, `images_per_s_per_core` (divided by `cores_used`: the threads, at most the
+cores this process may use) and `steps_per_s`, the train steps per second it can feed (images/s
+over the stream's batch size), printed beside the stream's measured steady steps/s
+(`stream_steps_per_s`):
+
+  pipeline_host      the stream setting's input pipeline as trainer.Setup builds it with
+                     data.preprocess=host: `--host_images` synthetic 32x32 uint8 images resized
+                     on the host to the model's input (224 px with the default
+                     --stream_size), every batch pulled from the pipeline's threads, none placed
+                     on the device
+  pipeline_device    the same with data.preprocess=device: the host only gathers the uint8 images
+  jpeg_one_thread,   the folder source's first read of a dataset (folder_sources.resized_images:
+  jpeg_all_threads   PIL decode, resize to the model's input, written to its cache) of
+                     `--host_jpegs` JPEGs of ImageNet-R-like size (sides of 300-600 px, quality
+                     90, smooth colour with pixel texture; `jpeg_files`), on one thread and on
+                     data.num_workers threads; the files are fresh, so they are read from the
+                     page cache, not the disk
+
+Every part shrinks with a flag (`--sizes`, `--fidelities`, `--compute_dtypes`, `--steps`,
+`--host_images`, `--host_jpegs`, `--stream_size`, `--stream_train`, `--stream_test`,
+`--stream_classes`, `--stream_tasks`, ...; `--host_images=0`, `--host_jpegs=0` and
+`--stream_train=0` skip theirs), and `--parts` picks the parts run after the matmul peaks
+(`steps,host,stream,torch`, all by default; `--parts=host` measures the host alone in seconds).
 
 As launch/run.py, it first makes glibc keep freed memory for reuse (compute.keep_host_memory;
 $OLORA_KEEP_HOST_MEMORY=0 measures without it).
@@ -69,6 +93,7 @@ import glob
 import json
 import os
 import pathlib
+import shutil
 import statistics
 import subprocess
 import sys
@@ -282,6 +307,7 @@ def run_cases(args: argparse.Namespace, sizes: list[str], fidelities: list[str],
 # --suite accelerator: what a GPU/TPU (or this CPU) does with the paper's setting.
 
 SUITES = ("accelerator",)
+SUITE_PARTS = ("steps", "host", "stream", "torch")  # after the matmul peaks, in this order
 DTYPES = ("float32", "bfloat16")
 # The suite's defaults (each shrinks with its flag, e.g. for a CPU test).
 SUITE_SIZES = "vit_s16,vit_b16"
@@ -367,6 +393,110 @@ def run_stream(args: argparse.Namespace) -> dict:
   }
 
 
+# The host input path alone (no device work): can the host feed the device?
+HOST = {"images": 3200, "jpegs": 256}  # the defaults of --host_images and --host_jpegs
+JPEG_SIDES = (300, 600)  # ImageNet-R-like stored sizes (px), each side drawn in this range
+JPEG_QUALITY = 90
+
+
+def _cores() -> int:
+  """The CPU cores this process may run on."""
+  return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+
+
+def _rate(images: int, seconds: float, threads: int, batch_size: int) -> dict:
+  """A host rate: images/s, per core used (the threads, at most the cores there are), and the
+  train steps/s of `batch_size` images it can feed."""
+  cores = min(threads, _cores())
+  return {"images": images, "seconds": seconds, "threads": threads, "cores_used": cores,
+          "images_per_s": images / seconds, "images_per_s_per_core": images / seconds / cores,
+          "steps_per_s": images / seconds / batch_size}
+
+
+def _pipeline_rate(args: argparse.Namespace, preprocess: str) -> dict:
+  """The stream setting's input pipeline as trainer.Setup builds it with `data.preprocess`, on
+  `--host_images` synthetic CIFAR-sized images: every batch pulled from its threads (after one
+  batch of warm-up), nothing placed on the device."""
+  from olora_jax.data import synthetic
+
+  config = stream_config(args)
+  config.data.dataset = synthetic.name(args.host_images, args.stream_classes,
+                                       args.stream_classes)
+  config.data.preprocess = preprocess
+  pipeline = trainer.Setup(config).pipeline
+  pipeline.batch(0)
+  start = time.perf_counter()
+  images = sum(int(batch["mask"].sum()) for batch in pipeline.iterate(0))
+  return _rate(images, time.perf_counter() - start, pipeline.threads, pipeline.batch_size)
+
+
+def _write_jpegs(root: str, n: int, seed: int = 0) -> dict:
+  """`n` JPEGs (quality JPEG_QUALITY) of JPEG_SIDES-sized random smooth colour fields with
+  pixel-level texture, in one class folder of `root`: their mean size in pixels and bytes."""
+  import numpy as np
+  from PIL import Image
+
+  rng = np.random.default_rng(seed)
+  os.makedirs(os.path.join(root, "class0"))
+  sides, sizes = [], []
+  for i in range(n):
+    height, width = (int(x) for x in rng.integers(JPEG_SIDES[0], JPEG_SIDES[1] + 1, 2))
+    field = Image.fromarray(rng.integers(0, 256, (6, 6, 3), dtype=np.uint8))
+    smooth = np.asarray(field.resize((width, height), Image.BICUBIC), np.int16)
+    texture = rng.integers(-12, 13, (height, width, 1), dtype=np.int16)
+    path = os.path.join(root, "class0", f"{i:05d}.jpg")
+    Image.fromarray(np.clip(smooth + texture, 0, 255).astype(np.uint8)).save(
+        path, quality=JPEG_QUALITY)
+    sides.append((height, width))
+    sizes.append(os.path.getsize(path))
+  return {"mean_height": float(np.mean([h for h, _ in sides])),
+          "mean_width": float(np.mean([w for _, w in sides])),
+          "mean_kib": float(np.mean(sizes)) / 1024, "quality": JPEG_QUALITY}
+
+
+def _jpeg_rates(args: argparse.Namespace, image_size: int, batch_size: int,
+                workers: int) -> dict:
+  """The folder source's first read of a dataset (folder_sources.resized_images: PIL decode,
+  resize to `image_size`, written to its cache) of `--host_jpegs` JPEGs just written (in the
+  page cache: no disk read), on one thread and on `workers` (data.num_workers)."""
+  from olora_jax.data import folder_sources
+
+  out = {}
+  with tempfile.TemporaryDirectory() as tmp:
+    root = os.path.join(tmp, "jpegs")
+    out["files"] = _write_jpegs(root, args.host_jpegs)
+    pool = folder_sources.list_image_folder(root)
+    cache = folder_sources.cache_dirs(root)[0]  # in `tmp`: writable
+    for key, threads in (("jpeg_one_thread", 1), ("jpeg_all_threads", workers)):
+      start = time.perf_counter()
+      folder_sources.resized_images(pool, image_size, threads, "bench")
+      out[key] = _rate(len(pool.paths), time.perf_counter() - start, threads, batch_size)
+      shutil.rmtree(cache)  # the next read decodes again
+  return out
+
+
+def run_host(args: argparse.Namespace) -> dict:
+  """The host input path of the stream's setting, without the device: its pipeline with
+  data.preprocess 'host' (CIFAR-sized uint8 resized to the model's input here) and 'device' (the
+  host only gathers uint8), and JPEG decoding and resizing at ImageNet-R-like sizes."""
+  from olora_jax.data import synthetic
+
+  config = stream_config(args)
+  image_size, batch_size = config.model.image_size, config.learner.batch_size
+  report = {"cores": _cores(), "image_size": image_size, "batch_size": batch_size,
+            "stored_image_size": synthetic.IMAGE_SHAPE[0], "pipeline_host": None,
+            "pipeline_device": None, "jpeg_one_thread": None, "jpeg_all_threads": None,
+            "jpeg_files": None}
+  if args.host_images:
+    for preprocess in ("host", "device"):
+      report[f"pipeline_{preprocess}"] = _pipeline_rate(args, preprocess)
+  if args.host_jpegs:
+    rates = _jpeg_rates(args, image_size, batch_size, config.data.num_workers)
+    report["jpeg_files"] = rates.pop("files")
+    report.update(rates)
+  return report
+
+
 def torch_steps(rows: list[dict], batch_size: int | None, warmup: int, steps: int) -> list[dict]:
   """scripts/torch_step.py on the same device for each ViT size of `rows` (float32, the
   `reference` step with a full hard buffer); [] when PyTorch is not importable."""
@@ -400,11 +530,45 @@ def torch_steps(rows: list[dict], batch_size: int | None, warmup: int, steps: in
   return out
 
 
+HOST_ROWS = (("pipeline_host", "pipeline, data.preprocess=host: {stored} px uint8 -> {size} px"
+                                " float32"),
+             ("pipeline_device", "pipeline, data.preprocess=device: {stored} px uint8 gathered"),
+             ("jpeg_one_thread", "JPEG decode + resize to {size} px, one thread"),
+             ("jpeg_all_threads", "JPEG decode + resize to {size} px, data.num_workers threads"))
+
+
+def host_text(host: dict) -> list[str]:
+  """The host block of the suite's report: a table of its rates and the stream's step rate."""
+  lines = [f"host input path alone (no device work; {host['cores']} cores here, batch"
+           f" {host['batch_size']}):", "",
+           "| input path | threads (cores used) | images/s | images/s per core |"
+           " steps/s it can feed |", "|---|---|---|---|---|"]
+  for key, name in HOST_ROWS:
+    rate = host[key]
+    if rate is not None:
+      lines.append(f"| {name.format(stored=host['stored_image_size'], size=host['image_size'])}"
+                   f" | {rate['threads']} ({rate['cores_used']}) | {rate['images_per_s']:.0f} |"
+                   f" {rate['images_per_s_per_core']:.0f} | {rate['steps_per_s']:.1f} |")
+  files = host["jpeg_files"]
+  if files:
+    lines.append(f"(JPEGs: {host['jpeg_one_thread']['images']} files of about"
+                 f" {files['mean_height']:.0f}x{files['mean_width']:.0f} px,"
+                 f" {files['mean_kib']:.0f} KiB, quality {files['quality']}, read from the page"
+                 " cache, as the folder source's first read of a dataset)")
+  steps = host.get("stream_steps_per_s")
+  lines.append(f"the stream's train steps ran at {steps:.1f} steps/s (steady, device step time)"
+               if steps else "the stream did not run: no device step rate to compare with")
+  return lines
+
+
 def suite_text(report: dict) -> str:
   """The suite's report as Markdown: device, peaks, the step table, the stream, PyTorch."""
   peaks = ", ".join(f"{k} {v:.1f}" for k, v in report["matmul_peak_gflops"].items())
-  lines = [f"device: {report['device']}", f"measured matmul peak (GFLOP/s): {peaks}", "",
-           table(report["steps"])]
+  lines = [f"device: {report['device']}", f"measured matmul peak (GFLOP/s): {peaks}"]
+  if report["steps"]:
+    lines += ["", table(report["steps"])]
+  if report["host"]:
+    lines += ["", *host_text(report["host"])]
   stream = report["stream"]
   if stream:
     lines += ["", f"stream: {stream['size']} {stream['fidelity']} {stream['compute_dtype']},"
@@ -423,6 +587,9 @@ def suite_text(report: dict) -> str:
               f" {stream['peak_memory_bytes']:.3g} B ({stream['memory']}), checkpoint"
               f" {stream['checkpoint_bytes']:.3g} B saved in"
               f" {stream['checkpoint_save_seconds']:.2f} s ({stream['n_checkpoints']} saves)"]
+  if report["torch_steps"] is None:
+    lines.append("torch_step.py: not run (--parts)")
+    return "\n".join(lines)
   for row in report["torch_steps"]:
     lines.append(f"torch_step.py {row['size']}: " + (
         row["error"] if "error" in row else
@@ -434,21 +601,27 @@ def suite_text(report: dict) -> str:
 
 
 def accelerator_suite(args: argparse.Namespace, sizes: list[str], fidelities: list[str],
-                      dtypes: list[str]) -> dict:
-  """The suite: peaks, each step case in its own process, the stream, PyTorch's step."""
+                      dtypes: list[str], parts: list[str] = SUITE_PARTS) -> dict:
+  """The suite: peaks, then of `parts`: each step case in its own process, the host input path,
+  the stream, PyTorch's step."""
   devices = jax.devices()
   peaks = {dtype: matmul_peak_flops(args.peak_n or None, dtype=dtype) for dtype in DTYPES}
   print(f"{compute.device_description()}; matmul peak (GFLOP/s): "
         + ", ".join(f"{k} {v / 1e9:.1f}" for k, v in peaks.items()), flush=True)
-  rows = run_cases(args, sizes, fidelities, dtypes, peaks)
-  stream = run_stream(args) if args.stream_train else None
+  rows = run_cases(args, sizes, fidelities, dtypes, peaks) if "steps" in parts else []
+  host = run_host(args) if "host" in parts and (args.host_images or args.host_jpegs) else None
+  stream = run_stream(args) if "stream" in parts and args.stream_train else None
+  if host is not None:  # the rate the device took batches at, beside what the host can feed
+    host["stream_steps_per_s"] = (stream["steady_samples_per_second"] / stream["batch_size"]
+                                  if stream and stream["steady_samples_per_second"] else None)
   return {
       "suite": "accelerator",
       "device": compute.device_description(), "platform": devices[0].platform,
       "device_kind": devices[0].device_kind, "device_count": len(devices),
       "matmul_peak_gflops": {k: v / 1e9 for k, v in peaks.items()},
-      "steps": rows, "stream": stream,
-      "torch_steps": torch_steps(rows, args.batch_size, args.warmup, args.steps),
+      "steps": rows, "host": host, "stream": stream,
+      "torch_steps": (torch_steps(rows, args.batch_size, args.warmup, args.steps)
+                      if "torch" in parts else None),
   }
 
 
@@ -488,6 +661,15 @@ def main(argv: list[str] | None = None) -> list[dict] | dict:
                       help="the matmul peak to report against (default 0: measure it)")
   parser.add_argument("--peak_n", type=int, default=0,
                       help="the peak's square matrices' side (default: 2048 on CPU, else 8192)")
+  parser.add_argument("--parts", default=",".join(SUITE_PARTS),
+                      help="the suite's parts to run after the matmul peaks (default: all of"
+                      f" {','.join(SUITE_PARTS)})")
+  host = parser.add_argument_group("the suite's host input path (the stream's setting)")
+  host.add_argument("--host_images", type=int, default=HOST["images"],
+                    help="synthetic CIFAR-sized images through the input pipeline, per"
+                    " data.preprocess mode (0: skip)")
+  host.add_argument("--host_jpegs", type=int, default=HOST["jpegs"],
+                    help="ImageNet-R-sized JPEGs decoded and resized (0: skip)")
   stream = parser.add_argument_group("the suite's stream (Split CIFAR-100's shape by default)")
   stream.add_argument("--stream_size", default=STREAM["size"])
   stream.add_argument("--stream_train", type=int, default=STREAM["train"],
@@ -515,8 +697,10 @@ def main(argv: list[str] | None = None) -> list[dict] | dict:
     raise SystemExit(f"error: --peak_gflops={args.peak_gflops} must be >= 0")
   if args.out and not os.path.isdir(os.path.dirname(os.path.abspath(args.out))):
     raise SystemExit(f"error: --out={args.out!r}: its directory does not exist")
+  parts = _list(args.parts, SUITE_PARTS, "--parts")
   if args.suite:
     _check_stream_args(args)
+    _check_host_args(args)
   if args.compilation_cache != "off":
     compute.enable_compilation_cache(args.compilation_cache)
   keep = compute.keep_host_memory()  # as launch/run.py: before JAX's backend starts
@@ -525,7 +709,7 @@ def main(argv: list[str] | None = None) -> list[dict] | dict:
       from olora_jax.data import synthetic
 
       args.dataset = synthetic.name(1000, 100, 10)
-    report = accelerator_suite(args, sizes, fidelities, dtypes)
+    report = accelerator_suite(args, sizes, fidelities, dtypes, parts)
     print(suite_text(report))
     if args.out:
       _write_json(args.out, report)
@@ -556,6 +740,20 @@ def _check_stream_args(args: argparse.Namespace) -> None:
         f"error: the stream needs at least one image of each of its --stream_classes="
         f"{args.stream_classes} classes in --stream_train={args.stream_train} and --stream_test="
         f"{args.stream_test}, and --stream_tasks >= 1 (--stream_train=0: no stream)")
+
+
+def _check_host_args(args: argparse.Namespace) -> None:
+  """The suite's host flags, refused in one line before any compute."""
+  if args.host_jpegs < 0:
+    raise SystemExit(f"error: --host_jpegs={args.host_jpegs}: give a number of JPEGs >= 0"
+                     " (0: skip them)")
+  if args.host_images < 0 or (args.host_images and (
+      args.stream_classes < 1 or args.stream_tasks < 1
+      or args.host_images < args.stream_classes)):
+    raise SystemExit(
+        f"error: --host_images={args.host_images}: the host pipeline's stream needs at least one"
+        f" image of each of its --stream_classes={args.stream_classes} classes, and"
+        f" --stream_tasks >= 1 (--host_images=0: skip it)")
 
 
 if __name__ == "__main__":

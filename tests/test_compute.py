@@ -159,6 +159,7 @@ def test_accelerator_suite_runs_tiny_on_cpu_without_tfds_tensorboard_or_plotting
        "--warmup=1", "--peak_n=256", "--stream_size=tiny", "--stream_train=320",
        "--stream_test=100", "--stream_classes=10", "--stream_tasks=5",
        "--stream_batch_size=16", "--stream_eval_every=80", "--stream_checkpoint_every=10",
+       "--host_images=40", "--host_jpegs=2",
        f"--compilation_cache={compilation_cache}", f"--out={out}"],
       cwd=tiny_run.ROOT, env=tiny_run.env(compilation_cache), capture_output=True, text=True,
       timeout=600)
@@ -184,6 +185,31 @@ def test_accelerator_suite_runs_tiny_on_cpu_without_tfds_tensorboard_or_plotting
   assert stream["checkpoint_bytes"] > 0 and stream["peak_memory_bytes"] > 0
   assert bool(report["torch_steps"]) == (importlib.util.find_spec("torch") is not None)
   assert "| step |" in done.stdout and "measured matmul peak" in done.stdout
+  host = report["host"]
+  assert (host["batch_size"], host["image_size"], host["stored_image_size"]) == (16, 32, 32)
+  assert host["jpeg_files"]["mean_kib"] > 0 and host["jpeg_files"]["mean_height"] >= 300
+  for key, images in (("pipeline_host", 40), ("pipeline_device", 40), ("jpeg_one_thread", 2),
+                      ("jpeg_all_threads", 2)):
+    rate = host[key]
+    assert rate["images"] == images, key  # every image of the pipeline's stream pulled
+    assert rate["seconds"] > 0 and 1 <= rate["cores_used"] <= rate["threads"], key
+    assert rate["images_per_s"] >= rate["images_per_s_per_core"] > 0, key
+    assert rate["steps_per_s"] == pytest.approx(rate["images_per_s"] / 16), key
+  assert host["jpeg_one_thread"]["threads"] == 1
+  assert host["stream_steps_per_s"] > 0
+  assert "host input path alone" in done.stdout and "steps/s it can feed" in done.stdout
+
+
+def test_accelerator_suite_runs_only_the_parts_asked_for(tmp_path):
+  """--parts=host: the matmul peaks and the host pipeline, no step case, stream or PyTorch."""
+  report = bench.main(["--suite=accelerator", "--parts=host", "--peak_n=64", "--stream_size=tiny",
+                       "--stream_classes=10", "--stream_tasks=5", "--stream_batch_size=16",
+                       "--host_images=20", "--host_jpegs=0", f"--out={tmp_path / 's.json'}"])
+  assert report == json.loads((tmp_path / "s.json").read_text())
+  assert report["steps"] == [] and report["stream"] is None and report["torch_steps"] is None
+  host = report["host"]
+  assert host["pipeline_host"]["images"] == host["pipeline_device"]["images"] == 20
+  assert host["jpeg_one_thread"] is None and host["stream_steps_per_s"] is None
 
 
 def test_op_time_shares_split_a_traced_program_by_kind(tmp_path):
@@ -264,10 +290,14 @@ def test_hlo_ops_read_tuple_results_fusions_and_library_products():
     (["--compute_dtypes=float16"], "--compute_dtypes='float16'"),
     (["--suite=accelerator", "--stream_size=vit_x"], "--stream_size='vit_x'"),
     (["--suite=accelerator", "--stream_classes=100", "--stream_test=50"], "each of its"),
+    (["--suite=accelerator", "--host_images=50"], "--host_images=50: the host pipeline's"),
+    (["--suite=accelerator", "--host_jpegs=-1"], "--host_jpegs=-1"),
+    (["--suite=accelerator", "--parts=host,gpu"], "--parts='host,gpu'"),
 ])
 def test_bench_refuses_bad_arguments_before_any_compute(argv, message):
-  with pytest.raises(SystemExit, match=message):
+  with pytest.raises(SystemExit, match=message) as refused:
     bench.main(argv)
+  assert "\n" not in str(refused.value)  # one line
 
 
 def test_bfloat16_runs_the_stream_and_tracks_float32(tmp_path, tiny_reference, compilation_cache):

@@ -36,6 +36,8 @@ from olora_jax.data.preprocess import (
 )
 from olora_jax.data.streams import Stream
 
+MAX_THREADS = 4  # host threads preparing batches ahead (`iterate`), at most
+
 
 def _source_name(source) -> str:
   return f"{getattr(source, 'name', type(source).__name__)!r} ({getattr(source, 'split', '?')}"
@@ -92,6 +94,11 @@ class InputPipeline:
 
   def __len__(self) -> int:
     return len(self.stream.steps)
+
+  @property
+  def threads(self) -> int:
+    """The host threads `iterate` prepares batches in."""
+    return min(self.prefetch, MAX_THREADS)
 
   def batch(self, step: int) -> dict:
     """This process's rows (`rows`) of the padded batch of `step` (deterministic)."""
@@ -152,7 +159,7 @@ class InputPipeline:
       batch = self.batch(step)
       return batch if place is None else place(batch)
 
-    with concurrent.futures.ThreadPoolExecutor(min(self.prefetch, 4)) as pool:
+    with concurrent.futures.ThreadPoolExecutor(self.threads) as pool:
       pending = collections.deque()
       next_step = start_step
       while pending or next_step < len(self):
