@@ -124,14 +124,12 @@ def resize_levels(image: jax.Array, box: jax.Array, image_size: int,
                    vertical(horizontal(x)))
 
 
-def preprocess_images(images: jax.Array, mask: jax.Array, image_size: int,
-                      input_scale: str = "unit", boxes: jax.Array | None = None,
-                      flips: jax.Array | None = None) -> jax.Array:
-  """(B, H, W, 1|3) uint8 -> (B, image_size, image_size, 3) float32 model inputs (traceable).
-
-  `boxes` (B, 4) int (top, left, h, w) crop each image before the resize (None: the whole
-  image), `flips` (B,) bool mirror the resized image left-right; rows with `mask` False are
-  zero images."""
+def model_levels(images: jax.Array, image_size: int, boxes: jax.Array | None = None,
+                 flips: jax.Array | None = None) -> jax.Array:
+  """(B, H, W, 1|3) uint8 -> (B, image_size, image_size, 1|3) int32 levels 0..255: each image
+  cropped to its row of `boxes` (top, left, h, w; None: the whole image), resized (PIL's bilinear
+  resize, `resize_levels`) and mirrored left-right where `flips` (traceable). Channels are kept:
+  the device counterpart of `preprocess.to_model_levels`."""
   _, height, width, channels = images.shape
   if channels not in (1, 3):
     raise ValueError(f"images must be uint8 (B, H, W, 1|3), got {images.shape}")
@@ -139,15 +137,26 @@ def preprocess_images(images: jax.Array, mask: jax.Array, image_size: int,
     levels = images.astype(jnp.int32)  # nothing to resize (the host path does not resize either)
     if flips is not None:
       levels = jnp.where(flips[:, None, None, None], levels[:, :, ::-1], levels)
-  else:
-    check_sizes(height, width, image_size)
-    whole = np.array([0, 0, height, width])  # no boxes: one static box, one pass order
+    return levels
+  check_sizes(height, width, image_size)
+  whole = np.array([0, 0, height, width])  # no boxes: one static box, one pass order
 
-    def one(image, box, flip):
-      return resize_levels(image, whole if box is None else box, image_size, flip)
+  def one(image, box, flip):
+    return resize_levels(image, whole if box is None else box, image_size, flip)
 
-    axes = (0, None if boxes is None else 0, None if flips is None else 0)
-    levels = jax.vmap(one, in_axes=axes)(images, boxes, flips)
+  axes = (0, None if boxes is None else 0, None if flips is None else 0)
+  return jax.vmap(one, in_axes=axes)(images, boxes, flips)
+
+
+def preprocess_images(images: jax.Array, mask: jax.Array, image_size: int,
+                      input_scale: str = "unit", boxes: jax.Array | None = None,
+                      flips: jax.Array | None = None) -> jax.Array:
+  """(B, H, W, 1|3) uint8 -> (B, image_size, image_size, 3) float32 model inputs (traceable).
+
+  `boxes` (B, 4) int (top, left, h, w) crop each image before the resize (None: the whole
+  image), `flips` (B,) bool mirror the resized image left-right (`model_levels`); rows with
+  `mask` False are zero images."""
+  levels = model_levels(images, image_size, boxes, flips)
   # Level 256 is a padding row's 0.0 (not level 0's value: -1.0 with 'signed').
   levels = jnp.where(mask[:, None, None, None], levels, 256)
   table = jnp.asarray(np.append(level_table(input_scale), np.float32(0.0)))
