@@ -8,14 +8,20 @@ boolean class mask, and adds the batch's per-class counts to running (C,) accumu
 device; the host fetches the two count vectors once per evaluation. Batches are padded to
 `batch_size`, so the function compiles once per run whatever the number of test examples.
 The test set is decoded once, when the evaluator is built, at the model's input resolution as
-uint8 levels (PIL's bilinear resize, the host path's, which data/device_preprocess.py reproduces
-bit for bit): on the devices when it fits there (a quarter of one device's memory, a
+uint8 levels: on the devices when it fits there (a quarter of one device's memory, a
 single-process run), else in host memory (a quarter of it), so an anytime evaluation never
-decodes or resizes an image again; each batch is gathered by row ids and its levels become the
-model's float input (the shared lookup table) inside the counting function. The model sees the
-same floats as without the cache. A test set too large for both is read, resized and scaled
-batch by batch at every evaluation: on the host with `preprocess='host'`, on the device from
-uint8 at the stored size with `preprocess='device'` (`data.preprocess`).
+decodes or resizes an image again. The levels are PIL's bilinear resize either way: with
+`preprocess='host'` PIL computes them on the host (`decode_levels`); with 'device' the device
+resize, which reproduces PIL bit for bit (data/device_preprocess.py), computes them from the
+stored uint8 images in fixed-size chunks (`decode_levels_on_device`), falling back to PIL for
+images beyond its sizes (`resizes_on_device`). Every source kind can take the device path, as
+`source.get` returns one stored size (`pipeline.device_image_shape`; TFDS and folder sources
+return images resized to `image_size` at load, which leaves only the copy to the device). At
+evaluation each batch is gathered by row ids and its levels become the model's float input (the
+shared lookup table) inside the counting function. The model sees the same floats as without
+the cache. A test set too large for both is read, resized and scaled batch by batch at every
+evaluation: on the host with `preprocess='host'`, on the device from uint8 at the stored size
+with `preprocess='device'` (`data.preprocess`).
 
 `mask_unseen_logits` (Si-Blurry's protocol): logits of classes the stream has not shown yet are
 set to -inf before the argmax, so the model can only predict seen classes. The mask is a traced

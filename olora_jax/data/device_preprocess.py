@@ -5,6 +5,8 @@ draws each image's crop box and flip from the same generator calls as the host p
 data/preprocess.py); everything else runs here, in one jitted function vmapped over the batch:
 the crop, the bilinear resize to `image_size`, the flip, grey -> RGB and the scaling to [0, 1] or
 [-1, 1]. Padding rows (mask False) come out as zero images, as the host path pads them.
+`model_levels` is the resize alone, to uint8 levels: the evaluator builds its test-set cache
+with it (olora_jax/evaluate.py).
 
 The resize is PIL's `Image.resize(..., BILINEAR)` (Pillow 13, pinned in constraints.txt) pass for
 pass, in integer-exact arithmetic (int32, or float32 matmuls whose every value is an integer
