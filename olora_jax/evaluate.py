@@ -8,14 +8,20 @@ boolean class mask, and adds the batch's per-class counts to running (C,) accumu
 device; the host fetches the two count vectors once per evaluation. Batches are padded to
 `batch_size`, so the function compiles once per run whatever the number of test examples.
 The test set is decoded once, when the evaluator is built, at the model's input resolution as
-uint8 levels (PIL's bilinear resize, the host path's, which data/device_preprocess.py reproduces
-bit for bit): on the devices when it fits there (a quarter of one device's memory, a
+uint8 levels: on the devices when it fits there (a quarter of one device's memory, a
 single-process run), else in host memory (a quarter of it), so an anytime evaluation never
-decodes or resizes an image again; each batch is gathered by row ids and its levels become the
-model's float input (the shared lookup table) inside the counting function. The model sees the
-same floats as without the cache. A test set too large for both is read, resized and scaled
-batch by batch at every evaluation: on the host with `preprocess='host'`, on the device from
-uint8 at the stored size with `preprocess='device'` (`data.preprocess`).
+decodes or resizes an image again. The levels are PIL's bilinear resize either way: with
+`preprocess='host'` PIL computes them on the host (`decode_levels`); with 'device' the device
+resize, which reproduces PIL bit for bit (data/device_preprocess.py), computes them from the
+stored uint8 images in fixed-size chunks (`decode_levels_on_device`), falling back to PIL for
+images beyond its sizes (`resizes_on_device`). Every source kind can take the device path, as
+`source.get` returns one stored size (`pipeline.device_image_shape`; TFDS and folder sources
+return images resized to `image_size` at load, which leaves only the copy to the device). At
+evaluation each batch is gathered by row ids and its levels become the model's float input (the
+shared lookup table) inside the counting function. The model sees the same floats as without
+the cache. A test set too large for both is read, resized and scaled batch by batch at every
+evaluation: on the host with `preprocess='host'`, on the device from uint8 at the stored size
+with `preprocess='device'` (`data.preprocess`).
 
 `mask_unseen_logits` (Si-Blurry's protocol): logits of classes the stream has not shown yet are
 set to -inf before the argmax, so the model can only predict seen classes. The mask is a traced
@@ -57,6 +63,9 @@ from olora_jax.data.streams import EvaluationGroups
 CACHE_DEVICE_FRACTION = 0.25
 CACHE_HOST_FRACTION = 0.25
 CACHE_WHERE = ("device", "host", "none")  # where `Evaluator.cached` can be
+# With data.preprocess='device' the cache is built on the device, from chunks of this many bytes
+# of int32 levels at the model's resolution (`build_chunk`).
+DEVICE_BUILD_CHUNK_BYTES = 64 * 2**20
 TRACE_COUNTS = {"count": 0}
 
 
@@ -215,14 +224,94 @@ def cache_placement(source: Source, image_size: int, mesh: Mesh) -> str:
 
 
 def decode_levels(source: Source, image_size: int, chunk: int = 1024) -> np.ndarray:
-  """Every test image of `source` decoded and resized once: (N, S, S, 1|3) uint8 levels, read
-  `chunk` images at a time (the decoded originals never all in memory at once)."""
+  """Every test image of `source` decoded and resized once on the host (PIL):
+  (N, S, S, 1|3) uint8 levels, read `chunk` images at a time (the decoded originals never all in
+  memory at once)."""
   first = to_model_levels(np.asarray(source.get(np.arange(1))[0]), image_size)
   out = np.empty((len(source), *first.shape[1:]), np.uint8)
   for start in range(0, len(source), chunk):
     ids = np.arange(start, min(start + chunk, len(source)))
     out[ids] = to_model_levels(np.asarray(source.get(ids)[0]), image_size)
   return out
+
+
+def resizes_on_device(source: Source, image_size: int) -> bool:
+  """Whether `decode_levels_on_device` takes `source`: its images (what `source.get` returns,
+  one stored size for every source kind, `device_image_shape`) within the device resize's sizes
+  (`device_preprocess.check_sizes`); else the cache is built with PIL (the same levels)."""
+  try:
+    device_preprocess.check_sizes(*device_image_shape(source, "none")[:2], image_size)
+  except ValueError:
+    return False
+  return True
+
+
+def build_chunk(n_images: int, image_size: int, channels: int, n_devices: int) -> int:
+  """Images per chunk of `decode_levels_on_device`: DEVICE_BUILD_CHUNK_BYTES of int32 levels at
+  the model's resolution (the resize's intermediates are a few times that), a multiple of
+  `n_devices` (each device resizes its share), at most the test set (rounded up likewise)."""
+  per_image = image_size * image_size * channels * 4
+  rows = max(n_devices, DEVICE_BUILD_CHUNK_BYTES // per_image // n_devices * n_devices)
+  return min(rows, -(-n_images // n_devices) * n_devices)
+
+
+def decode_levels_on_device(source: Source, image_size: int, mesh: Mesh, where: str,
+                            chunk: int = 0) -> jax.Array | np.ndarray:
+  """`decode_levels` with the device resize (data.preprocess='device'): the same (N, S, S, 1|3)
+  uint8 levels, bit for bit (Pillow's fixed point, data/device_preprocess.py).
+
+  The stored uint8 images (what `source.get` returns) go to the device `chunk` at a time
+  (`build_chunk` when 0), the last chunk padded, so the resize compiles once. With `where`
+  'device' (a single-process run) each chunk is split over the mesh's devices and its levels
+  are written into the replicated cache in place (a donated buffer): nothing returns to the
+  host. With 'host' one local device resizes each chunk and the host copies it into a NumPy
+  array while the device resizes the next."""
+  n = len(source)
+  height, width, channels = device_image_shape(source, "none")
+  if where == "device":
+    n_devices, cache_sharding = mesh.devices.size, sharding.replicated(mesh)
+    in_sharding = jax.sharding.NamedSharding(mesh, sharding.BATCH)
+  else:
+    n_devices = 1
+    in_sharding = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+  chunk = chunk or build_chunk(n, image_size, channels, n_devices)
+
+  def levels_of(images):
+    return device_preprocess.model_levels(images, image_size).astype(jnp.uint8)
+
+  shape = (n, image_size, image_size, channels)
+  if where == "device":
+    cache = jax.jit(lambda: jnp.zeros(shape, jnp.uint8), out_shardings=cache_sharding)()
+
+    @functools.partial(jax.jit, donate_argnums=0, out_shardings=cache_sharding)
+    def write(cache, levels, start):  # rows past the test set (the padding) are dropped
+      return cache.at[start + jnp.arange(chunk)].set(levels, mode="drop")
+  else:
+    cache = np.empty(shape, np.uint8)
+  resize = jax.jit(levels_of)
+  pending = None  # the previous chunk's levels on the device, and their rows
+  for start in range(0, n, chunk):
+    ids = np.arange(start, min(start + chunk, n))
+    images = np.asarray(source.get(ids)[0])
+    if images.shape[1:] != (height, width, channels) or images.dtype != np.uint8:
+      raise ValueError(
+          f"test images {ids[0]}..{ids[-1]} of data.dataset={getattr(source, 'name', '?')!r}"
+          f" are {images.dtype} {images.shape[1:]}, not uint8 {(height, width, channels)} as"
+          " the first test image: return one size for every image; or use"
+          " data.preprocess='host'")
+    padded = np.zeros((chunk, height, width, channels), np.uint8)
+    padded[:len(ids)] = images
+    padded = jax.device_put(padded, in_sharding)
+    if where == "device":
+      cache = write(cache, resize(padded), np.int32(start))
+      continue
+    levels = resize(padded)  # dispatched: the copy below overlaps the resize
+    if pending is not None:
+      cache[pending[1]] = np.asarray(pending[0])[:len(pending[1])]
+    pending = (levels, ids)
+  if pending is not None:
+    cache[pending[1]] = np.asarray(pending[0])[:len(pending[1])]
+  return cache
 
 
 class Evaluator:
@@ -261,7 +350,9 @@ class Evaluator:
     self.input_scale = input_scale
     self.cached = cache_placement(source, image_size, self.mesh)
     self._levels = None  # the cached test set: (N, S, S, 1|3) uint8, on the devices or the host
-    if self.cached != "none":
+    if self.cached != "none" and preprocess == "device" and resizes_on_device(source, image_size):
+      self._levels = decode_levels_on_device(source, image_size, self.mesh, self.cached)
+    elif self.cached != "none":
       self._levels = decode_levels(source, image_size)
       if self.cached == "device":
         self._levels = sharding.replicate(self._levels, self.mesh)

@@ -100,12 +100,59 @@ def test_evaluator_keeps_uint8_and_counts_as_the_host_path():
   device = evaluate.Evaluator(source, 16, 16, 3, predict, preprocess="device")
   for ev in (host, device):  # both keep the test set as uint8 levels at the model's input
     assert np.asarray(ev._levels).dtype == np.uint8 and ev._levels.shape == (60, 16, 16, 1)
+  # PIL's levels (host) and the device resize's (device) are the same, bit for bit.
+  np.testing.assert_array_equal(np.asarray(device._levels), np.asarray(host._levels))
   ids = np.arange(50)  # 4 batches, the last one padded
   want, got = host.counts(w, ids, np.arange(3)), device.counts(w, ids, np.arange(3))
   np.testing.assert_array_equal(got.correct, want.correct)
   np.testing.assert_array_equal(got.total, want.total)
   with pytest.raises(ValueError, match=r"unknown data.preprocess='gpu'"):
     evaluate.Evaluator(source, 16, 16, 3, predict, preprocess="gpu")
+
+
+CACHE_CASES = [  # (stored shape, 32 px): grey and RGB, up, down (both pass orders), unchanged
+    ((8, 8, 1), 32), ((28, 20, 3), 32), ((36, 40, 1), 32), ((90, 40, 3), 32), ((32, 32, 3), 32)]
+
+
+@pytest.mark.parametrize("shape,size", CACHE_CASES,
+                         ids=[f"{s[0]}x{s[1]}x{s[2]}to{t}" for s, t in CACHE_CASES])
+def test_the_test_set_cache_built_on_the_device_is_the_pil_cache(shape, size):
+  """The evaluator's test-set cache with data.preprocess='device': the device resize, chunk by
+  chunk (the last one padded), into the device cache or the host one, equals PIL's levels."""
+  source = _source(shape, n=38, num_classes=2)
+  want = evaluate.decode_levels(source, size)
+  mesh = evaluate.sharding.make_mesh()
+  assert evaluate.resizes_on_device(source, size)
+  for where, chunk in (("device", 8), ("host", 8), ("device", 0)):  # 0: one chunk of 38
+    got = evaluate.decode_levels_on_device(source, size, mesh, where, chunk)
+    assert isinstance(got, jax.Array) == (where == "device")
+    assert got.dtype == np.uint8 and got.shape == (38, size, size, shape[-1])
+    np.testing.assert_array_equal(np.asarray(got), want, err_msg=f"{where} {chunk}")
+
+
+class _ShrinksLater(Source):
+  """Its `get` returns a smaller image size for the rows from 6 on."""
+
+  def get(self, ids):
+    images, labels = super().get(ids)
+    return (images[:, :-1] if ids[-1] >= 6 else images), labels
+
+
+def test_a_test_image_of_another_size_in_the_device_build_is_a_clear_error():
+  good = _source((8, 8, 1))
+  source = _ShrinksLater(good.name, "test", good.images, good.labels, good.num_classes)
+  with pytest.raises(ValueError, match=r"test images 6\.\.11 of data.dataset='synthetic' are"
+                     r" uint8 \(7, 8, 1\), not uint8 \(8, 8, 1\) .* data.preprocess='host'"):
+    evaluate.decode_levels_on_device(source, 16, evaluate.sharding.make_mesh(), "host", 6)
+
+
+def test_images_too_large_for_the_device_resize_are_cached_with_pil():
+  """Beyond the device resize's sizes (`check_sizes`) the cache is built on the host, by PIL."""
+  source = _source((2000, 2000, 1), n=2, num_classes=2)
+  assert not evaluate.resizes_on_device(source, 32)
+  ev = evaluate.Evaluator(source, 32, 2, 2, lambda state, x: x[:, 0, 0, :2], preprocess="device")
+  assert ev.cached == "device"
+  np.testing.assert_array_equal(np.asarray(ev._levels), evaluate.decode_levels(source, 32))
 
 
 class _MixedSizes:

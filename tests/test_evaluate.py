@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from olora_jax import evaluate
-from olora_jax.data.preprocess import to_model_input
+from olora_jax.data.preprocess import to_model_input, to_model_levels
 from olora_jax.data.sources import Source
 from olora_jax.learner import online_lora
 from olora_jax.models.vit import VisionTransformer, ViTSpec
@@ -139,15 +139,20 @@ def test_the_cached_test_set_gives_the_uncached_counts_and_is_decoded_once(
   source, learner, state, frozen, logits = setup
   seen = np.array([0, 2, 3])
   counts = {}
+  if preprocess == "device":  # the cache is built by the device resize, never by PIL
+    monkeypatch.setattr(evaluate, "decode_levels", lambda *args: pytest.fail("PIL build"))
   for where in evaluate.CACHE_WHERE:
     monkeypatch.setattr(evaluate, "cache_placement", lambda *args, where=where: where)
     counting = _CountingSource(source)
     ev = evaluate.Evaluator(counting, 16, 8, C, _predict(learner), preprocess=preprocess)
     assert ev.cached == where
+    decoded = counting.decoded
     if where != "none":
       assert ev._levels.dtype == np.uint8 and ev._levels.shape == (37, 16, 16, 1)
       assert isinstance(ev._levels, jax.Array) == (where == "device")
-    decoded = counting.decoded
+      np.testing.assert_array_equal(np.asarray(ev._levels), to_model_levels(source.images, 16))
+      # Built reading every test image once (and the first one or two more times for its shape).
+      assert 37 <= decoded <= 39
     counts[where] = [ev.all_counts((state, frozen), seen), ev.seen_counts((state, frozen), seen)]
     # An evaluation from the cache decodes nothing; without it, every test image again.
     assert counting.decoded - decoded == (0 if where != "none" else 37 + np.isin(

@@ -52,7 +52,8 @@ SCRIPT = textwrap.dedent("""
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6), t1, t2)
 
   # The evaluator's test set cached on the devices (replicated; each device gathers its rows of
-  # every batch) counts as the host cache and as one device.
+  # every batch) counts as the host cache and as one device; built by the device resize
+  # (data.preprocess='device': each device resizes half of every chunk), it is the same cache.
   from jax.sharding import Mesh
   from olora_jax import evaluate
   from olora_jax.data.sources import Source
@@ -61,13 +62,17 @@ SCRIPT = textwrap.dedent("""
   predict = lambda p, x: model.apply({"params": p}, x)
   one = Mesh(np.array(jax.devices()[:1]).reshape(1, 1), sharding.AXES)
   counts = {}
-  for name, where, m in (("two", "device", mesh), ("two_host", "host", mesh),
-                         ("one", "device", one)):
+  levels = {}
+  for name, where, m, pre in (("two", "device", mesh, "host"), ("two_host", "host", mesh, "host"),
+                              ("one", "device", one, "host"),
+                              ("two_dev", "device", mesh, "device")):
     evaluate.cache_placement = lambda *args, where=where: where
-    ev = evaluate.Evaluator(test, 16, 8, 4, predict, mesh=m)
+    ev = evaluate.Evaluator(test, 16, 8, 4, predict, mesh=m, preprocess=pre)
     assert ev.cached == where
+    levels[name] = np.asarray(ev._levels)
     counts[name] = ev.all_counts(sharding.replicate(params, m), np.arange(4))
-  for name in ("two_host", "one"):
+  np.testing.assert_array_equal(levels["two_dev"], levels["two"])
+  for name in ("two_host", "one", "two_dev"):
     np.testing.assert_array_equal(counts[name].correct, counts["two"].correct)
     np.testing.assert_array_equal(counts[name].total, counts["two"].total)
   print("OK", l1)

@@ -5,6 +5,8 @@ draws each image's crop box and flip from the same generator calls as the host p
 data/preprocess.py); everything else runs here, in one jitted function vmapped over the batch:
 the crop, the bilinear resize to `image_size`, the flip, grey -> RGB and the scaling to [0, 1] or
 [-1, 1]. Padding rows (mask False) come out as zero images, as the host path pads them.
+`model_levels` is the resize alone, to uint8 levels: the evaluator builds its test-set cache
+with it (olora_jax/evaluate.py).
 
 The resize is PIL's `Image.resize(..., BILINEAR)` (Pillow 13, pinned in constraints.txt) pass for
 pass, in integer-exact arithmetic (int32, or float32 matmuls whose every value is an integer
@@ -124,14 +126,12 @@ def resize_levels(image: jax.Array, box: jax.Array, image_size: int,
                    vertical(horizontal(x)))
 
 
-def preprocess_images(images: jax.Array, mask: jax.Array, image_size: int,
-                      input_scale: str = "unit", boxes: jax.Array | None = None,
-                      flips: jax.Array | None = None) -> jax.Array:
-  """(B, H, W, 1|3) uint8 -> (B, image_size, image_size, 3) float32 model inputs (traceable).
-
-  `boxes` (B, 4) int (top, left, h, w) crop each image before the resize (None: the whole
-  image), `flips` (B,) bool mirror the resized image left-right; rows with `mask` False are
-  zero images."""
+def model_levels(images: jax.Array, image_size: int, boxes: jax.Array | None = None,
+                 flips: jax.Array | None = None) -> jax.Array:
+  """(B, H, W, 1|3) uint8 -> (B, image_size, image_size, 1|3) int32 levels 0..255: each image
+  cropped to its row of `boxes` (top, left, h, w; None: the whole image), resized (PIL's bilinear
+  resize, `resize_levels`) and mirrored left-right where `flips` (traceable). Channels are kept:
+  the device counterpart of `preprocess.to_model_levels`."""
   _, height, width, channels = images.shape
   if channels not in (1, 3):
     raise ValueError(f"images must be uint8 (B, H, W, 1|3), got {images.shape}")
@@ -139,15 +139,26 @@ def preprocess_images(images: jax.Array, mask: jax.Array, image_size: int,
     levels = images.astype(jnp.int32)  # nothing to resize (the host path does not resize either)
     if flips is not None:
       levels = jnp.where(flips[:, None, None, None], levels[:, :, ::-1], levels)
-  else:
-    check_sizes(height, width, image_size)
-    whole = np.array([0, 0, height, width])  # no boxes: one static box, one pass order
+    return levels
+  check_sizes(height, width, image_size)
+  whole = np.array([0, 0, height, width])  # no boxes: one static box, one pass order
 
-    def one(image, box, flip):
-      return resize_levels(image, whole if box is None else box, image_size, flip)
+  def one(image, box, flip):
+    return resize_levels(image, whole if box is None else box, image_size, flip)
 
-    axes = (0, None if boxes is None else 0, None if flips is None else 0)
-    levels = jax.vmap(one, in_axes=axes)(images, boxes, flips)
+  axes = (0, None if boxes is None else 0, None if flips is None else 0)
+  return jax.vmap(one, in_axes=axes)(images, boxes, flips)
+
+
+def preprocess_images(images: jax.Array, mask: jax.Array, image_size: int,
+                      input_scale: str = "unit", boxes: jax.Array | None = None,
+                      flips: jax.Array | None = None) -> jax.Array:
+  """(B, H, W, 1|3) uint8 -> (B, image_size, image_size, 3) float32 model inputs (traceable).
+
+  `boxes` (B, 4) int (top, left, h, w) crop each image before the resize (None: the whole
+  image), `flips` (B,) bool mirror the resized image left-right (`model_levels`); rows with
+  `mask` False are zero images."""
+  levels = model_levels(images, image_size, boxes, flips)
   # Level 256 is a padding row's 0.0 (not level 0's value: -1.0 with 'signed').
   levels = jnp.where(mask[:, None, None, None], levels, 256)
   table = jnp.asarray(np.append(level_table(input_scale), np.float32(0.0)))
