@@ -65,6 +65,7 @@ from olora_jax.evaluate import Evaluator
 from olora_jax.methods import base as methods_base
 from olora_jax.methods import online_lora as online_lora_method
 from olora_jax.models import build_model, spec_from_config
+from olora_jax.models.swin import SwinSpec
 from olora_jax.models.vit import ViTSpec, init_head
 from olora_jax.protocol import EvaluationProtocol
 from olora_jax.run_control import NonFinitePolicy, Saver, StopSignal, make_guarded_step
@@ -79,7 +80,7 @@ class Setup:
 
   def __init__(self, config: ml_collections.ConfigDict):
     c = self.config = fidelity_lib.resolve(config)
-    self.spec: ViTSpec = spec_from_config(c.model)
+    self.spec: ViTSpec | SwinSpec = spec_from_config(c.model)  # the backbone's static sizes
     validation.check_config(c, self.spec.width)
     for key, path in (("pretrained.path", c.pretrained.path),
                       ("learner.initial_lora", c.learner.initial_lora)):
