@@ -255,6 +255,21 @@ def build_chunk(n_images: int, image_size: int, channels: int, n_devices: int) -
   return min(rows, -(-n_images // n_devices) * n_devices)
 
 
+@functools.partial(jax.jit, static_argnames="image_size")
+def _uint8_levels(images: jax.Array, image_size: int) -> jax.Array:
+  """`device_preprocess.model_levels` of a chunk of stored images, as uint8."""
+  return device_preprocess.model_levels(images, image_size).astype(jnp.uint8)
+
+
+@functools.partial(jax.jit, donate_argnums=0, static_argnames="placement")
+def _write_rows(cache: jax.Array, levels: jax.Array, start: jax.Array,
+                placement: jax.sharding.Sharding) -> jax.Array:
+  """`cache` (donated) with rows start.. set to `levels`, kept on `placement`; rows past the
+  cache's end (a padded chunk's) are dropped."""
+  cache = cache.at[start + jnp.arange(levels.shape[0])].set(levels, mode="drop")
+  return jax.lax.with_sharding_constraint(cache, placement)
+
+
 def decode_levels_on_device(source: Source, image_size: int, mesh: Mesh, where: str,
                             chunk: int = 0) -> jax.Array | np.ndarray:
   """`decode_levels` with the device resize (data.preprocess='device'): the same (N, S, S, 1|3)
@@ -276,19 +291,11 @@ def decode_levels_on_device(source: Source, image_size: int, mesh: Mesh, where: 
     in_sharding = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
   chunk = chunk or build_chunk(n, image_size, channels, n_devices)
 
-  def levels_of(images):
-    return device_preprocess.model_levels(images, image_size).astype(jnp.uint8)
-
   shape = (n, image_size, image_size, channels)
   if where == "device":
-    cache = jax.jit(lambda: jnp.zeros(shape, jnp.uint8), out_shardings=cache_sharding)()
-
-    @functools.partial(jax.jit, donate_argnums=0, out_shardings=cache_sharding)
-    def write(cache, levels, start):  # rows past the test set (the padding) are dropped
-      return cache.at[start + jnp.arange(chunk)].set(levels, mode="drop")
+    cache = jnp.zeros(shape, jnp.uint8, device=cache_sharding)
   else:
     cache = np.empty(shape, np.uint8)
-  resize = jax.jit(levels_of)
   pending = None  # the previous chunk's levels on the device, and their rows
   for start in range(0, n, chunk):
     ids = np.arange(start, min(start + chunk, n))
@@ -303,9 +310,10 @@ def decode_levels_on_device(source: Source, image_size: int, mesh: Mesh, where: 
     padded[:len(ids)] = images
     padded = jax.device_put(padded, in_sharding)
     if where == "device":
-      cache = write(cache, resize(padded), np.int32(start))
+      cache = _write_rows(cache, _uint8_levels(padded, image_size), np.int32(start),
+                          cache_sharding)
       continue
-    levels = resize(padded)  # dispatched: the copy below overlaps the resize
+    levels = _uint8_levels(padded, image_size)  # dispatched: the copy below overlaps the resize
     if pending is not None:
       cache[pending[1]] = np.asarray(pending[0])[:len(pending[1])]
     pending = (levels, ids)
