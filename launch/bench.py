@@ -497,9 +497,11 @@ def run_host(args: argparse.Namespace) -> dict:
   return report
 
 
-def torch_steps(rows: list[dict], batch_size: int | None, warmup: int, steps: int) -> list[dict]:
+def torch_steps(rows: list[dict], batch_size: int | None, warmup: int, steps: int,
+                timeout: float | None = None) -> list[dict]:
   """scripts/torch_step.py on the same device for each ViT size of `rows` (float32, the
-  `reference` step with a full hard buffer); [] when PyTorch is not importable."""
+  `reference` step with a full hard buffer); [] when PyTorch is not importable. A size whose
+  run outlasts `timeout` seconds gets an error row."""
   import importlib.util
 
   if importlib.util.find_spec("torch") is None:
@@ -521,7 +523,11 @@ def torch_steps(rows: list[dict], batch_size: int | None, warmup: int, steps: in
                f"--image_size={spec.image_size}", f"--patch={spec.patch_size}",
                f"--width={spec.width}", f"--depth={spec.depth}", f"--heads={spec.num_heads}",
                f"--mlp_dim={spec.mlp_dim}", "--json"]
-    done = subprocess.run(command, capture_output=True, text=True)
+    try:
+      done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+      out.append({"size": size, "error": f"stopped after its {timeout:.0f} s budget"})
+      continue
     if done.returncode != 0:
       lines = done.stderr.strip().splitlines() or ["(no output)"]
       out.append({"size": size, "error": lines[-1]})

@@ -94,8 +94,8 @@ class EvaluationProtocol:
     """Runs the evaluations due after stream step `step` (`samples_seen` samples in) on the
     learner's `state`, and records them."""
     log, stream = self.log, self.stream
-    anytime_due = self.anytime_eval and (samples_seen >= log.next_eval or (
-        self.short_stream and step == self.last_step))
+    anytime_due = self.anytime_eval and _anytime_due(step, samples_seen, log.next_eval,
+                                                     self.short_stream, self.last_step)
     at_task_end = step in self.task_ends
     if not (anytime_due or at_task_end):
       return
@@ -112,7 +112,7 @@ class EvaluationProtocol:
                 else self.evaluator.seen_counts(state, seen, seen_domains))
     self._timed_eval(eval_time.seconds)
     if anytime_due:
-      log.next_eval += self.eval_every * ((samples_seen - log.next_eval) // self.eval_every + 1)
+      log.next_eval = _next_anytime(samples_seen, log.next_eval, self.eval_every)
       acc = counts.accuracy(seen, seen_domains)
       log.anytime.append(acc)
       log.anytime_samples.append(samples_seen)
@@ -180,6 +180,37 @@ class EvaluationProtocol:
       results["task_domains"] = self.groups.domains
       results["forgetting_per_domain"] = metrics_lib.forgetting_per_task(acc_matrix)
     return {k: jsonable(v) if not isinstance(v, dict) else v for k, v in results.items()}
+
+
+def _anytime_due(step: int, samples_seen: int, next_eval: int, short_stream: bool,
+                 last_step: int) -> bool:
+  """An anytime point falls after `step`: `next_eval` samples reached (or, on a stream shorter
+  than eval.eval_every, its last step)."""
+  return samples_seen >= next_eval or (short_stream and step == last_step)
+
+
+def _next_anytime(samples_seen: int, next_eval: int, eval_every: int) -> int:
+  """The samples_seen of the anytime point after the one just taken: the next multiple."""
+  return next_eval + eval_every * ((samples_seen - next_eval) // eval_every + 1)
+
+
+def evaluation_points(stream: Stream, train_labels: np.ndarray, eval_every: int,
+                      anytime_eval: bool = True) -> list[tuple[int, np.ndarray, bool]]:
+  """The evaluations an uninterrupted run of `stream` makes, in order, as `EvaluationProtocol`
+  schedules them: (step, classes seen by then, at a task end). Pure, on the host; the cost of a
+  whole stream's evaluations is estimated from it (launch/device_check.py)."""
+  points, seen, next_eval, samples = [], set(), eval_every, 0
+  task_ends = set(stream.task_end_steps().tolist())
+  short_stream, last_step = anytime_eval and stream.n_samples < eval_every, len(stream.steps) - 1
+  for step, ids in enumerate(stream.steps):
+    samples += len(ids)
+    seen |= set(np.unique(train_labels[ids]).tolist())
+    due = anytime_eval and _anytime_due(step, samples, next_eval, short_stream, last_step)
+    if due:
+      next_eval = _next_anytime(samples, next_eval, eval_every)
+    if due or step in task_ends:
+      points.append((step, np.array(sorted(seen)), step in task_ends))
+  return points
 
 
 def short_stream_note(n_samples: int, eval_every: int) -> str:
