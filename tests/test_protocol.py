@@ -139,3 +139,15 @@ def test_a_stream_shorter_than_eval_every_warns_and_takes_a_auc_from_the_final_e
     _, exact, _, _ = run(eval_every=24)
     _, none, _, _ = run(eval_every=100, anytime_eval=False)
   assert caplog.records == [] and exact.anytime_samples == [24] and none.anytime == []
+
+
+@pytest.mark.parametrize("eval_every,anytime_eval", [(8, True), (3, True), (1, False),
+                                                     (100, True)])
+def test_evaluation_points_plan_the_evaluations_the_protocol_makes(eval_every, anytime_eval):
+  _, _, lines, evaluator = run(eval_every, anytime_eval)
+  labels = np.concatenate(LABELS)  # STREAM's ids are 0..23 in order
+  points = protocol.evaluation_points(STREAM, labels, eval_every, anytime_eval)
+  # One point per evaluator pass, at the steps of the run's records, with the same seen classes
+  # and the whole test set exactly at the task ends.
+  assert [step for step, _, _ in points] == sorted({step for _, step, _, _ in lines})
+  assert [("all" if end else "seen", seen.tolist()) for _, seen, end in points] == evaluator.calls

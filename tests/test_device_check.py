@@ -1,0 +1,90 @@
+"""launch/device_check.py rehearsed on the CPU (--allow_cpu) with the tiny model: every part runs
+through its real launchers (run.py, bench.py, torch_step.py when PyTorch is importable), and its
+JSON holds what docs/performance.md says it does; the whole-stream extrapolation's arithmetic."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from launch import device_check  # noqa: E402
+
+STREAM = ["--stream_train=640", "--stream_test=100", "--stream_classes=10", "--stream_tasks=2",
+          "--stream_eval_every=320", "--stream_checkpoint_every=4"]
+
+
+def test_the_check_runs_every_part_on_the_cpu_and_reports_each(tmp_path, compilation_cache):
+  out = tmp_path / "out"
+  out.mkdir()
+  device_check.main([f"--out_dir={out}", "--allow_cpu", "--size=tiny", "--budget=500",
+                     f"--demo_config={ROOT / 'configs' / 'tiny.py'}", "--demo_runs=paper",
+                     "--steps=1", "--warmup=1", "--batch_size=16", "--peak_n=128",
+                     f"--compilation_cache={compilation_cache}", *STREAM])
+  report = json.loads((out / "device_check.json").read_text())
+  assert report["platform"] == "cpu" and report["versions"]["jax"]
+  assert set(report["peaks_gflops"]) == {"float32", "bfloat16"}
+  assert all(v > 0 for v in report["peaks_gflops"].values())
+  assert report["skipped"] == {}
+
+  # The demo on the "device" (this CPU) against the CPU: the same program, the same numbers.
+  demo = report["demo"]["paper"]
+  assert demo["rc"] == 0, demo
+  comparison = demo["comparison"]
+  assert comparison["within_tolerance"] and comparison["loss_max_rel_diff"] == 0.0
+
+  # The step table: both fidelities in both compute dtypes, each against its dtype's peak.
+  steps = report["steps"]
+  assert [(r["fidelity"], r["compute_dtype"]) for r in steps] == list(device_check.STEP_CASES)
+  for row in steps:
+    assert row["step_ms_median"] > 0 and row["pct_of_peak"] > 0, row
+    assert row["peak_gflops"] == pytest.approx(report["peaks_gflops"][row["compute_dtype"]])
+
+  # The stream: stopped by SIGTERM once half its checkpoints were written, resumed, finished.
+  stream = report["stream"]
+  assert "error" not in stream, stream
+  assert [s["rc"] for s in stream["segments"]] == [143, 0]
+  assert stream["finished"] and stream["steps_done"] == stream["n_steps"] == 10
+  assert stream["resume_seconds"] > 0 and stream["n_checkpoints"] >= 2
+  whole = stream["whole_stream"]
+  assert whole["measured"] and whole["total_seconds"] > whole["step_seconds"] > 0
+  assert stream["vs_paper"] == pytest.approx(whole["total_seconds"] / device_check.PAPER_SECONDS)
+
+  assert isinstance(report["torch_steps"], list)  # [] where PyTorch is not installed
+  text = (out / "device_check.md").read_text()
+  for heading in ("## The demo on the device", "## Train step", "## Split CIFAR-100's shape"):
+    assert heading in text
+
+
+def test_an_unfinished_stream_is_extrapolated_at_its_measured_rates():
+  plan = {"n_steps": 100, "checkpoint_every": 50,
+          "eval_images": [(9, 100), (49, 500), (59, 600), (99, 1000)]}
+  ledger = {"step_seconds": 12.0, "steady_steps": 49, "steady_seconds": 4.9, "eval_seconds": 6.0,
+            "host_wait_seconds": 1.0, "checkpoint_seconds": 0.5, "n_checkpoints": 1}
+  est = device_check.extrapolate(plan, cursor=50, loop_seconds=22.0, setup_seconds=3.0,
+                                 ledger=ledger)
+  assert est["step_seconds"] == pytest.approx(12.0 + 50 * 0.1)  # the rest at the steady step
+  # 600 images evaluated in 6 s: 1,600 more at 0.01 s each.
+  assert (est["eval_images_done"], est["eval_images_total"]) == (600, 2200)
+  assert est["eval_seconds"] == pytest.approx(6.0 + 1600 * 0.01)
+  assert est["host_wait_seconds"] == pytest.approx(2.0)
+  assert est["checkpoint_seconds"] == pytest.approx(3 * 0.5)  # at 50, 100 and the final save
+  assert est["other_seconds"] == pytest.approx((22.0 - 19.5) * 2)
+  assert est["total_seconds"] == pytest.approx(3.0 + 17.0 + 22.0 + 2.0 + 1.5 + 5.0)
+
+
+def test_bad_flags_are_refused_in_one_line_before_any_compute(tmp_path):
+  for argv, words in ((["--out_dir="], "no output directory"),
+                      ([f"--out_dir={tmp_path / 'missing'}"], "is not a directory"),
+                      ([f"--out_dir={tmp_path}", "--parts=demo,nope"], "--parts"),
+                      ([f"--out_dir={tmp_path}", "--demo_runs=x"], "--demo_runs"),
+                      ([f"--out_dir={tmp_path}", "--budget=5"], "--budget"),
+                      ([f"--out_dir={tmp_path}", "--size=vit_z"], "--size")):
+    with pytest.raises(SystemExit, match=words):
+      device_check.main(argv)
+  assert list(tmp_path.iterdir()) == []
