@@ -142,9 +142,16 @@ def keep_host_memory() -> bool:
 
 
 def flops(lowered) -> float | None:
-  """XLA's floating-point operation estimate of a lowered program (None where unavailable)."""
+  """XLA's floating-point operation estimate of a lowered program (None where unavailable).
+
+  Backends behind PJRT's C API (JAX's CUDA plugin among them) estimate only compiled programs:
+  there the program is compiled, which for one already run (a jitted train step) is JAX's
+  in-memory cache and costs nothing, and for a new one (the one-image forward) is one compile."""
   try:
-    cost = lowered.cost_analysis()
+    try:
+      cost = lowered.cost_analysis()
+    except NotImplementedError:  # "use compile().cost_analysis()"
+      cost = lowered.compile().cost_analysis()
   except Exception:  # the estimate is optional: some backends do not provide it
     return None
   if isinstance(cost, (list, tuple)):

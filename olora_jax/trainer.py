@@ -482,7 +482,8 @@ def _steady_eta(bar: tqdm.tqdm) -> None:
 
 
 def forward_flops_per_image(setup: Setup, params: dict) -> float | None:
-  """XLA's estimate of the backbone's forward pass on one image (lowered, not compiled)."""
+  """XLA's estimate of the backbone's forward pass on one image (lowered, and compiled only where
+  the backend estimates compiled programs alone: compute.flops)."""
   size = setup.spec.image_size
   image = jax.ShapeDtypeStruct((1, size, size, 3), jnp.float32)
   return compute_lib.flops(jax.jit(setup.model.apply).lower({"params": params}, image))

@@ -317,3 +317,20 @@ def test_bfloat16_runs_the_stream_and_tracks_float32(tmp_path, tiny_reference, c
   a16, a32 = (json.loads((d / "results.json").read_text())["A_final"]
               for d in (workdir, tiny_reference))
   assert abs(a16 - a32) <= 0.05
+
+
+def test_flops_of_a_backend_that_estimates_only_compiled_programs():
+  """JAX's CUDA plugin (PJRT's C API) refuses Lowered.cost_analysis: the compiled program's
+  estimate is used, the same number XLA gives for the lowered one where both exist."""
+  program = jax.jit(lambda a, b: (a @ b).sum())
+  lowered = program.lower(jnp.ones((16, 8)), jnp.ones((8, 4)))
+
+  class CompiledOnly:  # a lowered program as the GPU plugin's backend answers for it
+    def cost_analysis(self):
+      raise NotImplementedError("Lowered.cost_analysis not implemented on platform 'cuda'")
+
+    def compile(self):
+      return lowered.compile()
+
+  assert compute.flops(CompiledOnly()) == pytest.approx(compute.flops(lowered), rel=0.1)
+  assert compute.flops(CompiledOnly()) > 0
