@@ -122,3 +122,15 @@ def test_a_failing_cell_is_reported_with_its_line_and_not_requeued(tmp_path):
   log = (root / "slurm" / "logs" / f"{job}_0.out").read_text()
   assert "requeueing" not in log and "restart 1" not in log and "exit 2" in log
   assert f"failed, exit 2: {detail[len('exit 2: '):]}" in _status(root)
+
+
+def test_a_two_process_srun_run_equals_one_process(tmp_path, tiny_reference):
+  from test_distributed import _assert_close_to
+
+  workdir = tmp_path / "run"
+  proc = subprocess.run(["srun", "-n2", "--cpus-per-task=1", "--mem=4G",
+                         *tiny_run.command(workdir, "--config.distributed.initialize=cluster")],
+                        capture_output=True, text=True, timeout=400, cwd=ROOT)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert proc.stdout.count("results written to") == 1  # process 0 alone prints the table
+  _assert_close_to(workdir, tiny_reference)
