@@ -116,7 +116,8 @@ def test_only(script: str, indices: list[int], throttle: int) -> str | None:
   if proc.returncode == 0:
     return None
   reason = (proc.stderr.strip().splitlines() or ["(no message)"])[-1]
-  return f"sbatch refuses the sweep's batch script: {reason}; fix that flag"
+  return (f"sbatch refuses the sweep's batch script: {reason}; fix that value and run the"
+          " same command")
 
 
 def sbatch_command(script_path: str, indices: list[int], throttle: int, after: str | None
