@@ -15,9 +15,10 @@ Keys that matter:
                                 optimizer state, Omega, losses and the window stay float32)
   sharding.fsdp                 devices over which each weight matrix of the state is split
                                 (FSDP); 1 = replicated, plain data parallelism
-  distributed.initialize, .coordinator_address, .num_processes, .process_id
-                                several processes on one run (jax.distributed): 'auto' | 'cluster'
-                                | 'off' (docs/performance.md)
+  distributed.initialize, .coordinator_address, .num_processes, .process_id,
+  .initialization_timeout       several processes on one run (jax.distributed): 'auto' | 'cluster'
+                                | 'off'; seconds to wait for every process to join
+                                (docs/performance.md, docs/cluster.md)
   pretrained.path, .format      local checkpoint ('' = random init, for tests only);
                                 format 'auto' | 'timm' | 'augreg' | 'big_vision'
   data.dataset                  embedded 'mnist_5k' | 'sklearn_digits' | 'rotated_mnist_5k', TFDS
@@ -140,6 +141,9 @@ def get_config(method: str = "online_lora") -> ml_collections.ConfigDict:
   config.distributed.coordinator_address = ""  # 'host:port' of process 0
   config.distributed.num_processes = 0  # 0: from the environment
   config.distributed.process_id = -1  # -1: from the environment
+  # Seconds each process waits for all to join: a cold restart after preemption can take longer
+  # than JAX's default 300 s.
+  config.distributed.initialization_timeout = 1800
 
   config.pretrained = ml_collections.ConfigDict()
   config.pretrained.path = ""

@@ -65,6 +65,7 @@ import traceback  # noqa: E402
 # Config files import `configs.common`: make the repository root importable wherever we run from.
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
+import jax  # noqa: E402
 from absl import app, flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
@@ -254,14 +255,19 @@ def main(argv):
       if where:
         message += f" ({where})"
     _fail(" ".join(message.split()), code)
+  if jax.process_index() == 0:  # one table for a run over many processes
+    _print_results(results, config, workdir)
+  distributed.finish()  # with the other processes, if any, before the runtime is left behind
+  _exit_now(0)
+
+
+def _print_results(results: dict, config, workdir: str) -> None:
   print(trainer.format_results_table(results, config))
   if results.get("already_finished"):
     print(f"\nnothing ran: {workdir} already holds this finished run (results.json written"
           f" {results['already_finished']}); pass a new --workdir to run it again")
   else:
     print(f"\nresults written to {workdir}/results.json")
-  distributed.finish()  # with the other processes, if any, before the runtime is left behind
-  _exit_now(0)
 
 
 def _exit_now(code: int) -> None:

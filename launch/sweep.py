@@ -6,16 +6,28 @@
 
 Each run is `launch/run.py --config SETTING --workdir ROOT/NAME/METHOD/seedN --config.method=METHOD
 --config.seed=N` plus the overrides after `--` (NAME: the config file's name, with its argument
-when it has one: configs/split_cifar100.py:vit_s16 -> split_cifar100_vit_s16). A workdir that
-holds results.json is finished and skipped; any other is started or resumed from its newest
-checkpoint by run.py itself, so rerunning the same command after a stop carries on where it
-stopped. The exit code of each run (olora_jax/errors.py) decides what follows:
+when it has one: configs/split_cifar100.py:vit_s16 -> split_cifar100_vit_s16). Each run's exit
+is recorded in its workdir (exit.json: the code and the run's one `error: ...` line;
+launch/cells.py). A workdir holding results.json and a recorded exit 0 is finished and skipped;
+any other is started or resumed from its newest checkpoint by run.py itself, so rerunning the
+same command after a stop carries on where it stopped, and a run that failed (even after writing
+results.json) runs again. The exit code of each run (olora_jax/errors.py) decides what follows:
   0                      next run
-  1 (bug), 3 (NaN/Inf)   the run is reported as failed, the sweep goes on
+  1 (bug), 3 (NaN/Inf)   the run is reported as failed with its one line, the sweep goes on
+                         (--fail_fast: the sweep stops there)
   2 (bad input), 4 (environment), 128+s (signal)   the sweep stops with that code: the cause
                          would stop every later run too (or the user asked to stop)
 At the end a summary lists every run with its status and wall time; the exit code is 0 when all
 finished, else the first failed run's code.
+
+    python launch/sweep.py --status ROOT   every cell: finished, running (step N of M), failed or
+                                           stopped (exit code and one-line reason), not started;
+                                           read from the workdirs alone (local or SLURM sweeps)
+
+--launcher slurm (docs/cluster.md): the same cells as one SLURM job array, one task per cell
+(tuning points included), from one batch script written to ROOT/slurm/sweep.sbatch and submitted
+with sbatch (--dry_run prints it and the sbatch command, writing nothing); resubmitting the same
+command submits only the cells not finished. launch/slurm.py has the script's logic.
 
 --tune: the paper's tuning protocol (its appendix, after the online continual-learning survey of
 Mai et al.): per setting and method, a grid search over learning rate and weight decay
@@ -36,13 +48,11 @@ import itertools
 import json
 import os
 import pathlib
-import signal
-import subprocess
 import sys
-import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
+from launch import cells, slurm  # noqa: E402
 from olora_jax import errors  # noqa: E402
 
 RUN = str(pathlib.Path(__file__).resolve().parent / "run.py")
@@ -63,6 +73,16 @@ TUNING_GRIDS = {
     "ema_der_pp": _EMA, "ema_rar": _EMA,
 }
 VALIDATION_FRACTION = 0.1  # of the training split, held out for --tune
+# --launcher slurm: the #SBATCH values given as text (empty: the cluster's default).
+SLURM_TEXT_FLAGS = {
+    "partition": "#SBATCH --partition",
+    "time": "time limit of one cell's task (#SBATCH --time, e.g. 4:00:00); a cell that needs"
+            " longer checkpoints and is requeued",
+    "mem": "memory per cell (#SBATCH --mem, e.g. 16G)",
+    "gres": "generic resources per cell (#SBATCH --gres, e.g. gpu:1)",
+}
+SIGNAL_LEAD = 120  # s before the time limit: the checkpoint of a large model's step fits
+MAX_REQUEUES = 50
 
 
 def setting_name(config: str) -> str:
@@ -93,20 +113,6 @@ def method_dir(method: str) -> str:
     return method
   from olora_jax import methods  # imports JAX: only for a method of one's own
   return methods.resolve(method).name
-
-
-def run_forwarding_signals(command: list[str]) -> int:
-  """Runs `command` to its end and returns its exit code. SIGINT and SIGTERM sent to the sweep
-  (Ctrl-C included: the run is in its own session, so the terminal signals the sweep alone) are
-  passed on to the run once, which checkpoints its current step and exits 128 + signal."""
-  proc = subprocess.Popen(command, start_new_session=True)
-  forward = lambda signum, frame: proc.send_signal(signum)  # noqa: E731
-  before = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
-  try:
-    return proc.wait()
-  finally:
-    for s, handler in before.items():
-      signal.signal(s, handler)
 
 
 def grid_points(grid: dict) -> list[dict]:
@@ -150,14 +156,22 @@ def parse(argv: list[str]) -> argparse.Namespace:
   overrides = argv[argv.index("--") + 1:] if "--" in argv else []
   own = argv[:argv.index("--")] if "--" in argv else argv
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--root", required=True, help="where the workdirs go")
-  parser.add_argument("--settings", required=True, type=_list,
+  parser.add_argument("--root", help="where the workdirs go")
+  parser.add_argument("--settings", type=_list,
                       help="config files, comma separated (configs/demo.py,...)")
-  parser.add_argument("--methods", required=True, type=_list,
+  parser.add_argument("--methods", type=_list,
                       help="`method` names, comma separated (docs/methods.md)")
   parser.add_argument("--seeds", default=[0, 1, 2], type=lambda t: [int(s) for s in _list(t)],
                       help="comma separated (default 0,1,2)")
-  parser.add_argument("--dry_run", action="store_true", help="print the commands, run nothing")
+  parser.add_argument("--dry_run", action="store_true",
+                      help="print the commands (with --launcher slurm: the batch script and the"
+                      " sbatch command), run and write nothing")
+  parser.add_argument("--fail_fast", action="store_true",
+                      help="stop at the first run that fails (default: report it, go on)")
+  parser.add_argument("--status", metavar="ROOT",
+                      help="print every cell of the sweep in ROOT and its state, run nothing")
+  parser.add_argument("--run_cell", nargs=2, metavar=("ROOT", "INDEX"),
+                      help=argparse.SUPPRESS)  # one task of a SLURM array (launch/slurm.py)
   parser.add_argument("--tune", action="store_true",
                       help="first pick learning rate and weight decay per method on a held-out"
                       " validation stream (the paper's protocol; module docstring)")
@@ -169,14 +183,49 @@ def parse(argv: list[str]) -> argparse.Namespace:
                       help="results.json value the validation runs are ranked by")
   parser.add_argument("--validation_fraction", type=float, default=VALIDATION_FRACTION,
                       help="share of the training split held out for --tune")
+  cluster = parser.add_argument_group("--launcher slurm (docs/cluster.md)")
+  cluster.add_argument("--launcher", choices=("local", "slurm"), default="local",
+                       help="local: one run after another here (default); slurm: one job array")
+  for flag, help_ in SLURM_TEXT_FLAGS.items():
+    cluster.add_argument(f"--{flag}", default="", help=help_)
+  cluster.add_argument("--cpus", type=int, default=None,
+                       help="CPUs per cell (#SBATCH --cpus-per-task; default 1)")
+  cluster.add_argument("--throttle", type=int, default=None, metavar="K",
+                       help="at most K cells at once (--array=...%%K; default: no limit)")
+  cluster.add_argument("--sbatch", action="append", default=[], metavar="LINE",
+                       help="an extra #SBATCH line, e.g. '--account=abc' (repeatable)")
+  cluster.add_argument("--signal_lead", type=int, default=None, metavar="SECONDS",
+                       help="SIGUSR1 this long before the time limit, to checkpoint and requeue"
+                       f" (default {SIGNAL_LEAD}; SLURM may send it up to 60 s earlier)")
+  cluster.add_argument("--max_requeues", type=int, default=None,
+                       help=f"requeue a cell at most this many times (default {MAX_REQUEUES})")
   args = parser.parse_args(own)
   args.overrides = overrides
+  if args.status or args.run_cell:
+    return args
+  need = [f"--{k}" for k in ("root", "settings", "methods") if not getattr(args, k)]
+  if need:
+    parser.error(f"{', '.join(need)} required (or --status ROOT)")
+  given = [f"--{k}" for k in (*SLURM_TEXT_FLAGS, "cpus", "throttle", "signal_lead",
+                              "max_requeues") if getattr(args, k) not in ("", None)]
+  given += ["--sbatch"] if args.sbatch else []
+  if args.launcher == "local" and given:
+    parser.error(f"{', '.join(given)} only apply to --launcher slurm; add it or drop them")
+  for flag, low in (("cpus", 1), ("throttle", 0), ("signal_lead", 1), ("max_requeues", 0)):
+    if getattr(args, flag) is not None and getattr(args, flag) < low:
+      parser.error(f"--{flag}={getattr(args, flag)} must be >= {low}")
+  args.cpus = args.cpus or 1
+  args.throttle = args.throttle or 0
+  args.signal_lead = args.signal_lead or SIGNAL_LEAD
+  args.max_requeues = MAX_REQUEUES if args.max_requeues is None else args.max_requeues
   bad = [o for o in overrides if not o.startswith("--config.")]
   if bad:
     parser.error(f"after '--' only --config.KEY=VALUE overrides are passed on, got {bad}")
   missing = [s for s in args.settings if not os.path.isfile(s.partition(":")[0])]
   if missing:
     parser.error(f"config file(s) {missing} do not exist; settings are in configs/")
+  if args.launcher == "slurm" and not args.dry_run and slurm.check_available():
+    parser.error(slurm.check_available())
   from olora_jax import methods  # the names only (imports JAX, after the cheap checks)
   for method in args.methods:
     try:
@@ -186,83 +235,129 @@ def parse(argv: list[str]) -> argparse.Namespace:
   return args
 
 
-def tune(args) -> tuple[dict, int]:
-  """The validation runs of --tune: (ROOT/NAME/METHOD -> overrides of the picked point, exit
-  code: 0, or the code that stops the sweep). Writes each method's tuning.json."""
-  chosen = {}
+def tuning_plans(args) -> list[dict]:
+  """The validation runs of --tune, per setting and method with a grid: {"method_dir",
+  "method", "setting", "points", "workdirs", "commands", "metric", "validation_fraction",
+  "seed"}."""
+  plans = []
   for config in args.settings:
     for method in args.methods:
       grid = args.grid if args.grid is not None else TUNING_GRIDS.get(method)
       method_dir = os.path.join(args.root, setting_name(config), method)
       if not grid:
-        print(f"{method_dir}: no grid, the defaults", flush=True)
         continue
       points = grid_points(grid)
-      runs = []
+      workdirs, commands = [], []
       for point in points:
         tag = "_".join(f"{'lr' if k == 'learning_rate' else 'wd'}{v:g}"
                        for k, v in sorted(point.items()))
         workdir = os.path.join(method_dir, "tune", tag)
-        runs.append((workdir, [
+        workdirs.append(workdir)
+        commands.append([
             sys.executable, RUN, f"--config={config}", f"--workdir={workdir}",
             f"--config.method={method}", f"--config.seed={args.tune_seed}", *args.overrides,
             f"--config.data.validation_fraction={args.validation_fraction}",
-            *(f"--config.{method}.{k}={v!r}" for k, v in sorted(point.items()))]))
-      code, stop = execute(runs, args.dry_run)
+            *(f"--config.{method}.{k}={v!r}" for k, v in sorted(point.items()))])
+      plans.append({"method_dir": method_dir, "method": method, "setting": config,
+                    "points": points, "workdirs": workdirs, "commands": commands,
+                    "metric": args.tune_metric, "validation_fraction": args.validation_fraction,
+                    "seed": args.tune_seed})
+  return plans
+
+
+def choose(plan: dict) -> list[str]:
+  """The overrides of the best validation point of one method's tuning `plan`, written with
+  every point's score to METHOD_DIR/tuning.json. A point that failed (its recorded exit is not 0)
+  scores None; RuntimeError, naming them, while any point is not finished or failed yet."""
+  waiting = [w for w in plan["workdirs"] if not cells.is_finished(w)
+             and cells.cell_status(w)[0] != "failed"]
+  if waiting:
+    raise RuntimeError(f"{len(waiting)} of the {len(plan['workdirs'])} tuning runs of"
+                       f" {plan['method_dir']} have not finished ({waiting[0]}, ...); run the"
+                       " sweep again once they have")
+  scores = []
+  for point, workdir in zip(plan["points"], plan["workdirs"], strict=True):
+    score = None
+    if cells.is_finished(workdir):
+      with open(os.path.join(workdir, "results.json")) as f:
+        score = json.load(f).get(plan["metric"])
+    scores.append((point, score))
+  best = pick(scores)
+  record = {"method": plan["method"], "setting": plan["setting"], "metric": plan["metric"],
+            "validation_fraction": plan["validation_fraction"], "seed": plan["seed"],
+            "scores": [{"point": p, "score": s} for p, s in scores], "chosen": best}
+  path = os.path.join(plan["method_dir"], "tuning.json")
+  with open(f"{path}.{os.getpid()}.tmp", "w") as f:  # SLURM tasks may write it at once
+    json.dump(record, f, indent=1)
+  os.replace(f"{path}.{os.getpid()}.tmp", path)
+  print(f"{plan['method_dir']}: picked {point_name(best)} (best validation {plan['metric']}, of"
+        f" {len(plan['points'])} grid points)", flush=True)
+  return [f"--config.{plan['method']}.{k}={v!r}" for k, v in sorted(best.items())]
+
+
+def tune(args) -> tuple[dict, int]:
+  """The validation runs of --tune, one after another: (ROOT/NAME/METHOD -> overrides of the
+  picked point, exit code: 0, or the code that stops the sweep). Writes each method's
+  tuning.json."""
+  chosen = {}
+  plans = {p["method_dir"]: p for p in tuning_plans(args)}
+  for config in args.settings:
+    for method in args.methods:
+      method_dir = os.path.join(args.root, setting_name(config), method)
+      if method_dir not in plans:
+        print(f"{method_dir}: no grid, the defaults", flush=True)
+        continue
+      plan_ = plans[method_dir]
+      code, stop = execute(list(zip(plan_["workdirs"], plan_["commands"], strict=True)), args)
       if stop:
         return chosen, code
-      done = [os.path.join(workdir, "results.json") for workdir, _ in runs]
-      if args.dry_run and not all(map(os.path.isfile, done)):
+      if args.dry_run and not all(map(cells.is_finished, plan_["workdirs"])):
         continue  # nothing to pick from yet
-      scores = []
-      for point, path in zip(points, done, strict=True):
-        score = None
-        if os.path.isfile(path):
-          with open(path) as f:
-            score = json.load(f).get(args.tune_metric)
-        scores.append((point, score))
-      best = pick(scores)
-      record = {"method": method, "setting": config, "metric": args.tune_metric,
-                "validation_fraction": args.validation_fraction, "seed": args.tune_seed,
-                "scores": [{"point": p, "score": s} for p, s in scores], "chosen": best}
-      with open(os.path.join(method_dir, "tuning.json"), "w") as f:
-        json.dump(record, f, indent=1)
-      print(f"{method_dir}: picked {point_name(best)} (best validation {args.tune_metric}, of"
-            f" {len(points)} grid points)", flush=True)
-      chosen[method_dir] = [f"--config.{method}.{k}={v!r}" for k, v in sorted(best.items())]
+      try:
+        chosen[method_dir] = choose(plan_)
+      except ValueError as e:  # every point failed
+        print(f"{method_dir}: {e}; its test seeds are not run", file=sys.stderr, flush=True)
+        return chosen, code or errors.EXIT_INTERNAL
   return chosen, 0
 
 
-def execute(runs: list[tuple[str, list[str]]], dry_run: bool) -> tuple[int, bool]:
+def execute(runs: list[tuple[str, list[str]]], args) -> tuple[int, bool]:
   """Runs each (workdir, command) not finished yet, in order, and prints a summary; (the first
   failed run's exit code or 0, whether the sweep must stop)."""
   summary, first_failure, stop = [], 0, False
   for i, (workdir, command) in enumerate(runs, 1):
     head = f"[{i}/{len(runs)}] {workdir}"
-    if os.path.isfile(os.path.join(workdir, "results.json")):
+    if cells.is_finished(workdir):
       print(f"{head}: finished, skipped", flush=True)
       summary.append((workdir, "finished earlier", 0.0))
       continue
-    if dry_run:
+    if args.dry_run:
       print(" ".join(command), flush=True)
       continue
-    print(f"{head}: {'resuming' if os.path.isdir(workdir) else 'starting'}", flush=True)
-    start = time.monotonic()
-    code = run_forwarding_signals(command)
-    seconds = time.monotonic() - start
-    status = "finished" if code == errors.EXIT_OK else f"failed (exit {code})"
+    state = cells.cell_status(workdir)[0]
+    print(f"{head}: {'starting' if state == 'not started' else 'resuming'}"
+          + (" (it failed before)" if state == "failed" else ""), flush=True)
+    code, line = cells.run_cell(workdir, command)
+    record = cells.read_record(workdir) or {}
+    seconds = record.get("seconds", 0.0)
+    status = "finished" if code == errors.EXIT_OK else f"failed (exit {code}): {line}"
     summary.append((workdir, status, seconds))
-    print(f"{head}: {status} in {seconds:.0f} s", flush=True)
+    print(f"{head}: {status}" + (f" in {seconds:.0f} s" if code == 0 else ""), flush=True)
     if code != errors.EXIT_OK:
       first_failure = first_failure or code
       if code in STOP_CODES:
-        print(f"sweep stopped: exit {code} would stop every later run too (see the run's error"
-              " line above); fix it and run the same command to carry on", file=sys.stderr)
+        print(f"sweep stopped: exit {code} would stop every later run too ({line}); fix it and"
+              " run the same command to carry on", file=sys.stderr)
         stop = True
         break
-      if code > errors.EXIT_SIGNAL_BASE or code < 0:
+      if cells.is_signal(code):
         print(f"sweep stopped by a signal (exit {code}): the run checkpointed its step; run the"
               " same command to carry on", file=sys.stderr)
+        stop = True
+        break
+      if args.fail_fast:
+        print(f"sweep stopped at the first failed run (--fail_fast): {workdir}: {line}",
+              file=sys.stderr)
         stop = True
         break
   if summary:
@@ -272,8 +367,25 @@ def execute(runs: list[tuple[str, list[str]]], dry_run: bool) -> tuple[int, bool
   return first_failure, stop
 
 
-def main(argv: list[str]) -> int:
-  args = parse(argv)
+def grid_cells(args) -> list[dict]:
+  """Every cell of the sweep, tuning points first: {"workdir", "command", "tuning"} ("tuning":
+  the plan a test seed's overrides are picked from, or None)."""
+  plans = tuning_plans(args) if args.tune else []
+  by_dir = {p["method_dir"]: p for p in plans}
+  grid = [{"workdir": w, "command": c, "tuning": None}
+          for p in plans for w, c in zip(p["workdirs"], p["commands"], strict=True)]
+  for workdir, command in plan(args.root, args.settings, args.methods, args.seeds,
+                               args.overrides):
+    tuning = by_dir.get(os.path.dirname(workdir))
+    grid.append({"workdir": workdir, "command": command,
+                 "tuning": {k: v for k, v in tuning.items() if k != "commands"} if tuning
+                 else None})
+  return grid
+
+
+def run_local(args) -> int:
+  if not args.dry_run:
+    cells.write_plan(args.root, cells.merged_plan(args.root, grid_cells(args)))
   chosen = {}
   if args.tune:
     chosen, code = tune(args)
@@ -282,7 +394,96 @@ def main(argv: list[str]) -> int:
   runs = [(workdir, command + chosen.get(os.path.dirname(workdir), []))
           for workdir, command in plan(args.root, args.settings, args.methods, args.seeds,
                                        args.overrides)]
-  return execute(runs, args.dry_run)[0]
+  return execute(runs, args)[0]
+
+
+def run_slurm(args) -> int:
+  """Writes the batch script and submits the cells not finished: the tuning points and the
+  untuned cells as one array, the seeds picked by tuning as a second array that starts when the
+  first has ended."""
+  grid = grid_cells(args)
+  merged = cells.merged_plan(args.root, grid)
+  index = {c["workdir"]: i for i, c in enumerate(merged)}
+  todo = [c for c in grid if not cells.is_finished(c["workdir"])]
+  first = [index[c["workdir"]] for c in todo if not c["tuning"]]
+  second = [index[c["workdir"]] for c in todo if c["tuning"]]
+  print(f"{len(grid)} cells, {len(grid) - len(todo)} finished, {len(todo)} to submit")
+  if not todo:
+    return 0
+  root = os.path.abspath(args.root)
+  script = slurm.batch_script(
+      root, sys.executable, os.path.abspath(__file__), os.getcwd(), partition=args.partition,
+      time=args.time, mem=args.mem, cpus=args.cpus, gres=args.gres,
+      signal_lead=args.signal_lead, max_requeues=args.max_requeues, extra=args.sbatch)
+  path = os.path.join(root, "slurm", slurm.SCRIPT)
+  if args.dry_run:
+    print(f"--- {path}\n{script}---")
+    if first:
+      print(slurm.sbatch_command(path, first, args.throttle, None))
+    if second:
+      print(slurm.sbatch_command(path, second, args.throttle,
+                                 "<the first array's job id>" if first else None))
+    return 0
+  refused = slurm.test_only(script, first or second, args.throttle)
+  if refused:
+    print(f"error: {refused}", file=sys.stderr)
+    return errors.EXIT_BAD_INPUT
+  os.makedirs(os.path.join(root, "slurm", "logs"), exist_ok=True)
+  with open(path, "w") as f:
+    f.write(script)
+  cells.write_plan(args.root, merged)
+  job = None
+  for indices in (first, second):
+    if indices:
+      job = slurm.submit(path, indices, args.throttle, after=job)
+      print(f"submitted job array {job}: cells {slurm.array_ranges(indices)} (logs in"
+            f" {root}/slurm/logs/{job}_<cell>.out)")
+  print(f"see their state with: {sys.argv[0]} --status {args.root}")
+  return 0
+
+
+def run_one_cell(root: str, index: str) -> int:
+  """One task of the SLURM array: cell `index` of ROOT/sweep.json, as the local sweep runs it."""
+  cell = cells.load_plan(root)[int(index)]
+  workdir, command = cell["workdir"], cell["command"]
+  if cells.is_finished(workdir):
+    print(f"{workdir}: finished, skipped", flush=True)
+    return 0
+  if cell.get("tuning"):
+    try:
+      command = command + choose(cell["tuning"])
+    except (RuntimeError, ValueError) as e:
+      cells.write_record(workdir, {"state": "exited", "code": errors.EXIT_ENVIRONMENT,
+                                   "line": str(e), "ended": cells.now()})
+      print(f"error: {e}", file=sys.stderr)
+      return errors.EXIT_ENVIRONMENT
+  print(f"{workdir}: {cells.cell_status(workdir)[0]}, running", flush=True)
+  code, _ = cells.run_cell(workdir, command)
+  return code
+
+
+def print_status(root: str) -> int:
+  if not os.path.isdir(root):
+    print(f"error: --status {root}: no such directory; give a sweep's --root", file=sys.stderr)
+    return errors.EXIT_BAD_INPUT
+  lines, counts = cells.status_lines(root)
+  if not lines:
+    print(f"error: --status {root}: no sweep there (no {cells.PLAN}, no cell's"
+          f" {cells.EXIT_RECORD}); give a sweep's --root", file=sys.stderr)
+    return errors.EXIT_BAD_INPUT
+  print("\n".join(lines))
+  order = ("finished", "running", "stopped", "failed", "not started")
+  print(f"{len(lines)} cells: " + ", ".join(f"{counts.get(s, 0)} {s}" for s in order))
+  return 0
+
+
+def main(argv: list[str]) -> int:
+  args = parse(argv)
+  if args.status:
+    return print_status(args.status)
+  if args.run_cell:
+    return run_one_cell(*args.run_cell)
+  return run_slurm(args) if args.launcher == "slurm" else run_local(args)
 
 
 if __name__ == "__main__":

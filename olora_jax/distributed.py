@@ -11,6 +11,9 @@
   distributed.coordinator_address   'host:port' of process 0, reachable from every process
   distributed.num_processes         how many processes (0: from the environment)
   distributed.process_id            this process's index (-1: from the environment)
+  distributed.initialization_timeout  seconds every process waits for the others to join
+                                    (default 1800: after a preemption, a cold restart of many
+                                    nodes can take longer than JAX's own 300 s)
 
 Every process runs the same command on the same workdir, on a file system they share. Each one
 reads and preprocesses only its own rows of every batch and test batch (`sharding.local_rows`);
@@ -42,6 +45,9 @@ def check(c: ml_collections.ConfigDict) -> None:
       c.num_processes and c.process_id >= c.num_processes):
     raise ValueError(f"distributed.process_id={c.process_id!r} must be in [0,"
                      f" num_processes={c.num_processes}) (-1: from the environment)")
+  if not isinstance(c.initialization_timeout, int) or c.initialization_timeout < 1:
+    raise ValueError(f"distributed.initialization_timeout={c.initialization_timeout!r} must be"
+                     " a whole number of seconds >= 1")
   if c.coordinator_address and ":" not in c.coordinator_address:
     raise ValueError(f"distributed.coordinator_address={c.coordinator_address!r} must be"
                      " 'host:port' of process 0")
@@ -62,10 +68,15 @@ def initialize(c: ml_collections.ConfigDict) -> None:
     return
   # CPU processes exchange collectives through gloo (GPU and TPU use their own transports).
   jax.config.update("jax_cpu_collectives_implementation", "gloo")
+  # XLA's preemption service would install its own SIGTERM handler in place of the run's
+  # (launch/run.py records a signal from its first line; the loop checkpoints on it), and a run
+  # signalled before its time limit would go on to be killed without a checkpoint.
+  jax.config.update("jax_enable_preemption_service", False)
   jax.distributed.initialize(
       coordinator_address=c.coordinator_address or None,
       num_processes=c.num_processes or None,
-      process_id=None if c.process_id < 0 else c.process_id)
+      process_id=None if c.process_id < 0 else c.process_id,
+      initialization_timeout=c.initialization_timeout)
 
 
 def finish() -> None:

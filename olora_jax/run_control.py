@@ -34,9 +34,13 @@ _SAVING = [False]
 
 
 def stop_if_signalled(when: str) -> None:
-  """Raises `errors.Preempted` (exit 128 + signal) if a signal came before the loop."""
-  if PENDING_SIGNALS:
-    signum = PENDING_SIGNALS[0]
+  """Raises `errors.Preempted` (exit 128 + signal) if a signal came before the loop, to any
+  process of a multi-process run (one small collective): every process stops at the same stage,
+  none is left waiting in a collective for one that stopped."""
+  signum = PENDING_SIGNALS[0] if PENDING_SIGNALS else 0
+  if jax.distributed.is_initialized():  # never before: that would start the backend
+    signum = sharding.process_max(signum)
+  if signum:
     raise errors.Preempted(signum, f"stopped by signal {signum} {when}, before any step ran;"
                            " what is written is complete: run the same command to start (or"
                            " resume)")

@@ -128,6 +128,8 @@ def test_backbone_sharded_over_eight_devices_matches_one_device(tmp_path, compil
 def test_bad_distributed_and_sharding_values_fail_before_compute(tmp_path, compilation_cache):
   for override, message in (("--config.distributed.initialize=always", "distributed.initialize"),
                             ("--config.distributed.process_id=-3", "distributed.process_id"),
+                            ("--config.distributed.initialization_timeout=0",
+                             "distributed.initialization_timeout=0 must be a whole number"),
                             ("--config.sharding.fsdp=3", "sharding.fsdp=3")):
     done = tiny_run.run(tmp_path / "bad", compilation_cache, override)
     assert done.returncode == 2, (override, done.stderr[-2000:])
