@@ -49,6 +49,7 @@ import json
 import os
 import pathlib
 import platform
+import re
 import signal
 import subprocess
 import sys
@@ -146,9 +147,19 @@ def run_process(command: list[str], seconds: float, env: dict | None = None,
           "stderr": lines, "stdout": "".join(out_chunks)}
 
 
+PROGRESS_BAR = re.compile(r"\d+/\d+ \[")  # a tqdm update: "  3%|...| 25/790 [00:04<...]"
+
+
 def last_line(done: dict) -> str:
-  lines = [line for _, line in done["stderr"] if line.strip()]
-  return lines[-1][:300] if lines else "(no output)"
+  """The process's last stderr line that is not a progress bar's update, after how the check
+  stopped it if it did."""
+  lines = [part for _, line in done["stderr"] for part in line.split("\r")
+           if part.strip() and not PROGRESS_BAR.search(part)]
+  text = lines[-1][:300] if lines else "(no output)"
+  if done["stopped"]:
+    how = "SIGKILL" if done["rc"] == -signal.SIGKILL else "SIGTERM"
+    text = f"stopped by the check ({how} after {done['seconds']:.0f} s): {text}"
+  return text
 
 
 def _env(**extra: str) -> dict:
@@ -275,8 +286,7 @@ def run_steps(args: argparse.Namespace, seconds: float, peaks: dict) -> list[dic
           (row,) = json.load(f)
         rows.append(row)
       else:
-        rows.append({**case, "error": ("stopped: budget spent" if done["stopped"] else
-                                       f"exit {done['rc']}: {last_line(done)}")})
+        rows.append({**case, "error": f"exit {done['rc']}: {last_line(done)}"})
     print(f"steps {args.size} {fidelity} {dtype}: "
           + (f"{rows[-1]['step_ms_median']:.1f} ms" if "step_ms_median" in rows[-1]
              else rows[-1].get("error") or rows[-1].get("skipped")), flush=True)
