@@ -199,6 +199,10 @@ def plateau_detection(plateau_samples: Sequence[int], task_end_samples: Sequence
   new task has a latency of one batch). recall = detected / (T-1); precision = detecting plateaus
   / plateaus after b_1 (the first task has no boundary before it: its plateaus are reported as
   `n_plateaus_first_task`). Both are nan when their denominator is 0.
+
+  Returns a dict (results.json's `plateau_detection`): n_boundaries, n_plateaus,
+  n_plateaus_first_task, n_detected, precision, recall, latency_samples (per boundary, None =
+  missed), mean_latency_samples, boundary_samples, plateau_samples and plateaus_per_task.
   """
   plateaus = np.asarray(plateau_samples, np.int64)
   ends = np.asarray(task_end_samples, np.int64)

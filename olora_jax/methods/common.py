@@ -106,9 +106,10 @@ def optimizer_and_apply(ctx, block) -> tuple[optax.GradientTransformation, objec
 
 
 def train_step(name: str):
-  """Decorates a method's train step `(state, batch) -> (state, metrics, report)`: each trace is
-  counted in TRACE_COUNTS["<name>.train_step"] and a batch carrying anything but images, labels
-  and mask is refused (base.check_batch: the learner is task-free)."""
+  """A decorator for a method's train step `(state, batch) -> (state, metrics, report)`; the
+  decorated step is the same function, but each trace is counted in
+  TRACE_COUNTS["<name>.train_step"] and a batch carrying anything but images, labels and mask is
+  refused (base.check_batch: the learner is task-free)."""
 
   def decorate(step):
     @functools.wraps(step)
@@ -137,6 +138,8 @@ def classes_in(labels: jax.Array, mask: jax.Array, num_classes: int) -> jax.Arra
 
 
 def per_example_ce(logits: jax.Array, labels: jax.Array) -> jax.Array:
+  """(N,) float32 softmax cross-entropy of each item's logits (N, C) against its integer label
+  (padded items included: mask them with `masked_mean`)."""
   return optax.softmax_cross_entropy_with_integer_labels(logits, labels)
 
 

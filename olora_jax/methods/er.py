@@ -57,6 +57,8 @@ def make(ctx: base.Context, name: str, block, retrieve) -> base.Method:
 
 
 def build(ctx: base.Context) -> base.Method:
+  """ER from the `er` config block: the `Method` whose replay draws `replay_batch` stored samples
+  uniformly (`replay.sample`) each step."""
   block, scale = ctx.config.er, ctx.config.data.input_scale
   return make(ctx, "er", block, lambda apply, state, batch, key: replay.sample(
       state["buffer"], key, common.replay_batch(ctx, block), scale))

@@ -25,6 +25,10 @@ import jax.numpy as jnp
 
 @flax.struct.dataclass
 class ReplayBuffer:
+  """K stored samples with static shapes and a validity mask (a pytree: it lives in a method's
+  state and is updated inside jit). Made by `init`, filled by `reservoir_update` or
+  `class_balanced_update`, read by `sample` and `gather`."""
+
   images: jax.Array  # (K, H, W, 3) uint8
   labels: jax.Array  # (K,) int32
   logits: jax.Array  # (K, C) float32 logits at insertion (DER++), (K, 0) otherwise
@@ -37,6 +41,8 @@ class ReplayBuffer:
 
 
 def init(capacity: int, image_shape: tuple[int, ...], n_logits: int = 0) -> ReplayBuffer:
+  """An empty `ReplayBuffer` of K = `capacity` slots for uint8 images of `image_shape` (H, W, 3),
+  with room for `n_logits` logits per sample (DER++; 0 keeps none). ValueError if K < 0."""
   if capacity < 0:
     raise ValueError(f"buffer_size={capacity} must be >= 0")
   return ReplayBuffer(images=jnp.zeros((capacity, *image_shape), jnp.uint8),
@@ -69,8 +75,9 @@ def _write(buf: ReplayBuffer, slot, write, pixels, label, logits) -> ReplayBuffe
 
 def reservoir_update(buf: ReplayBuffer, batch: dict, key: jax.Array, input_scale: str,
                      logits: jax.Array | None = None) -> ReplayBuffer:
-  """Offers the batch's real items, in order, to the reservoir. `logits` (B, C) are stored with
-  them when the buffer keeps logits. Pure; one draw per item from fold_in(key, item)."""
+  """Offers the batch's real items, in order, to the reservoir (Vitter's algorithm R) and
+  returns the updated buffer. `logits` (B, C) are stored with them when the buffer keeps logits.
+  Pure; one draw per item from fold_in(key, item)."""
   if buf.capacity == 0:
     return buf
   k = buf.capacity

@@ -1,0 +1,199 @@
+"""The site's own Sphinx extension: reference pages generated from the code, and the checks that
+make a missing docstring or an undocumented public name fail the build.
+
+Directives (each renders what the code says at build time, so the pages cannot drift):
+  program-help PATH   the `--help` of a launcher (`--helpshort` for the absl ones: their own
+                      flags, not absl's), run with the building Python from the repository root
+  config-keys         every key of `configs.common.get_config()` with its default value
+  metric-notes        every metric's definition as results.json's `metric_notes` records it
+
+Docstrings are prose written for `help()`; a paragraph laid out by indentation (an aligned
+table of names) is set as a literal block, so it reads the same on the site.
+
+Checks (logged as warnings; `sphinx -W` turns them into a failed build):
+  - an object autodoc documents (module, class, function, method) whose docstring is empty, or
+    is the signature a dataclass writes for itself;
+  - a name of `olora_jax.__all__` that no page documents.
+"""
+
+from __future__ import annotations
+
+import inspect
+import subprocess
+import sys
+from pathlib import Path
+
+from docutils import nodes
+from sphinx.application import Sphinx
+from sphinx.util import logging
+from sphinx.util.docutils import SphinxDirective
+
+ROOT = Path(__file__).resolve().parents[2]
+LOGGER = logging.getLogger(__name__)
+CHECKED_KINDS = ("module", "class", "exception", "function", "method", "decorator")
+
+
+def table(header: list[str], rows: list[list[str]],
+          literal_columns: tuple[int, ...]) -> nodes.table:
+  """A docutils table of plain-text cells; the `literal_columns` are set as inline code."""
+  group = nodes.tgroup(cols=len(header))
+  group += [nodes.colspec(colwidth=1) for _ in header]
+
+  def row(cells: list[str], header_row: bool) -> nodes.row:
+    out = nodes.row()
+    for i, text in enumerate(cells):
+      inline = nodes.literal(text, text) if i in literal_columns and not header_row else (
+          nodes.Text(text))
+      out += nodes.entry("", nodes.paragraph("", "", inline))
+    return out
+
+  head, body = nodes.thead(), nodes.tbody()
+  head += row(header, True)
+  body += [row(cells, False) for cells in rows]
+  group += [head, body]
+  return nodes.table("", group)
+
+
+class ProgramHelp(SphinxDirective):
+  """`program-help launch/run.py`: the launcher's help text as a literal block."""
+
+  required_arguments = 1
+
+  def run(self) -> list[nodes.Node]:
+    path = ROOT / self.arguments[0]
+    uses_absl = "from absl import" in path.read_text()
+    flag = "--helpshort" if uses_absl else "--help"
+    done = subprocess.run([sys.executable, str(path), flag], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+    ok_codes = (0, 1) if uses_absl else (0,)  # absl's help flags exit with 1 after printing
+    if done.returncode not in ok_codes or not done.stdout.strip():
+      LOGGER.warning("%s %s failed (exit %d): %s", self.arguments[0], flag, done.returncode,
+                     done.stderr.strip()[-500:], location=self.get_location())
+      return []
+    text = done.stdout.rstrip().replace(str(ROOT) + "/", "")
+    block = nodes.literal_block(text, text)
+    block["language"] = "text"
+    return [block]
+
+
+def flatten(config, prefix: str = "") -> list[tuple[str, str]]:
+  """(dotted key, repr of its default) of every leaf of a ConfigDict, in its own order."""
+  out = []
+  for key, value in config.items():
+    name = f"{prefix}{key}"
+    if hasattr(value, "items"):
+      out += flatten(value, name + ".")
+    else:
+      out.append((name, repr(value)))
+  return out
+
+
+class ConfigKeys(SphinxDirective):
+  """`config-keys`: every key of the shared defaults with its value."""
+
+  def run(self) -> list[nodes.Node]:
+    from configs import common
+
+    rows = [[key, value] for key, value in flatten(common.get_config())]
+    return [table(["key", "default (configs/common.py)"], rows, literal_columns=(0, 1))]
+
+
+class MetricNotes(SphinxDirective):
+  """`metric-notes`: results.json's `metric_notes`, one row per metric."""
+
+  def run(self) -> list[nodes.Node]:
+    from olora_jax import metrics
+
+    rows = [[name, text] for name, text in metrics.DEFINITIONS.items()]
+    rows.append(["forgetting_per_domain", metrics.FORGETTING_PER_DOMAIN + " (runs evaluated by"
+                 " domain only)"])
+    return [table(["field", "definition (olora_jax/metrics.py)"], rows, literal_columns=(0,))]
+
+
+def is_auto_docstring(obj) -> bool:
+  """Whether `obj.__doc__` is the `Name(field, ...)` line a dataclass writes when it has none."""
+  doc = getattr(obj, "__doc__", None) or ""
+  return inspect.isclass(obj) and doc.startswith(f"{obj.__name__}(")
+
+
+def key_of(obj) -> str:
+  """A name for an object that survives pickling of Sphinx's environment: module.qualname."""
+  if inspect.ismodule(obj):
+    return obj.__name__
+  return f"{getattr(obj, '__module__', '')}.{getattr(obj, '__qualname__', repr(obj))}"
+
+
+def indent(line: str) -> int:
+  return len(line) - len(line.lstrip())
+
+
+def is_bullet_list(paragraph: list[str]) -> bool:
+  """Whether a paragraph is a plain bullet list ("- item", continuations under its text)."""
+  first = indent(paragraph[0])
+  return all(line.lstrip().startswith("- ") and indent(line) == first or indent(line) == first + 2
+             for line in paragraph)
+
+
+def preformat_aligned(lines: list[str]) -> None:
+  """Sets each docstring paragraph that relies on indentation (an aligned table of names and
+  descriptions, a signature list with hanging lines) as a literal block, in place, so it reads
+  on the site as it reads under `help()`; prose paragraphs and bullet lists stay reST."""
+  out, paragraph = [], []
+
+  def flush() -> None:
+    aligned = len(paragraph) > 1 and any(indent(line) > indent(paragraph[0])
+                                         for line in paragraph[1:])
+    if aligned and not is_bullet_list(paragraph):
+      out.extend(["::", ""] + ["  " + line for line in paragraph] + [""])
+    else:
+      out.extend(paragraph)
+    paragraph.clear()
+
+  for line in lines:
+    if line.strip():
+      paragraph.append(line)
+    else:
+      flush()
+      out.append(line)
+  flush()
+  lines[:] = out
+
+
+def check_docstring(app: Sphinx, what: str, name: str, obj, options, lines: list[str]) -> None:
+  preformat_aligned(lines)
+  documented = app.env.__dict__.setdefault("olora_documented", {})
+  documented.setdefault(app.env.docname, set()).add(key_of(obj))
+  if what not in CHECKED_KINDS or name.split(".")[-1].startswith("_"):
+    return
+  if not any(line.strip() for line in lines) or is_auto_docstring(obj):
+    LOGGER.warning("%s %s has no docstring: say what it is and what it returns", what, name,
+                   type="olora", subtype="docstring")
+
+
+def check_public_names(app: Sphinx, env) -> None:
+  import olora_jax
+
+  documented = set().union(*getattr(env, "olora_documented", {}).values())
+  for name in olora_jax.__all__:
+    if key_of(getattr(olora_jax, name)) not in documented:
+      LOGGER.warning("olora_jax.%s is in olora_jax.__all__ but no reference page documents it",
+                     name, type="olora", subtype="undocumented")
+
+
+def purge_documented(app: Sphinx, env, docname: str) -> None:
+  getattr(env, "olora_documented", {}).pop(docname, None)
+
+
+def merge_documented(app: Sphinx, env, docnames, other) -> None:
+  env.__dict__.setdefault("olora_documented", {}).update(getattr(other, "olora_documented", {}))
+
+
+def setup(app: Sphinx) -> dict:
+  app.add_directive("program-help", ProgramHelp)
+  app.add_directive("config-keys", ConfigKeys)
+  app.add_directive("metric-notes", MetricNotes)
+  app.connect("autodoc-process-docstring", check_docstring)
+  app.connect("env-purge-doc", purge_documented)
+  app.connect("env-merge-info", merge_documented)
+  app.connect("env-check-consistency", check_public_names)
+  return {"version": "1", "parallel_read_safe": True, "parallel_write_safe": True}
