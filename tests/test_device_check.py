@@ -84,7 +84,8 @@ def test_bad_flags_are_refused_in_one_line_before_any_compute(tmp_path):
                       ([f"--out_dir={tmp_path}", "--parts=demo,nope"], "--parts"),
                       ([f"--out_dir={tmp_path}", "--demo_runs=x"], "--demo_runs"),
                       ([f"--out_dir={tmp_path}", "--budget=5"], "--budget"),
-                      ([f"--out_dir={tmp_path}", "--size=vit_z"], "--size")):
+                      ([f"--out_dir={tmp_path}", "--size=vit_z"], "--size"),
+                      ([f"--out_dir={tmp_path}"], "JAX sees no GPU")):  # this CPU, no --allow_cpu
     with pytest.raises(SystemExit, match=words):
       device_check.main(argv)
   assert list(tmp_path.iterdir()) == []
