@@ -181,6 +181,22 @@ def _load_config():
     raise errors.BadInput(f"cannot load --config={path}: {_reason(str(e))}") from e
 
 
+def _warn_unread_overrides(method: str) -> None:
+  """One warning line for --config overrides of another method's block, which this run's method
+  never reads (e.g. --config.method=er --config.inflora.learning_rate=1e-2)."""
+  keys = [a[len("--config."):].partition("=")[0] for a in sys.argv[1:]
+          if a.startswith("--config.")]
+  unread = methods.unread_overrides(method, keys)
+  if unread:
+    spec = methods.resolve(method)
+    own = spec.name if spec.config is not None else "learner"
+    blocks = ", ".join(sorted({k.split(".")[0] for k in unread}))
+    py_logging.warning("method=%s does not read the %s block: %s change%s nothing (it reads"
+                       " --config.%s.*)", method, blocks,
+                       " ".join(f"--config.{k}" for k in unread),
+                       "s" if len(unread) == 1 else "", own)
+
+
 def _write_error_log(workdir: str) -> str:
   """Writes the current exception's traceback to DIR/error.log, or to a temp file when DIR
   cannot be written; returns where, for the error line (empty if nothing could be written)."""
@@ -233,6 +249,7 @@ def main(argv):
     run_control.stop_if_signalled("during start-up")
     config = _load_config()
     validation.check_known_keys(config, common.get_config())
+    _warn_unread_overrides(config.method)
     results = trainer.train_and_evaluate(config, workdir)
   except Exception as e:
     write_log = True
