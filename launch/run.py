@@ -53,6 +53,7 @@ def _record_signal(signum, frame) -> None:
 for _signal in (signal.SIGINT, signal.SIGTERM):
   signal.signal(_signal, _record_signal)
 
+import contextlib  # noqa: E402
 import logging as py_logging  # noqa: E402
 import os  # noqa: E402
 import pathlib  # noqa: E402
@@ -206,13 +207,19 @@ def _write_error_log(workdir: str) -> str:
   candidates = [os.path.join(workdir, "error.log")] if os.path.isdir(workdir) else []
   candidates.append(os.path.join(tempfile.gettempdir(), f"olora_jax-error-{os.getpid()}.log"))
   for path in candidates:
+    before = os.path.getsize(path) if os.path.isfile(path) else None
     try:
       with open(path, "a") as f:
         f.write(text)
       return f"traceback in {path}"
     except OSError:  # e.g. the file-size limit that stopped the run: keep what was written
-      if os.path.isfile(path) and os.path.getsize(path):
+      after = os.path.getsize(path) if os.path.isfile(path) else None
+      if after is not None and after > (before or 0):  # part of this traceback is there
         return f"traceback, cut short, in {path}"
+      if before is None and after == 0:  # made empty by this attempt (a full disk)
+        with contextlib.suppress(OSError):
+          os.remove(path)
+      # else a read-only DIR, or an older run's log: this traceback goes to the next candidate
   return ""
 
 

@@ -564,6 +564,21 @@ def test_running_out_of_memory_is_exit_4_with_the_advice(tmp_path):
   assert errors.out_of_memory(MemoryError()) and not errors.out_of_memory(ValueError("x"))
 
 
+def test_a_full_disk_under_tensorstore_is_not_read_as_device_memory(tmp_path):
+  """tensorstore reports ENOSPC with an allocation failure's status: still a full disk (exit 4,
+  'free space'), not the out-of-memory advice (a changed batch size would be refused)."""
+  def save():  # the text orbax raised when a checkpoint filled the disk (reproduced on a tmpfs)
+    raise ValueError(
+        'RESOURCE_EXHAUSTED: Error writing local file "DIR/checkpoints/12.orbax-checkpoint-tmp/'
+        'arrays/_sharding": Failed writing: "DIR/_sharding.__lock": Failed to write 8598 bytes'
+        " to file 17: No space left on device [os_error_code='28']")
+
+  with pytest.raises(errors.EnvironmentFailure, match=r"\(No space left on device\); free space"
+                     ) as info:
+    trainer._guarded(save, str(tmp_path))
+  assert not isinstance(info.value, errors.OutOfMemory)
+
+
 # --- every defect of a user's dataset or manifest, named ---------------------------------------
 
 USER_DATASET = '''
