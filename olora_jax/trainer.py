@@ -229,6 +229,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   config = setup.config  # fidelity keys resolved: config.json records what actually ran
   init_key, method_key = jax.random.split(jax.random.key(config.seed))
   params = initial_params(setup, config, init_key)  # a bad pretrained file fails before any file
+  # A state larger than the devices is refused before the workdir (and its lock) exists.
+  check_state_fits(setup.method, method_key, params, setup.mesh)
   _check_workdir(workdir, config)  # a different config is refused before anything is written
   primary = sharding.is_primary()  # the process that writes the files (process 0)
   # One run per workdir, from here to the end; in a multi-process run process 0 holds the lock.

@@ -26,7 +26,7 @@ import tiny_run
 from tiny_run import ROOT, assert_same_run, last_line, snapshot, steps
 
 from configs import tiny
-from olora_jax import errors, tb_writer, trainer
+from olora_jax import compute, errors, tb_writer, trainer
 from olora_jax import workdir as workdir_lib
 from olora_jax.data import tfds_sources
 from olora_jax.models.vit import VisionTransformer, spec_from_config
@@ -652,3 +652,25 @@ def test_a_manifest_repeating_ids_is_refused_within_a_step_and_counted_across(
   manifest_lib.replay_stream(across, train, test, config.learner.batch_size,
                              str(tmp_path / "across.json"))
   assert "1 example id(s) occur in more steps than the stream's 1 pass(es)" in caplog.text
+
+
+def test_a_refusal_inside_the_lock_leaves_no_workdir_it_made(tmp_path):
+  """Exit 2 writes nothing: a workdir the lock made holds only the lock when a refusal comes, and
+  both go (an oversized replay buffer once left DIR/.lock behind); an existing one is kept."""
+  made = tmp_path / "new"
+  with pytest.raises(errors.BadInput), workdir_lib.WorkdirLock(str(made)):
+    raise errors.BadInput("refused")
+  assert not made.exists()
+  kept = tmp_path / "kept"
+  kept.mkdir()
+  with pytest.raises(errors.BadInput), workdir_lib.WorkdirLock(str(kept)):
+    raise errors.BadInput("refused")
+  assert kept.is_dir()
+
+
+def test_an_oversized_state_is_refused_before_the_workdir_exists(tmp_path, monkeypatch):
+  monkeypatch.setattr(compute, "device_memory_bytes", lambda: 1024)
+  config = tiny_run.config()
+  with pytest.raises(errors.BadInput, match="its state needs .* more than the 0.0 GiB"):
+    trainer.train_and_evaluate(config, str(tmp_path / "run"), progress=False)
+  assert not (tmp_path / "run").exists()
