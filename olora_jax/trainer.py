@@ -504,8 +504,11 @@ def format_results_table(results: dict, config: dict | ml_collections.ConfigDict
   def pct(v):
     return "n/a" if v is None else f"{100 * v:.2f}"
 
+  detects_plateaus = True  # Online-LoRA's plateau rule, or the plateau boundary switch
   if config is not None:
     flat = validation.flatten(config)
+    detects_plateaus = (flat.get("method", "online_lora") == "online_lora"
+                        or flat.get("boundaries.rule") == "plateau")
     method = reporting.method_label(flat)
     if flat.get("method", "online_lora") == "online_lora" and flat.get("fidelity"):
       method += f" (`{flat['fidelity']}` fidelity)"
@@ -520,9 +523,11 @@ def format_results_table(results: dict, config: dict | ml_collections.ConfigDict
   rows = [("A_last, Si-Blurry sample-weighted (%)", pct(results["A_last"])),
           ("F_last, class-wise (%)", pct(results["F_last"])),
           ("backward transfer (%)", pct(results["backward_transfer"])),
-          ("plateau precision / recall",
-           f"{_fmt(detection['precision'])} / {_fmt(detection['recall'])}"),
-          ("plateau mean latency (samples)", _fmt(detection["mean_latency_samples"], ".0f")),
+          *([("plateau precision / recall",
+              f"{_fmt(detection['precision'])} / {_fmt(detection['recall'])}"),
+             ("plateau mean latency (samples)", _fmt(detection["mean_latency_samples"], ".0f"))]
+            if detects_plateaus else
+            [("plateau detection", "none: this method has no plateau rule")]),
           ("samples", str(results["samples_seen"])),
           ("wall time (s)", f"{results['wall_seconds']:.1f}")]
   skipped = results.get("nonfinite_steps") or []

@@ -431,6 +431,14 @@ def test_the_closing_table_lists_skipped_steps(tiny_reference):
   results["nonfinite_steps"] = [7, 19]
   assert "| steps skipped for a non-finite loss | 2 (7, 19) |" in (
       trainer.format_results_table(results))
+  # A method without a plateau rule says so, not "n/a / 0.00" (a recall it never aimed at).
+  table = trainer.format_results_table(results, tiny_run.config())
+  assert "| plateau precision / recall |" in table  # Online-LoRA detects plateaus
+  config = tiny_run.config()
+  config.method = "er"
+  table = trainer.format_results_table(results, config)
+  assert "| plateau detection | none: this method has no plateau rule |" in table
+  assert "precision" not in table
 
 
 # --- what each failure becomes -------------------------------------------------------------------
