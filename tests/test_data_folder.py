@@ -463,3 +463,19 @@ def test_tfds_preparation_names_what_it_needs(tmp_path, monkeypatch):
                      r" array_record`"):
     core50.build(str(tmp_path), str(tmp_path / "out"))
   assert not (tmp_path / "out").exists()
+
+
+def test_16_bit_images_keep_their_top_8_bits_and_gifs_are_named_when_left_out(tmp_path, caplog):
+  grey = (np.arange(64).reshape(8, 8) * 1000).astype(np.uint16)  # 0 .. 63,000
+  Image.fromarray(grey).save(tmp_path / "g16.png")
+  decoded = folder_sources.decode(str(tmp_path / "g16.png"))
+  assert decoded.shape == (8, 8, 3) and decoded.dtype == np.uint8
+  assert np.array_equal(decoded[..., 0], grey >> 8)  # not clipped to white by convert('RGB')
+  root = tmp_path / "pets"
+  _write_jpegs(str(root / "cat"), ["0.jpg", "1.jpg"], np.random.default_rng(0))
+  Image.fromarray(np.zeros((4, 4, 3), np.uint8)).save(root / "cat" / "2.gif")
+  with caplog.at_level("WARNING"):
+    pool = folder_sources.list_image_folder(str(root))
+  assert pool.paths == ("cat/0.jpg", "cat/1.jpg")  # as torchvision's ImageFolder
+  assert any("1 image(s) of a format the ImageFolder layout does not read (.gif) are left out,"
+             " e.g. 2.gif; convert them to PNG" in r.getMessage() for r in caplog.records)

@@ -59,7 +59,10 @@ from olora_jax.data.splits import stratified_split
 
 # torchvision.datasets.folder.IMG_EXTENSIONS: the files `ImageFolder` takes (case-insensitive).
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
-CACHE_FORMAT = 1  # part of every cache key: bump when the cached pixels would change
+# Image files torchvision's ImageFolder (whose extensions the project keeps) does not read: left
+# out as there, but each class folder that holds some says so.
+UNREAD_EXTENSIONS = (".gif",)
+CACHE_FORMAT = 2  # part of every cache key: bump when the cached pixels would change (2: 16-bit)
 CACHE_DIR_NAME = ".olora_jax_cache"
 
 # The 200 ImageNet classes (WordNet ids) that ImageNet-R covers, as listed by its authors
@@ -161,6 +164,11 @@ def list_image_folder(root: str) -> Pool:
     for folder, _, files in sorted(os.walk(os.path.join(root, name), followlinks=True)):
       rel = os.path.relpath(folder, root).replace(os.sep, "/")
       paths += [f"{rel}/{f}" for f in sorted(files) if is_image_file(f)]
+      unread = [f for f in files if f.lower().endswith(UNREAD_EXTENSIONS)]
+      if unread:
+        logging.warning("%s: %d image(s) of a format the ImageFolder layout does not read (%s)"
+                        " are left out, e.g. %s; convert them to PNG to use them", folder,
+                        len(unread), ", ".join(UNREAD_EXTENSIONS), sorted(unread)[0])
     if len(paths) == count:
       raise _bad(f"class folder {os.path.join(root, name)} holds no image"
                  f" ({', '.join(IMAGE_EXTENSIONS)}); add its images or remove the folder")
@@ -305,8 +313,14 @@ def read_cifar100(data_dir: str) -> tuple[Pool, Pool]:
 
 
 def decode(path: str) -> np.ndarray:
-  """The image at `path` as (H, W, 3) uint8 RGB (PIL, as torchvision's loader)."""
+  """The image at `path` as (H, W, 3) uint8 RGB (PIL, as torchvision's loader). A 16-bit
+  greyscale image (PNG, TIFF: PIL's modes 'I;16*' and 'I') keeps its top 8 bits; PIL's
+  convert('RGB'), torchvision's loader, clips it to 255 and makes it white."""
   with Image.open(path) as image:
+    if image.mode.startswith("I;16") or image.mode == "I":
+      values = np.asarray(image).astype(np.int64)
+      grey = (np.clip(values, 0, 65535) >> 8).astype(np.uint8)
+      return np.repeat(grey[..., None], 3, axis=-1)
     return np.asarray(image.convert("RGB"))
 
 
