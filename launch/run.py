@@ -37,7 +37,10 @@ traceback to the terminal, before the line, for every failure, bad input include
        checkpointing the end of the current step; run the same command to resume
 """
 
+import os
 import signal
+import sys
+import threading
 
 # First thing: SIGINT / SIGTERM before the run's own handlers (imports, set-up) are recorded,
 # never raised inside an import or a library's callback, where an extension could swallow
@@ -53,12 +56,49 @@ def _record_signal(signum, frame) -> None:
 for _signal in (signal.SIGINT, signal.SIGTERM):
   signal.signal(_signal, _record_signal)
 
+# Python runs a handler only when the main thread is back in the interpreter: not inside a long
+# device call (a refit of minutes) nor a slow C import. Python's C-level handler also writes
+# each signal's number to this pipe at once, and a thread that waits on it ends the process
+# (128 + signal, one error line) on a signal during the imports, where nothing is written yet,
+# and on a second signal later on, but never inside a checkpoint's save (the save ends first).
+_STARTED = [False]  # main() has begun: a first signal is the loop's to act on
+
+
+def _watch_signals(fd: int) -> None:
+  count = 0
+  while True:
+    try:
+      data = os.read(fd, 64)
+    except OSError:
+      return
+    for signum in data:
+      if signum not in (signal.SIGINT, signal.SIGTERM):
+        continue
+      count += 1
+      run_control = sys.modules.get("olora_jax.run_control")
+      if run_control is not None and run_control.SAVING[0]:
+        continue  # the save ends, then the loop stops
+      if not _STARTED[0]:
+        message = (f"stopped by signal {signum} during start-up, before anything was written;"
+                   " run the same command to start")
+      elif count >= 2:
+        message = (f"stopped at once by a second signal {signum}; the newest checkpoint is"
+                   " kept: run the same command to resume from it")
+      else:
+        continue
+      os.write(2, f"\nerror: {message}\n".encode())
+      os._exit(128 + signum)
+
+
+_WAKE_READ, _WAKE_WRITE = os.pipe()
+os.set_blocking(_WAKE_WRITE, False)
+signal.set_wakeup_fd(_WAKE_WRITE, warn_on_full_buffer=False)
+threading.Thread(target=_watch_signals, args=(_WAKE_READ,), name="signals", daemon=True).start()
+
+import contextlib  # noqa: E402
 import logging as py_logging  # noqa: E402
-import os  # noqa: E402
 import pathlib  # noqa: E402
-import sys  # noqa: E402
 import tempfile  # noqa: E402
-import threading  # noqa: E402
 import time  # noqa: E402
 import traceback  # noqa: E402
 
@@ -182,6 +222,22 @@ def _load_config():
     raise errors.BadInput(f"cannot load --config={path}: {_reason(str(e))}") from e
 
 
+def _warn_unread_overrides(method: str) -> None:
+  """One warning line for --config overrides of another method's block, which this run's method
+  never reads (e.g. --config.method=er --config.inflora.learning_rate=1e-2)."""
+  keys = [a[len("--config."):].partition("=")[0] for a in sys.argv[1:]
+          if a.startswith("--config.")]
+  unread = methods.unread_overrides(method, keys)
+  if unread:
+    spec = methods.resolve(method)
+    own = spec.name if spec.config is not None else "learner"
+    blocks = ", ".join(sorted({k.split(".")[0] for k in unread}))
+    py_logging.warning("method=%s does not read the %s block: %s change%s nothing (it reads"
+                       " --config.%s.*)", method, blocks,
+                       " ".join(f"--config.{k}" for k in unread),
+                       "s" if len(unread) == 1 else "", own)
+
+
 def _write_error_log(workdir: str) -> str:
   """Writes the current exception's traceback to DIR/error.log, or to a temp file when DIR
   cannot be written; returns where, for the error line (empty if nothing could be written)."""
@@ -191,13 +247,19 @@ def _write_error_log(workdir: str) -> str:
   candidates = [os.path.join(workdir, "error.log")] if os.path.isdir(workdir) else []
   candidates.append(os.path.join(tempfile.gettempdir(), f"olora_jax-error-{os.getpid()}.log"))
   for path in candidates:
+    before = os.path.getsize(path) if os.path.isfile(path) else None
     try:
       with open(path, "a") as f:
         f.write(text)
       return f"traceback in {path}"
     except OSError:  # e.g. the file-size limit that stopped the run: keep what was written
-      if os.path.isfile(path) and os.path.getsize(path):
+      after = os.path.getsize(path) if os.path.isfile(path) else None
+      if after is not None and after > (before or 0):  # part of this traceback is there
         return f"traceback, cut short, in {path}"
+      if before is None and after == 0:  # made empty by this attempt (a full disk)
+        with contextlib.suppress(OSError):
+          os.remove(path)
+      # else a read-only DIR, or an older run's log: this traceback goes to the next candidate
   return ""
 
 
@@ -214,6 +276,7 @@ def _keep_background_error(*args) -> None:
 
 
 def main(argv):
+  _STARTED[0] = True
   if len(argv) > 1:
     _fail(f"unexpected arguments: {argv[1:]}; give every setting as --config.KEY=VALUE",
           errors.EXIT_BAD_INPUT)
@@ -234,6 +297,7 @@ def main(argv):
     run_control.stop_if_signalled("during start-up")
     config = _load_config()
     validation.check_known_keys(config, common.get_config())
+    _warn_unread_overrides(config.method)
     results = trainer.train_and_evaluate(config, workdir)
   except Exception as e:
     write_log = True

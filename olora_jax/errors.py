@@ -85,7 +85,11 @@ OUT_OF_MEMORY_MESSAGES = ("RESOURCE_EXHAUSTED", "Out of memory", "out of memory"
 
 
 def out_of_memory(e: BaseException) -> bool:
-  """Whether `e` (or what it was raised from) is an allocation failure."""
+  """Whether `e` (or what it was raised from) is an allocation failure. A storage failure is not,
+  though tensorstore reports a full disk with the status of one ("RESOURCE_EXHAUSTED: Error
+  writing local file ...: No space left on device")."""
+  if storage_cause(e) is not None:
+    return False
   seen = set()
   while e is not None and id(e) not in seen:
     seen.add(id(e))

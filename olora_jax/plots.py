@@ -25,8 +25,11 @@ change, no display needed.
 from __future__ import annotations
 
 import json
+import logging
 import os
+import re
 import threading
+import warnings
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -78,13 +81,41 @@ def _save(fig: Figure, path: str) -> str:
   from matplotlib.backends.backend_agg import FigureCanvasAgg
   from matplotlib.backends.backend_pdf import FigureCanvasPdf
 
-  FigureCanvasAgg(fig)
-  fig.savefig(path, dpi=DPI)
-  # The PDF keeps the PNG's layout (positions are fractions of the figure): one layout pass.
-  fig.set_layout_engine("none")
-  FigureCanvasPdf(fig)
-  fig.savefig(os.path.splitext(path)[0] + ".pdf")
+  with warnings.catch_warnings(record=True) as caught:
+    # A character the font lacks (a run directory named in CJK) is drawn as a box, and matplotlib
+    # warns once per character and figure: the run says it once instead.
+    warnings.filterwarnings("always", GLYPH_WARNING, UserWarning)
+    FigureCanvasAgg(fig)
+    fig.savefig(path, dpi=DPI)
+    # The PDF keeps the PNG's layout (positions are fractions of the figure): one layout pass.
+    fig.set_layout_engine("none")
+    FigureCanvasPdf(fig)
+    fig.savefig(os.path.splitext(path)[0] + ".pdf")
+  _warn_missing_glyphs(caught)
   return path
+
+
+GLYPH_WARNING = r"Glyph \d+ .* missing from"
+_MISSING_GLYPHS: set[str] = set()  # characters already reported by this process
+
+
+def _warn_missing_glyphs(caught) -> None:
+  """Re-issues any other warning; says once which characters the figures draw as boxes."""
+  missing, fonts = set(), set()
+  for w in caught:
+    found = re.match(r"Glyph (\d+) .* missing from (?:current )?font(?:\(s\))? (.*?)\.?$",
+                     str(w.message))
+    if found is None:
+      warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    else:
+      missing.add(chr(int(found.group(1))))
+      fonts.add(found.group(2))
+  new = missing - _MISSING_GLYPHS
+  if new:
+    _MISSING_GLYPHS.update(new)
+    logging.warning("the figures' font (%s) has no glyph for %s in their titles (the run"
+                    " directory's name): drawn as boxes", ", ".join(sorted(fonts)),
+                    "".join(sorted(new)))
 
 
 def _figure(**kwargs) -> Figure:

@@ -164,8 +164,11 @@ def method_label(config: dict) -> str:
     spec = _spec(method)
     name = str(method) if spec is None else spec.report_name
     block = method if spec is None else spec.name
-    trainable = config.get(f"{block}.trainable", "all")
-    own = spec.config().trainable if spec is not None and spec.config is not None else "all"
+    # What the block trains by default, as the method's module declares it; a block without a
+    # `trainable` key (the training-free SLDA, RanPAC, SimpleCIL/APER) has nothing to tell apart.
+    defaults = spec.config() if spec is not None and spec.config is not None else {}
+    own = defaults.get("trainable", "all")
+    trainable = config.get(f"{block}.trainable", own)
     name = name if trainable in ("all", "prompts", own) else f"{name} ({trainable})"
     rule = config.get("boundaries.rule", "none")  # told of boundaries: marked (not task-free
     return name if rule == "none" else f"{name} [{rule} boundaries]"  # with 'oracle')

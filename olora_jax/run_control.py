@@ -30,7 +30,7 @@ from olora_jax import errors, sharding
 # first line on; empty in a run started from Python).
 PENDING_SIGNALS: list[int] = []
 # True while a checkpoint is being written: a second signal then waits for the save to end.
-_SAVING = [False]
+SAVING = [False]
 
 
 def stop_if_signalled(when: str) -> None:
@@ -83,7 +83,7 @@ class StopSignal:
     if self.signum is None:
       self.signum = signum
       return
-    if _SAVING[0]:  # asked twice during a save: the save ends, then the loop stops
+    if SAVING[0]:  # asked twice during a save: the save ends, then the loop stops
       return
     self.__exit__()
     raise errors.Preempted(signum, (
@@ -119,13 +119,13 @@ class Saver:
     p.metrics_bytes, p.metrics_sha256 = self.log.size(), self.log.sha256()
     p.wall_seconds = self.wall_seconds()
     p.compute = self.ledger.checkpoint_record()
-    _SAVING[0] = True
+    SAVING[0] = True
     start = time.perf_counter()
     try:
       self.checkpointer.save(state, p, {**self.meta, "run_log": run_log})
       self.trace.save()
     finally:
-      _SAVING[0] = False
+      SAVING[0] = False
     self.ledger.timed_checkpoint(time.perf_counter() - start)
 
   def after_step(self, state, p, step: int, stop: StopSignal) -> None:

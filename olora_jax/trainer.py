@@ -229,6 +229,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   config = setup.config  # fidelity keys resolved: config.json records what actually ran
   init_key, method_key = jax.random.split(jax.random.key(config.seed))
   params = initial_params(setup, config, init_key)  # a bad pretrained file fails before any file
+  # A state larger than the devices is refused before the workdir (and its lock) exists.
+  check_state_fits(setup.method, method_key, params, setup.mesh)
   _check_workdir(workdir, config)  # a different config is refused before anything is written
   primary = sharding.is_primary()  # the process that writes the files (process 0)
   # One run per workdir, from here to the end; in a multi-process run process 0 holds the lock.
@@ -503,8 +505,11 @@ def format_results_table(results: dict, config: dict | ml_collections.ConfigDict
   def pct(v):
     return "n/a" if v is None else f"{100 * v:.2f}"
 
+  detects_plateaus = True  # Online-LoRA's plateau rule, or the plateau boundary switch
   if config is not None:
     flat = validation.flatten(config)
+    detects_plateaus = (flat.get("method", "online_lora") == "online_lora"
+                        or flat.get("boundaries.rule") == "plateau")
     method = reporting.method_label(flat)
     if flat.get("method", "online_lora") == "online_lora" and flat.get("fidelity"):
       method += f" (`{flat['fidelity']}` fidelity)"
@@ -519,9 +524,11 @@ def format_results_table(results: dict, config: dict | ml_collections.ConfigDict
   rows = [("A_last, Si-Blurry sample-weighted (%)", pct(results["A_last"])),
           ("F_last, class-wise (%)", pct(results["F_last"])),
           ("backward transfer (%)", pct(results["backward_transfer"])),
-          ("plateau precision / recall",
-           f"{_fmt(detection['precision'])} / {_fmt(detection['recall'])}"),
-          ("plateau mean latency (samples)", _fmt(detection["mean_latency_samples"], ".0f")),
+          *([("plateau precision / recall",
+              f"{_fmt(detection['precision'])} / {_fmt(detection['recall'])}"),
+             ("plateau mean latency (samples)", _fmt(detection["mean_latency_samples"], ".0f"))]
+            if detects_plateaus else
+            [("plateau detection", "none: this method has no plateau rule")]),
           ("samples", str(results["samples_seen"])),
           ("wall time (s)", f"{results['wall_seconds']:.1f}")]
   skipped = results.get("nonfinite_steps") or []

@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import errno
 import fcntl
@@ -53,6 +54,7 @@ class WorkdirLock:
 
   def __enter__(self) -> WorkdirLock:
     check_is_directory(self.workdir)
+    self._made = not os.path.exists(self.workdir)
     try:
       os.makedirs(self.workdir, exist_ok=True)
       fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -81,6 +83,11 @@ class WorkdirLock:
 
   def __exit__(self, *exc) -> None:
     if self._fd is not None:
+      # A run refused before it wrote anything leaves no workdir it made: just the lock is there.
+      if exc[0] is not None and self._made and os.listdir(self.workdir) == [LOCK_FILE]:
+        with contextlib.suppress(OSError):
+          os.remove(self.path)
+          os.rmdir(self.workdir)
       os.close(self._fd)  # closing the descriptor releases the lock
       self._fd = None
 

@@ -6,6 +6,7 @@ launch/run.py killed with SIGKILL and resumed."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import pickle
@@ -165,6 +166,41 @@ def test_cache_serves_a_second_run_without_decoding(tmp_path, monkeypatch):
   edited["step_paths"][0][0] = "n00000000/other.jpg"
   with pytest.raises(manifest.ManifestError, match="step 0's step_paths differ"):
     manifest.replay_stream(edited, second, second_test, 32)
+
+
+def test_a_full_disk_fails_the_cache_build_in_one_line_and_leaves_nothing(tmp_path, monkeypatch):
+  """The cache's space is reserved before the first image is written (a sparse memmap on a full
+  disk ended the process with SIGBUS): ENOSPC is an environment failure (exit 4) naming the
+  folder and the size, with no temporary file and no cache folder left."""
+  root = _imagenet_r(str(tmp_path / "imagenet-r"), per_class=2)
+  config = _data_config(dataset="imagenet_r", data_dir=root)
+
+  def full(fd, offset, length):
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+  monkeypatch.setattr(os, "posix_fallocate", full)
+  with pytest.raises(errors.EnvironmentFailure, match=r"cannot cache the 400 images resized to"
+                     r" 16 px \(0\.3 MiB\) in .* \(No space left on device\); free"):
+    sources.load_sources(config, SIZE)
+  assert not (tmp_path / folder_sources.CACHE_DIR_NAME).exists()
+
+
+def test_temporary_files_of_a_killed_cache_build_are_removed_by_the_next_run(tmp_path):
+  root = _imagenet_r(str(tmp_path / "imagenet-r"), per_class=2)
+  config = _data_config(dataset="imagenet_r", data_dir=root)
+  sources.load_sources(config, SIZE)
+  cache = tmp_path / folder_sources.CACHE_DIR_NAME
+  built = sorted(p.name for p in cache.iterdir())
+  images = next(n for n in built if n.endswith("px.npy"))[:-len(".npy")]
+  digests = next(n for n in built if n.endswith(".digests.npy"))
+  dead = 2**22 + 1  # above Linux's default pid_max: no such process
+  stale = [f"{images}.{dead}.tmp.npy", f"{images}.{dead}.tmp.sizes.npy",
+           f"{digests}.{dead}.tmp.npy"]
+  live = f"{images}.{os.getpid()}.tmp.npy"  # a build still running (this process)
+  for name in (*stale, live):
+    (cache / name).write_bytes(b"x")
+  sources.load_sources(config, SIZE)
+  assert sorted(p.name for p in cache.iterdir()) == sorted([*built, live])
 
 
 def test_cache_goes_to_the_users_cache_when_the_data_folder_is_read_only(tmp_path, monkeypatch,
@@ -371,7 +407,7 @@ def test_truncated_image_is_named_and_refused_before_compute(tmp_path):
   line = tiny_run.last_line(done.stderr)
   assert line.startswith(f"error: cannot read the image {bad} (OSError:"), line
   assert not workdir.exists() or not any(workdir.iterdir())
-  assert not any((tmp_path / folder_sources.CACHE_DIR_NAME).iterdir())  # no half cache left
+  assert not (tmp_path / folder_sources.CACHE_DIR_NAME).exists()  # no cache folder, no half cache
 
 
 def _digits_folder(root: str) -> str:
@@ -427,3 +463,19 @@ def test_tfds_preparation_names_what_it_needs(tmp_path, monkeypatch):
                      r" array_record`"):
     core50.build(str(tmp_path), str(tmp_path / "out"))
   assert not (tmp_path / "out").exists()
+
+
+def test_16_bit_images_keep_their_top_8_bits_and_gifs_are_named_when_left_out(tmp_path, caplog):
+  grey = (np.arange(64).reshape(8, 8) * 1000).astype(np.uint16)  # 0 .. 63,000
+  Image.fromarray(grey).save(tmp_path / "g16.png")
+  decoded = folder_sources.decode(str(tmp_path / "g16.png"))
+  assert decoded.shape == (8, 8, 3) and decoded.dtype == np.uint8
+  assert np.array_equal(decoded[..., 0], grey >> 8)  # not clipped to white by convert('RGB')
+  root = tmp_path / "pets"
+  _write_jpegs(str(root / "cat"), ["0.jpg", "1.jpg"], np.random.default_rng(0))
+  Image.fromarray(np.zeros((4, 4, 3), np.uint8)).save(root / "cat" / "2.gif")
+  with caplog.at_level("WARNING"):
+    pool = folder_sources.list_image_folder(str(root))
+  assert pool.paths == ("cat/0.jpg", "cat/1.jpg")  # as torchvision's ImageFolder
+  assert any("1 image(s) of a format the ImageFolder layout does not read (.gif) are left out,"
+             " e.g. 2.gif; convert them to PNG" in r.getMessage() for r in caplog.records)

@@ -26,7 +26,7 @@ import tiny_run
 from tiny_run import ROOT, assert_same_run, last_line, snapshot, steps
 
 from configs import tiny
-from olora_jax import errors, tb_writer, trainer
+from olora_jax import compute, errors, tb_writer, trainer
 from olora_jax import workdir as workdir_lib
 from olora_jax.data import tfds_sources
 from olora_jax.models.vit import VisionTransformer, spec_from_config
@@ -431,6 +431,14 @@ def test_the_closing_table_lists_skipped_steps(tiny_reference):
   results["nonfinite_steps"] = [7, 19]
   assert "| steps skipped for a non-finite loss | 2 (7, 19) |" in (
       trainer.format_results_table(results))
+  # A method without a plateau rule says so, not "n/a / 0.00" (a recall it never aimed at).
+  table = trainer.format_results_table(results, tiny_run.config())
+  assert "| plateau precision / recall |" in table  # Online-LoRA detects plateaus
+  config = tiny_run.config()
+  config.method = "er"
+  table = trainer.format_results_table(results, config)
+  assert "| plateau detection | none: this method has no plateau rule |" in table
+  assert "precision" not in table
 
 
 # --- what each failure becomes -------------------------------------------------------------------
@@ -564,6 +572,21 @@ def test_running_out_of_memory_is_exit_4_with_the_advice(tmp_path):
   assert errors.out_of_memory(MemoryError()) and not errors.out_of_memory(ValueError("x"))
 
 
+def test_a_full_disk_under_tensorstore_is_not_read_as_device_memory(tmp_path):
+  """tensorstore reports ENOSPC with an allocation failure's status: still a full disk (exit 4,
+  'free space'), not the out-of-memory advice (a changed batch size would be refused)."""
+  def save():  # the text orbax raised when a checkpoint filled the disk (reproduced on a tmpfs)
+    raise ValueError(
+        'RESOURCE_EXHAUSTED: Error writing local file "DIR/checkpoints/12.orbax-checkpoint-tmp/'
+        'arrays/_sharding": Failed writing: "DIR/_sharding.__lock": Failed to write 8598 bytes'
+        " to file 17: No space left on device [os_error_code='28']")
+
+  with pytest.raises(errors.EnvironmentFailure, match=r"\(No space left on device\); free space"
+                     ) as info:
+    trainer._guarded(save, str(tmp_path))
+  assert not isinstance(info.value, errors.OutOfMemory)
+
+
 # --- every defect of a user's dataset or manifest, named ---------------------------------------
 
 USER_DATASET = '''
@@ -637,3 +660,25 @@ def test_a_manifest_repeating_ids_is_refused_within_a_step_and_counted_across(
   manifest_lib.replay_stream(across, train, test, config.learner.batch_size,
                              str(tmp_path / "across.json"))
   assert "1 example id(s) occur in more steps than the stream's 1 pass(es)" in caplog.text
+
+
+def test_a_refusal_inside_the_lock_leaves_no_workdir_it_made(tmp_path):
+  """Exit 2 writes nothing: a workdir the lock made holds only the lock when a refusal comes, and
+  both go (an oversized replay buffer once left DIR/.lock behind); an existing one is kept."""
+  made = tmp_path / "new"
+  with pytest.raises(errors.BadInput), workdir_lib.WorkdirLock(str(made)):
+    raise errors.BadInput("refused")
+  assert not made.exists()
+  kept = tmp_path / "kept"
+  kept.mkdir()
+  with pytest.raises(errors.BadInput), workdir_lib.WorkdirLock(str(kept)):
+    raise errors.BadInput("refused")
+  assert kept.is_dir()
+
+
+def test_an_oversized_state_is_refused_before_the_workdir_exists(tmp_path, monkeypatch):
+  monkeypatch.setattr(compute, "device_memory_bytes", lambda: 1024)
+  config = tiny_run.config()
+  with pytest.raises(errors.BadInput, match="its state needs .* more than the 0.0 GiB"):
+    trainer.train_and_evaluate(config, str(tmp_path / "run"), progress=False)
+  assert not (tmp_path / "run").exists()

@@ -4,6 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from numerics import assert_close, reduction_rtol
 
 from configs import tiny
 from olora_jax import trainer
@@ -102,8 +103,12 @@ def test_importance_is_the_mean_of_per_sample_squared_gradients():
                                                         buf.labels[i])) for i in range(3)]
   expected = jax.tree.map(lambda *g: sum(g) / 3, *squares)
   state, _ = learner.consolidate(state, frozen, buf)  # first plateau: Omega_1 = g_1
-  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-12),
-               state.omega, expected)
+  # The vmapped program and the loop above sum in other orders: along each block's backward pass
+  # the width, the MLP and the tokens twice (softmax, values), doubled by the square (measured:
+  # 1.3e-5 elementwise on an Intel host, 5e-6 on an AMD one).
+  tokens = (SPEC.image_size // SPEC.patch_size) ** 2 + 1
+  rtol = reduction_rtol(2 * SPEC.depth * (SPEC.width + SPEC.mlp_dim + 2 * tokens))
+  jax.tree.map(lambda a, b: assert_close(a, b, rtol=rtol), state.omega, expected)
 
 
 def test_omega_is_the_running_mean_over_plateaus():

@@ -11,7 +11,7 @@ import pytest
 from numerics import assert_close
 
 from configs import tiny
-from olora_jax import validation
+from olora_jax import methods, validation
 from olora_jax.data import streams
 from olora_jax.methods import (
     REGISTRY,
@@ -668,3 +668,13 @@ def test_iid_cosine_schedule_spans_the_iid_orders_steps():
   assert float(rate(steps)) == pytest.approx(0.0, abs=1e-12) and float(rate(steps - 1)) > 0
   constant = context("iid", learning_rate=1e-3)
   assert finetune.iid_learning_rate(constant, constant.config.iid) == 1e-3
+
+
+def test_overrides_of_blocks_the_method_does_not_read_are_named():
+  keys = ["seed", "learner.rank", "er.buffer_size", "inflora.learning_rate", "iid.epochs"]
+  assert methods.unread_overrides("er", keys) == ["inflora.learning_rate", "iid.epochs"]
+  # Online-LoRA reads `learner`: every method block is another's.
+  assert methods.unread_overrides("online_lora", keys) == ["er.buffer_size",
+                                                           "inflora.learning_rate", "iid.epochs"]
+  with pytest.raises(ValueError, match="unknown method"):
+    methods.unread_overrides("nope", keys)

@@ -17,59 +17,30 @@ import pathlib
 import shutil
 
 import pytest
+import tiny_methods
 
-from configs import tiny
-from olora_jax import compute, plots, trainer
+from olora_jax import compute, methods, plots, trainer
 from olora_jax.methods import common
 
-BASELINES = ("finetune", "iid", "er", "der_pp", "ewc_pp", "agem", "mir", "gdumb", "pcr", "lode",
-             "ema_der_pp", "ema_rar", "l2p", "mvp", "simplecil", "slda", "ranpac", "inflora",
-             "sd_lora", "dualprompt", "coda_prompt")
-# Methods that use task boundaries run with the oracle switch, so that the kill falls between
-# boundaries and the resumed run passes the later ones (their at_boundary in the resume).
-TOLD_BOUNDARIES = ("inflora", "sd_lora", "dualprompt", "coda_prompt")
+# Every packaged method but Online-LoRA (tested on its own in test_resume.py), from the registry.
+BASELINES = tuple(s.name for s in methods.specs() if s.name != "online_lora")
+TOLD_BOUNDARIES = tiny_methods.TOLD_BOUNDARIES
 KILLED_AFTER = 8  # the checkpoint a killed run resumes from (of 17 steps)
 IID_EPOCHS = 2  # the upper bound's passes over the stream
 # The figures depend on results.json alone; drawn for one method evaluated anytime and for GDumb
-# (task ends only, no A_auc), they cover what every method's results can hold.
+# (task ends only, no A_auc), they cover what every method's results can hold (every method's
+# own figures, through the command line: test_all_methods_cli.py).
 PLOTTED = ("finetune", "gdumb")
 
 
 def _config(method: str):
-  c = tiny.get_config()
-  c.method = method
+  c = tiny_methods.small_config(method)
   c.data.test_fraction = 0.7  # ~540 training samples: 17 steps of 32, 5 tasks
   c.eval.eval_every = 200
   c.eval.write_plots = method in PLOTTED  # output-only
   c.checkpoint_every = KILLED_AFTER  # checkpoints at 8, 16 and the end
   c.max_to_keep = 10  # operational: the resume may keep fewer
-  for block in ("er", "der_pp", "agem", "mir", "gdumb", "pcr", "lode", "ema_der_pp", "ema_rar"):
-    c[block].buffer_size = 24
-  for block in ("er", "der_pp", "agem", "mir", "pcr", "lode", "ema_der_pp", "ema_rar"):
-    c[block].replay_batch = 4
-  c.mir.n_candidates = 8
-  c.gdumb.epochs = 2
-  c.ewc_pp.fisher_every = 3
-  c.ema_der_pp.ema_warmup_steps = c.ema_rar.ema_warmup_steps = 3
-  c.ema_rar.repeats = 2
   c.iid.epochs = IID_EPOCHS
-  for block in ("finetune", "iid", "er", "der_pp", "ewc_pp", "agem", "mir", "pcr", "lode",
-                "ema_der_pp", "ema_rar"):
-    c[block].learning_rate = 3e-3
-  for block in ("l2p", "mvp"):  # a small pool: 4 prompts of 2 tokens
-    c[block].pool_size, c[block].prompt_length = 4, 2
-  c.l2p.top_k = 2
-  c.ranpac.projection_dim = 32  # the paper's 10,000 is two 400 MB Gram matrices
-  c.ranpac.refit_every = 4  # the loss's head refit inside the train step, 4 times of 17 steps
-  for block in ("inflora", "sd_lora"):  # branches of rank 2 on the width-16 model
-    c[block].rank = 2
-  # The prefix-tuning prompt methods on the 1-block ViT (5 boundaries pass the counter's cap of
-  # pool_size 4 / n_blocks 4).
-  c.dualprompt.update(g_layers=(0,), e_layers=(0,), g_prompt_length=2, prompt_length=2,
-                      pool_size=4)
-  c.coda_prompt.update(layers=(0,), pool_size=8, n_blocks=4, prompt_length=4, ortho_weight=0.1)
-  if method in TOLD_BOUNDARIES:
-    c.boundaries.rule = "oracle"
   return c
 
 

@@ -89,3 +89,19 @@ def test_corrupt_log_is_a_clear_error(tmp_path):
   (tmp_path / "metrics.jsonl").write_text('{"event": "train"}\n{not json\n')
   with pytest.raises(ValueError, match=r"metrics.jsonl:2 is not valid JSON"):
     plots.read_events(str(tmp_path / "metrics.jsonl"))
+
+
+def test_characters_the_font_lacks_are_one_warning_line_not_one_per_glyph(tmp_path, caplog):
+  import warnings
+
+  plots._MISSING_GLYPHS.clear()
+  fig = plots._figure(figsize=(2, 2))
+  fig.add_subplot().set_title("実験: ER")
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")  # matplotlib's per-glyph UserWarning would fail here
+    with caplog.at_level("WARNING"):
+      plots._save(fig, str(tmp_path / "f.png"))
+      plots._save(fig, str(tmp_path / "g.png"))  # the same characters: said once per process
+  lines = [r.getMessage() for r in caplog.records if "glyph" in r.getMessage()]
+  assert len(lines) == 1 and "no glyph for 実験" in lines[0], lines
+  assert (tmp_path / "f.png").is_file() and (tmp_path / "g.pdf").is_file()

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from configs import tiny
-from olora_jax import evaluate, metrics, plots, reporting, trainer
+from olora_jax import evaluate, methods, metrics, plots, reporting, trainer
 from olora_jax.models.vit import VisionTransformer, spec_from_config
 from olora_jax.pretrained import save_timm_safetensors
 
@@ -345,6 +345,20 @@ def test_prompt_methods_are_labelled_by_name_and_ordered_before_online_lora():
   assert labels == ["MVP", "L2P"]
   order = sorted(labels + ["Online-LoRA", "DER++"], key=reporting._row_order)
   assert order == ["DER++", "L2P", "MVP", "Online-LoRA"]
+
+
+def test_every_method_is_labelled_from_its_declared_defaults():
+  """A method's label reads what its block trains by default from the block its module declares;
+  the training-free methods' blocks have no `trainable` (SLDA, RanPAC and SimpleCIL once raised
+  AttributeError here, at the end of every run)."""
+  for spec in methods.specs():
+    block = spec.config() if spec.config is not None else {}
+    config = {"method": spec.name, **{f"{spec.name}.{k}": v for k, v in block.items()}}
+    label = reporting.method_label(config)
+    assert label == spec.report_name or spec.name == "online_lora", label
+  assert reporting.method_label({"method": "slda"}) == "SLDA"
+  assert reporting.method_label({"method": "er", "er.trainable": "head"}) == "ER (head)"
+  assert reporting.method_label({"method": "inflora", "inflora.trainable": "lora"}) == "InfLoRA"
 
 
 def test_paper_layouts_from_a_sweep_tree(tmp_path):

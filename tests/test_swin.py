@@ -328,3 +328,16 @@ def test_the_public_api_builds_a_swin_from_a_config():
   np.testing.assert_array_equal(
       jax.jit(ol.SwinTransformer(spec, 10).apply)({"params": params}, x, lora=lora),
       _small_apply(params, x))
+
+
+def test_a_preset_refusing_an_image_size_names_its_own_window_and_a_size_that_works():
+  """A preset's window is its own (model.window_size is swin_custom's): the refusal says 7, not
+  the ignored value, and the image size it advises builds."""
+  config = core50.get_config("swin_t").model
+  config.update(window_size=4, image_size=64)
+  with pytest.raises(ValueError, match=r"model.name='swin_t' cannot take model.image_size=64"
+                     r" \(stage 0's 16x16 feature map is not a multiple of the preset's window 7;"
+                     r".*use model.image_size=224 or a multiple of it"):
+    swin.spec_from_config(config)
+  config.image_size = 448
+  assert swin.spec_from_config(config).window_size == 7

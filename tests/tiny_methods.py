@@ -1,4 +1,6 @@
-"""A method built on a random tiny ViT, for the method tests that drive its functions directly."""
+"""The methods on the tiny setting: each block's sizes cut down to the width-16, 1-block ViT
+(`small_config`, for the tests that run whole streams), and a method built on a random tiny ViT
+(`build`, for the method tests that drive its functions directly)."""
 
 from __future__ import annotations
 
@@ -8,6 +10,44 @@ import jax.numpy as jnp
 from configs import tiny
 from olora_jax.methods import base
 from olora_jax.models.vit import VisionTransformer
+
+# Methods that use task boundaries run with the oracle switch (they are told of each task end).
+TOLD_BOUNDARIES = ("inflora", "sd_lora", "dualprompt", "coda_prompt")
+
+
+def small_config(method: str):
+  """configs/tiny.py running `method`, its block (and those of the other methods) cut down to the
+  tiny model and stream: small buffers, pools, projections and ranks, a higher learning rate. A
+  block not named here runs with its declared defaults."""
+  c = tiny.get_config()
+  c.method = method
+  for block in ("er", "der_pp", "agem", "mir", "gdumb", "pcr", "lode", "ema_der_pp", "ema_rar"):
+    c[block].buffer_size = 24
+  for block in ("er", "der_pp", "agem", "mir", "pcr", "lode", "ema_der_pp", "ema_rar"):
+    c[block].replay_batch = 4
+  c.mir.n_candidates = 8
+  c.gdumb.epochs = 2
+  c.ewc_pp.fisher_every = 3
+  c.ema_der_pp.ema_warmup_steps = c.ema_rar.ema_warmup_steps = 3
+  c.ema_rar.repeats = 2
+  for block in ("finetune", "iid", "er", "der_pp", "ewc_pp", "agem", "mir", "pcr", "lode",
+                "ema_der_pp", "ema_rar"):
+    c[block].learning_rate = 3e-3
+  for block in ("l2p", "mvp"):  # a small pool: 4 prompts of 2 tokens
+    c[block].pool_size, c[block].prompt_length = 4, 2
+  c.l2p.top_k = 2
+  c.ranpac.projection_dim = 32  # the paper's 10,000 is two 400 MB Gram matrices
+  c.ranpac.refit_every = 4  # the loss's head refit inside the train step
+  for block in ("inflora", "sd_lora"):  # branches of rank 2 on the width-16 model
+    c[block].rank = 2
+  # The prefix-tuning prompt methods on the 1-block ViT (5 boundaries pass the counter's cap of
+  # pool_size 4 / n_blocks 4).
+  c.dualprompt.update(g_layers=(0,), e_layers=(0,), g_prompt_length=2, prompt_length=2,
+                      pool_size=4)
+  c.coda_prompt.update(layers=(0,), pool_size=8, n_blocks=4, prompt_length=4, ortho_weight=0.1)
+  if method in TOLD_BOUNDARIES:
+    c.boundaries.rule = "oracle"
+  return c
 
 
 def build(module, spec, num_classes: int, batch_size: int = 8, **block):

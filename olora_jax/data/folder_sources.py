@@ -40,9 +40,11 @@ decodes the file itself. CIFAR-100's pickles are already small uint8 arrays and 
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
 import hashlib
 import logging
+import math
 import os
 import pickle
 import re
@@ -57,7 +59,10 @@ from olora_jax.data.splits import stratified_split
 
 # torchvision.datasets.folder.IMG_EXTENSIONS: the files `ImageFolder` takes (case-insensitive).
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
-CACHE_FORMAT = 1  # part of every cache key: bump when the cached pixels would change
+# Image files torchvision's ImageFolder (whose extensions the project keeps) does not read: left
+# out as there, but each class folder that holds some says so.
+UNREAD_EXTENSIONS = (".gif",)
+CACHE_FORMAT = 2  # part of every cache key: bump when the cached pixels would change (2: 16-bit)
 CACHE_DIR_NAME = ".olora_jax_cache"
 
 # The 200 ImageNet classes (WordNet ids) that ImageNet-R covers, as listed by its authors
@@ -159,6 +164,11 @@ def list_image_folder(root: str) -> Pool:
     for folder, _, files in sorted(os.walk(os.path.join(root, name), followlinks=True)):
       rel = os.path.relpath(folder, root).replace(os.sep, "/")
       paths += [f"{rel}/{f}" for f in sorted(files) if is_image_file(f)]
+      unread = [f for f in files if f.lower().endswith(UNREAD_EXTENSIONS)]
+      if unread:
+        logging.warning("%s: %d image(s) of a format the ImageFolder layout does not read (%s)"
+                        " are left out, e.g. %s; convert them to PNG to use them", folder,
+                        len(unread), ", ".join(UNREAD_EXTENSIONS), sorted(unread)[0])
     if len(paths) == count:
       raise _bad(f"class folder {os.path.join(root, name)} holds no image"
                  f" ({', '.join(IMAGE_EXTENSIONS)}); add its images or remove the folder")
@@ -303,8 +313,14 @@ def read_cifar100(data_dir: str) -> tuple[Pool, Pool]:
 
 
 def decode(path: str) -> np.ndarray:
-  """The image at `path` as (H, W, 3) uint8 RGB (PIL, as torchvision's loader)."""
+  """The image at `path` as (H, W, 3) uint8 RGB (PIL, as torchvision's loader). A 16-bit
+  greyscale image (PNG, TIFF: PIL's modes 'I;16*' and 'I') keeps its top 8 bits; PIL's
+  convert('RGB'), torchvision's loader, clips it to 255 and makes it white."""
   with Image.open(path) as image:
+    if image.mode.startswith("I;16") or image.mode == "I":
+      values = np.asarray(image).astype(np.int64)
+      grey = (np.clip(values, 0, 65535) >> 8).astype(np.uint8)
+      return np.repeat(grey[..., None], 3, axis=-1)
     return np.asarray(image.convert("RGB"))
 
 
@@ -360,6 +376,60 @@ def _writable_dir(path: str) -> bool:
   return os.access(path, os.W_OK)
 
 
+def _cache_target(dirs: list[str]) -> tuple[str | None, bool]:
+  """(the first writable cache folder or None, whether this call made it)."""
+  for d in dirs:
+    made = not os.path.isdir(d)
+    if _writable_dir(d):
+      return d, made
+  return None, False
+
+
+def _remove_if_empty(path: str) -> None:
+  """Removes a cache folder this run made and left empty (a refused dataset writes nothing)."""
+  with contextlib.suppress(OSError):
+    os.rmdir(path)  # fails unless empty
+
+
+_TEMP_NAME = re.compile(r"\.(\d+)\.tmp(\.sizes)?\.npy$")
+
+
+def _remove_stale_temps(folder: str, key: str) -> None:
+  """Removes the temporary files `{key}.{pid}.tmp*.npy` that a build killed before its end left
+  (SIGKILL, power loss): those of a process that no longer runs."""
+  try:
+    names = os.listdir(folder)
+  except OSError:
+    return
+  for name in names:
+    found = _TEMP_NAME.search(name)
+    if not (name.startswith(key + ".") and found and name[:found.start()] == key):
+      continue
+    try:
+      os.kill(int(found.group(1)), 0)
+      continue  # a live build (of another run) owns it
+    except ProcessLookupError:
+      pass
+    except OSError:  # another user's live process
+      continue
+    with contextlib.suppress(OSError):
+      os.remove(os.path.join(folder, name))
+
+
+def _reserved_memmap(path: str, shape: tuple[int, ...]) -> np.ndarray:
+  """A writable uint8 .npy memmap at `path` whose every byte is allocated on disk before the first
+  is written: a sparse file on a full disk ends the process with SIGBUS at the first page the
+  filesystem cannot back, while reserving the space fails here with ENOSPC."""
+  del_me = np.lib.format.open_memmap(path, mode="w+", dtype=np.uint8, shape=shape)  # sparse
+  del del_me
+  fd = os.open(path, os.O_RDWR)
+  try:
+    os.posix_fallocate(fd, 0, os.fstat(fd).st_size)
+  finally:
+    os.close(fd)
+  return np.load(path, mmap_mode="r+")
+
+
 def resized_images(pool: Pool, image_size: int, num_workers: int,
                    name: str) -> tuple[np.ndarray, np.ndarray]:
   """((N, S, S, 3) uint8 images resized to `image_size`, (N, 2) stored heights and widths) of
@@ -369,12 +439,13 @@ def resized_images(pool: Pool, image_size: int, num_workers: int,
   key = f"{name}-{cache_key(pool, image_size)}-{image_size}px"
   dirs = cache_dirs(pool.root)
   for d in dirs:
+    _remove_stale_temps(d, key)
     found = _open_cached((os.path.join(d, f"{key}.npy"), os.path.join(d, f"{key}.sizes.npy")),
                          shape)
     if found is not None:
       logging.info("%s: %d images from the cache %s", name, n, d)
       return found
-  target = next((d for d in dirs if _writable_dir(d)), None)
+  target, made = _cache_target(dirs)
   tmp = None
   if target is None:
     logging.warning("%s: no writable cache folder (%s): the %d images are decoded on every run",
@@ -382,7 +453,18 @@ def resized_images(pool: Pool, image_size: int, num_workers: int,
     images = np.empty(shape, np.uint8)
   else:
     tmp = os.path.join(target, f"{key}.{os.getpid()}.tmp.npy")
-    images = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.uint8, shape=shape)
+    try:
+      images = _reserved_memmap(tmp, shape)
+    except OSError as e:
+      with contextlib.suppress(OSError):
+        os.remove(tmp)
+      if made:
+        _remove_if_empty(target)
+      cause = errors.storage_cause(e) or errors.first_line(e)
+      raise errors.EnvironmentFailure(
+          f"{name}: cannot cache the {n} images resized to {image_size} px"
+          f" ({math.prod(shape) / 2**20:,.1f} MiB) in {target} ({cause}); free that much space"
+          " there, then run the same command") from e
   sizes = np.empty((n, 2), np.int64)
 
   def load(i):
@@ -408,7 +490,10 @@ def resized_images(pool: Pool, image_size: int, num_workers: int,
   finally:
     workers.shutdown(wait=True, cancel_futures=True)  # a bad file: the rest is not decoded
     if tmp is not None and os.path.exists(tmp):
+      del images  # unmapped before its file goes
       os.remove(tmp)
+      if made:
+        _remove_if_empty(target)
 
 
 def image_digests(pool: Pool, kind: str, num_workers: int, name: str) -> np.ndarray:
@@ -422,6 +507,7 @@ def image_digests(pool: Pool, kind: str, num_workers: int, name: str) -> np.ndar
   key = f"{name}-{cache_key(pool, kind)}.digests.npy"
   dirs = cache_dirs(pool.root)
   for d in dirs:
+    _remove_stale_temps(d, key)
     path = os.path.join(d, key)
     if os.path.isfile(path):
       try:
@@ -440,7 +526,7 @@ def image_digests(pool: Pool, kind: str, num_workers: int, name: str) -> np.ndar
 
   with concurrent.futures.ThreadPoolExecutor(max(1, num_workers)) as workers:
     found = digests_lib.as_array(workers.map(digest, pool.paths))
-  target = next((d for d in dirs if _writable_dir(d)), None)
+  target, _ = _cache_target(dirs)
   if target is not None:
     tmp = os.path.join(target, f"{key}.{os.getpid()}.tmp.npy")
     np.save(tmp, found)

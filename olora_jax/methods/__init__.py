@@ -12,6 +12,7 @@ the config, validation, the sweep and the report tables all read the specs.
     specs()                   the packaged methods' specs, in the paper's Table 1 order
     resolve(name)             the spec a `method` value names (packaged, or from a file/module)
     add_config_block(config, name)   adds the method's block with its defaults when missing
+    unread_overrides(method, keys)   the overridden keys of blocks a run of `method` never reads
     build(ctx)                the method of `ctx.config.method`
     REGISTRY                  packaged name -> build function
 """
@@ -106,6 +107,14 @@ def add_config_block(config, name: str | None = None):
     if locked:
       config.lock()
   return config
+
+
+def unread_overrides(method: str, keys) -> list[str]:
+  """The dotted config keys among `keys` that fall in another method's block (`er.buffer_size`
+  on a run of `inflora`): a method reads its own block, never another's, so such an override
+  changes nothing. ValueError for an unknown `method` (as `resolve`)."""
+  other = {s.name for s in specs() if s.config is not None} - {resolve(method).name}
+  return [k for k in keys if k.split(".")[0] in other]
 
 
 def build(ctx: base.Context) -> base.Method:

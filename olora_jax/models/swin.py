@@ -152,7 +152,21 @@ def spec_from_config(model_config: Any) -> SwinSpec:
   else:
     sizes = PRESETS[name]
   spec = SwinSpec(image_size=model_config.image_size, **sizes)
-  spec.validate()
+  try:
+    spec.validate()
+  except ValueError as e:
+    if name == CUSTOM:
+      raise
+    # A preset's sizes are fixed (model.window_size and the other Swin keys are swin_custom's):
+    # only the image size can be changed.
+    step = spec.patch_size * 2 ** (spec.num_stages - 1) * spec.window_size
+    reason = str(e).split(";")[0].replace(f"model.window_size={spec.window_size}",
+                                          f"the preset's window {spec.window_size}")
+    raise ValueError(
+        f"model.name={name!r} cannot take model.image_size={spec.image_size} ({reason}; a"
+        f" preset's window and patch are its own, model.window_size applies to {CUSTOM!r}"
+        f" only); use model.image_size={step} or a multiple of it, or model.name={CUSTOM!r}"
+        " to choose the window") from None
   return spec
 
 
