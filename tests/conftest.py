@@ -19,7 +19,7 @@ os.environ.update(tiny_run.session_xla_env(os.environ))
 
 import jax  # noqa: E402
 import pytest  # noqa: E402
-from jax._src import compilation_cache as jax_cache
+from jax.experimental.compilation_cache import compilation_cache as jax_cache  # noqa: E402
 
 from olora_jax import compute  # noqa: E402
 
