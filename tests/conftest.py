@@ -1,6 +1,7 @@
 """Session fixtures: one uninterrupted run of the tiny stream, shared by the resume and failure
 tests, and the compilation cache its subprocesses and the tests' in-process runs share. The
-session compiles at XLA's fastest optimisation level (tiny_run.FAST_COMPILE_FLAG)."""
+session compiles at XLA's fastest optimisation level (tiny_run.FAST_COMPILE_FLAG), or at XLA's
+default with OLORA_TEST_XLA_OPT=default (tiny_run.session_xla_env)."""
 
 from __future__ import annotations
 
@@ -13,12 +14,12 @@ from pathlib import Path
 import tiny_run
 
 # Before any backend exists (XLA reads its flags once per process); see tiny_run.FAST_COMPILE_FLAG.
-if "--xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
-  os.environ["XLA_FLAGS"] = tiny_run.xla_flags(tiny_run.FAST_COMPILE_FLAG)
+# Subprocesses inherit os.environ, so they compile at the same level.
+os.environ.update(tiny_run.session_xla_env(os.environ))
 
 import jax  # noqa: E402
 import pytest  # noqa: E402
-from jax._src import compilation_cache as jax_cache
+from jax.experimental.compilation_cache import compilation_cache as jax_cache  # noqa: E402
 
 from olora_jax import compute  # noqa: E402
 

@@ -41,13 +41,28 @@ def command(workdir: Path, *extra: str) -> list[str]:
 # loaded 2-core machine: 46 s -> 24 s). Floats may differ in their last bits from those of XLA's
 # default level (the tiny stream's losses do; its plateaus and accuracies are
 # identical), and every comparison in the tests is between programs compiled alike. conftest.py
-# sets it for the session and its subprocesses; an explicit `--xla_backend_optimization_level`
-# in XLA_FLAGS (3 is XLA's default) is kept instead.
+# sets it for the session and its subprocesses (which inherit XLA_FLAGS) unless XLA_FLAGS already
+# names `--xla_backend_optimization_level` (that level is kept) or OLORA_TEST_XLA_OPT=default
+# (XLA's own default level, as users run it; CI's second leg).
 FAST_COMPILE_FLAG = "--xla_backend_optimization_level=0"
+XLA_OPT_ENV = "OLORA_TEST_XLA_OPT"
+XLA_OPT_CHOICES = ("fast", "default")
+
+
+def session_xla_env(environ) -> dict:
+  """What the test session sets in `environ` before JAX starts: XLA_FLAGS with FAST_COMPILE_FLAG
+  added, or nothing where `environ` names a level or asks for XLA's default."""
+  choice = environ.get(XLA_OPT_ENV, "fast")
+  if choice not in XLA_OPT_CHOICES:
+    raise ValueError(f"{XLA_OPT_ENV}={choice!r}: expected one of {', '.join(XLA_OPT_CHOICES)}")
+  flags = environ.get("XLA_FLAGS", "")
+  if choice == "default" or "--xla_backend_optimization_level" in flags:
+    return {}
+  return {"XLA_FLAGS": " ".join([flags, FAST_COMPILE_FLAG]).strip()}
 
 
 def xla_flags(*flags: str) -> str:
-  """XLA_FLAGS for a subprocess: the session's (with FAST_COMPILE_FLAG) plus `flags`."""
+  """XLA_FLAGS for a subprocess: the session's (see session_xla_env) plus `flags`."""
   return " ".join([os.environ.get("XLA_FLAGS", ""), *flags]).strip()
 
 

@@ -1,0 +1,37 @@
+"""The switch that picks the test session's XLA optimisation level (tiny_run.session_xla_env):
+level 0 by default, XLA's own default with OLORA_TEST_XLA_OPT=default (CI's second leg), or
+whatever level XLA_FLAGS already names."""
+
+import os
+
+import pytest
+import tiny_run
+
+
+def test_fast_by_default():
+  assert tiny_run.session_xla_env({}) == {"XLA_FLAGS": tiny_run.FAST_COMPILE_FLAG}
+  assert tiny_run.session_xla_env({"XLA_FLAGS": "--xla_foo=1"}) == {
+      "XLA_FLAGS": "--xla_foo=1 " + tiny_run.FAST_COMPILE_FLAG}
+
+
+def test_default_level_leaves_the_flags_alone():
+  assert tiny_run.session_xla_env({"OLORA_TEST_XLA_OPT": "default"}) == {}
+
+
+def test_a_named_level_is_kept():
+  environ = {"XLA_FLAGS": "--xla_backend_optimization_level=2"}
+  assert tiny_run.session_xla_env(environ) == {}
+
+
+def test_an_unknown_choice_is_refused():
+  with pytest.raises(ValueError, match="OLORA_TEST_XLA_OPT='fastest'"):
+    tiny_run.session_xla_env({"OLORA_TEST_XLA_OPT": "fastest"})
+
+
+def test_this_session_and_its_subprocesses_compile_as_chosen():
+  """conftest.py applied the choice to os.environ, which subprocesses inherit."""
+  flags = os.environ.get("XLA_FLAGS", "")
+  if os.environ.get("OLORA_TEST_XLA_OPT") == "default":
+    assert "--xla_backend_optimization_level" not in flags
+  else:
+    assert "--xla_backend_optimization_level" in flags
