@@ -85,7 +85,8 @@ class Setup:
     for key, path in (("pretrained.path", c.pretrained.path),
                       ("learner.initial_lora", c.learner.initial_lora)):
       if path and not os.path.isfile(path):
-        raise FileNotFoundError(f"{key}={path!r} does not exist; give a local checkpoint file")
+        raise FileNotFoundError(f"{key}={path!r} does not exist; give a local checkpoint file"
+                                + _fetch_hint(path))
     self.train_source, self.test_source = sources_lib.load_sources(c.data, self.spec.image_size)
     self.num_classes = self.train_source.num_classes
     for source in (self.train_source, self.test_source):
@@ -133,6 +134,18 @@ class Setup:
                                   self.spec.image_size, c.data.augment, c.seed, c.data.prefetch,
                                   c.data.input_scale, c.data.preprocess,
                                   sharding.local_rows(c.learner.batch_size, self.mesh))
+
+
+def _fetch_hint(path: str) -> str:
+  """How to get `path` when it is a benchmark preset's default checkpoint (configs/benchmark.py),
+  else ''."""
+  from configs import benchmark
+
+  for preset, (_, default, _) in benchmark.BACKBONES.items():
+    if os.path.basename(path) == os.path.basename(default):
+      return (f", or fetch this one on a machine with network: python scripts/get_weights.py"
+              f" {preset} (it writes {default})")
+  return ""
 
 
 def initial_params(setup: Setup, config: ml_collections.ConfigDict, key: jax.Array) -> dict:
