@@ -115,6 +115,7 @@ from olora_jax import (  # noqa: E402
     distributed,
     errors,
     methods,
+    models,
     run_control,
     trainer,
     validation,
@@ -238,6 +239,26 @@ def _warn_unread_overrides(method: str) -> None:
                        "s" if len(unread) == 1 else "", own)
 
 
+def _refuse_preset_size_overrides(name: str) -> None:
+  """A size key given on the command line for a preset that sizes itself (e.g.
+  --config.model.window_size=4 with model.name=swin_t) would change nothing: refused in one
+  line."""
+  preset = models.preset_sizes(name)
+  if preset is None:
+    return
+  custom, sizes = preset
+  given = [a[len("--config.model."):].partition("=")[0] for a in sys.argv[1:]
+           if a.startswith("--config.model.")]
+  ignored = [key for key in given if key in sizes]
+  if ignored:
+    raise errors.BadInput(
+        f"model.name={name!r} is a preset with its own sizes: "
+        + ", ".join(f"--config.model.{k} would change nothing (the preset's is {sizes[k]})"
+                    for k in ignored)
+        + f"; drop it, or use model.name={custom!r} and give its sizes ("
+        + ", ".join(f"model.{k}" for k in sizes) + ")")
+
+
 def _write_error_log(workdir: str) -> str:
   """Writes the current exception's traceback to DIR/error.log, or to a temp file when DIR
   cannot be written; returns where, for the error line (empty if nothing could be written)."""
@@ -298,6 +319,7 @@ def main(argv):
     config = _load_config()
     validation.check_known_keys(config, common.get_config())
     _warn_unread_overrides(config.method)
+    _refuse_preset_size_overrides(config.model.name)
     results = trainer.train_and_evaluate(config, workdir)
   except Exception as e:
     write_log = True

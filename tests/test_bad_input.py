@@ -175,10 +175,18 @@ def _cli(workdir: Path, *overrides: str) -> subprocess.CompletedProcess:
     ("--config.learner.rank=0", "error: learner.rank=0 must be in [1, width=16]"),
     ("--config.data.stream_manifest=/nonexistent/m.json",
      "error: data.stream_manifest='/nonexistent/m.json' does not exist"),
-], ids=["unknown_key", "bad_value", "missing_manifest"])
+    # A preset sizes itself: a size key for it would change nothing (issue: swin_t silently ran
+    # with its window 7 after --config.model.window_size=4).
+    (("--config.model.name=swin_t", "--config.model.window_size=4"),
+     "error: model.name='swin_t' is a preset with its own sizes: --config.model.window_size would"
+     " change nothing (the preset's is 7); drop it, or use model.name='swin_custom'"),
+    (("--config.model.name=vit_s16", "--config.model.depth=3"),
+     "error: model.name='vit_s16' is a preset with its own sizes: --config.model.depth would"
+     " change nothing (the preset's is 12); drop it, or use model.name='custom'"),
+], ids=["unknown_key", "bad_value", "missing_manifest", "swin_preset_window", "vit_preset_depth"])
 def test_command_line_exit_code_2_and_one_line(tmp_path, override, message):
   workdir = tmp_path / "run"
-  done = _cli(workdir, override)
+  done = _cli(workdir, *((override,) if isinstance(override, str) else override))
   assert done.returncode == 2
   errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
   assert len(errors) == 1 and errors[0].startswith(message), done.stderr[-1000:]

@@ -46,6 +46,26 @@ def spec_from_config(model_config: Any) -> vit.ViTSpec | swin.SwinSpec:
       f" {sorted(swin.PRESETS)} or {swin.CUSTOM!r}")
 
 
+# The model keys a preset sizes itself, each as (config key, the preset's own value's key): they
+# apply to 'custom' (a ViT) and swin_custom only.
+_VIT_SIZE_KEYS = (("width", "width"), ("depth", "depth"), ("num_heads", "num_heads"),
+                  ("mlp_dim", "mlp_dim"), ("patch_size", "patch_size"))
+_SWIN_SIZE_KEYS = (("width", "embed_dim"), ("stage_depths", "depths"),
+                   ("stage_heads", "num_heads"), ("window_size", "window_size"),
+                   ("patch_size", "patch_size"))
+
+
+def preset_sizes(name: str) -> tuple[str, dict[str, Any]] | None:
+  """For a preset `model.name`: (the custom name that takes sizes from the config, {model key:
+  the preset's value} of every size key the preset ignores); None for 'custom', swin_custom or
+  an unknown name."""
+  if name in vit.PRESETS:
+    return "custom", {key: vit.PRESETS[name][own] for key, own in _VIT_SIZE_KEYS}
+  if name in swin.PRESETS:
+    return swin.CUSTOM, {key: swin.PRESETS[name][own] for key, own in _SWIN_SIZE_KEYS}
+  return None
+
+
 def is_swin(spec: Any) -> bool:
   return isinstance(spec, swin.SwinSpec)
 
