@@ -317,23 +317,41 @@ STREAM_SPLIT = ("step_seconds", "eval_seconds", "host_wait_seconds", "checkpoint
                 "compile_seconds")
 
 
+def stream_overrides(size: str, n_train: int, n_test: int, n_classes: int,
+                     n_tasks: int) -> dict:
+  """configs/split_cifar100.py's keys changed for a stream of its shape without its data:
+  synthetic CIFAR-shaped uint8 images of these sizes resized on the device, a random frozen
+  backbone of `size`'s shape (the demo's model for 'tiny'), no figures. Also what
+  launch/device_check.py passes to launch/run.py as --config overrides."""
+  from olora_jax.data import synthetic
+
+  # Random weights of the real shape (pretrained.path ''): the cost does not depend on them.
+  out = {"data.dataset": synthetic.name(n_train, n_test, n_classes), "data.n_tasks": n_tasks,
+         "data.preprocess": "device", "eval.write_plots": False, "pretrained.path": ""}
+  if size == "tiny":  # the demo's model (32 px)
+    out.update({f"model.{k}": v for k, v in demo.get_config().model.items()})
+  else:
+    out["model.name"] = size
+  return out
+
+
+def apply_overrides(config, overrides: dict):
+  """`config` with each dotted key of `overrides` set (as --config.KEY=VALUE would)."""
+  for key, value in overrides.items():
+    section, _, leaf = key.rpartition(".")
+    setattr(config[section] if section else config, leaf, value)
+  return config
+
+
 def stream_config(args: argparse.Namespace):
   """Split CIFAR-100's setting (configs/split_cifar100.py: batch size, evaluation cadence,
   checkpoint cadence, thresholds) on synthetic CIFAR-shaped uint8 images resized on the device,
   with a random frozen backbone of `--stream_size`'s shape."""
   from configs import split_cifar100
-  from olora_jax.data import synthetic
 
-  config = split_cifar100.get_config()
-  if args.stream_size == "tiny":  # the demo's model (32 px)
-    config.model.update(demo.get_config().model)
-  else:
-    config.model.name = args.stream_size
-  config.pretrained.path = ""  # random weights of the real shape: the cost does not depend on them
-  config.data.dataset = synthetic.name(args.stream_train, args.stream_test, args.stream_classes)
-  config.data.n_tasks = args.stream_tasks
-  config.data.preprocess = "device"  # 32x32 uint8 shipped, resized to the model's input there
-  config.eval.write_plots = False
+  config = apply_overrides(split_cifar100.get_config(), stream_overrides(
+      args.stream_size, args.stream_train, args.stream_test, args.stream_classes,
+      args.stream_tasks))
   if args.stream_fidelity:
     config.fidelity = args.stream_fidelity
   if args.stream_batch_size:

@@ -162,10 +162,6 @@ def last_line(done: dict) -> str:
   return text
 
 
-def _env(**extra: str) -> dict:
-  return {**os.environ, **extra}
-
-
 # ----------------------------------------------------------------------------------------------
 # demo: the embedded stream on the device and on this machine's CPU.
 
@@ -221,7 +217,7 @@ def run_demo(args: argparse.Namespace, seconds: float, work: str) -> dict:
       workdir = os.path.join(work, f"demo_cpu_{fidelity}")
       cpu_runs[fidelity] = (workdir, run_process(
           _demo_command(args.demo_config, workdir, fidelity, _cache(args, work, "cpu")),
-          deadline - time.monotonic(), _env(JAX_PLATFORMS="cpu")))
+          deadline - time.monotonic(), {**os.environ, "JAX_PLATFORMS": "cpu"}))
 
   cpu_thread = threading.Thread(target=cpu)
   cpu_thread.start()
@@ -232,7 +228,7 @@ def run_demo(args: argparse.Namespace, seconds: float, work: str) -> dict:
       out[name] = {"skipped": f"the demo's share of the budget was spent ({seconds:.0f} s)"}
       continue
     workdir = os.path.join(work, f"demo_{name}")
-    env = _env(JAX_DEFAULT_MATMUL_PRECISION=precision) if precision else _env()
+    env = {**os.environ, **({"JAX_DEFAULT_MATMUL_PRECISION": precision} if precision else {})}
     done = run_process(_demo_command(args.demo_config, workdir, fidelity,
                                      _cache(args, work, "device")), left, env)
     row = {"fidelity": fidelity, "matmul_precision": precision or "default",
@@ -297,19 +293,13 @@ def run_steps(args: argparse.Namespace, seconds: float, peaks: dict) -> list[dic
 # stream: Split CIFAR-100's shape, stopped, resumed, measured and extrapolated.
 
 def stream_overrides(args: argparse.Namespace) -> dict:
-  """configs/split_cifar100.py's keys changed for the stream: synthetic CIFAR-shaped images
-  resized on the device, a random backbone of `--size`'s shape (bench.py's stream)."""
-  from configs import demo
-  from olora_jax.data import synthetic
+  """configs/split_cifar100.py's keys changed for the stream: bench.py's stream (synthetic
+  CIFAR-shaped images resized on the device, a random backbone of `--size`'s shape), with this
+  check's cadence flags."""
+  from launch import bench
 
-  out = {"data.dataset": synthetic.name(args.stream_train, args.stream_test,
-                                        args.stream_classes),
-         "data.n_tasks": args.stream_tasks, "data.preprocess": "device",
-         "eval.write_plots": False, "pretrained.path": ""}
-  if args.size == "tiny":  # the demo's model (32 px)
-    out.update({f"model.{k}": v for k, v in demo.get_config().model.items()})
-  else:
-    out["model.name"] = args.size
+  out = bench.stream_overrides(args.size, args.stream_train, args.stream_test,
+                               args.stream_classes, args.stream_tasks)
   if args.stream_eval_every:
     out["eval.eval_every"] = args.stream_eval_every
   if args.stream_checkpoint_every:
@@ -319,12 +309,9 @@ def stream_overrides(args: argparse.Namespace) -> dict:
 
 def stream_config(args: argparse.Namespace):
   from configs import split_cifar100
+  from launch import bench
 
-  config = split_cifar100.get_config()
-  for key, value in stream_overrides(args).items():
-    section, _, leaf = key.rpartition(".")
-    setattr(config[section] if section else config, leaf, value)
-  return config
+  return bench.apply_overrides(split_cifar100.get_config(), stream_overrides(args))
 
 
 def _stream_command(args: argparse.Namespace, workdir: str, cache: str) -> list[str]:
