@@ -9,7 +9,8 @@ one table.
                             skipped with learner.skip_nonfinite)             checkpointed
   4     EnvironmentFailure  disk full, file-size limit, read-only or         the newest good
                             unwritable workdir, workdir busy (another        checkpoint: rerun the
-                            process holds it)                                command to resume
+                            process holds it), another process of a          command to resume
+                            multi-process run died or lost contact
   128+s Preempted           stopped by signal s (SIGTERM 143, SIGINT 130)    the state after the
                                                                              current step
 
@@ -118,6 +119,24 @@ class Preempted(RunError):  # a signal, not a failure
     super().__init__(message)
     self.signum = signum
     self.exit_code = EXIT_SIGNAL_BASE + signum
+
+
+# How the loss of another process of a multi-process run reaches the ones left: a collective
+# whose peer closed its sockets (gloo on CPU, NCCL on GPU), or the coordination service that
+# JAX's distributed runtime keeps on process 0.
+PEER_LOST_MESSAGES = ("Connection reset by peer", "Connection closed by peer", "Socket closed",
+                      "remote process exited", "coordination service", "Broken pipe")
+
+
+def peer_lost(e: BaseException) -> bool:
+  """Whether `e` (or what it was raised from) says another process of the run is gone."""
+  seen = set()
+  while e is not None and id(e) not in seen:
+    seen.add(id(e))
+    if any(m in str(e) for m in PEER_LOST_MESSAGES):
+      return True
+    e = e.__cause__ or e.__context__
+  return False
 
 
 def storage_cause(e: BaseException) -> str | None:

@@ -280,8 +280,9 @@ def _restore_finished_log(workdir: str) -> None:
 def _guarded(fn: Callable, workdir: str):
   """Runs `fn`, turning any failure that is not already an `errors.RunError` into one: running
   out of memory into `OutOfMemory` and storage failures (disk full, file-size limit, read-only)
-  into `EnvironmentFailure` (exit 4), the rest into `InternalError`; each names the checkpoint a
-  rerun resumes from."""
+  into `EnvironmentFailure` (exit 4), as is the loss of another process of a multi-process run
+  (a collective whose peer is gone: the processes left stop with one line, none waits for it);
+  the rest into `InternalError`. Each names the checkpoint a rerun resumes from."""
   try:
     return fn()
   except errors.RunError:
@@ -298,6 +299,11 @@ def _guarded(fn: Callable, workdir: str):
       raise errors.EnvironmentFailure(
           f"cannot write to workdir {workdir!r} ({cause}); free space, lift the limit or fix"
           f" the permissions, then run the same command to resume {resume}") from e
+    if jax.process_count() > 1 and errors.peer_lost(e):  # a collective lost its peer
+      raise errors.EnvironmentFailure(
+          f"another process of this {jax.process_count()}-process run died or lost contact"
+          f" ({errors.first_line(e)[:160]}); its own error line (or the scheduler's log) says"
+          f" why: fix that, then start every process again to resume {resume}") from e
     raise errors.InternalError(
         f"unexpected {errors.first_line(e)}; the run can resume {resume}; please report it"
         " with the error log") from e

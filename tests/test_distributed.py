@@ -16,6 +16,8 @@ import numpy as np
 import tiny_run
 from tiny_run import ROOT, assert_same_run, command, env, results
 
+from olora_jax import errors
+
 
 def _free_port() -> int:
   with socket.socket() as s:
@@ -88,6 +90,28 @@ def test_two_processes_give_one_process_results_and_stop_together(tmp_path, comp
   assert_same_run(two, one)
   # One device: the same run within float tolerance.
   _assert_close_to(two, tiny_reference)
+
+
+def test_a_process_that_dies_stops_the_other_with_one_line(tmp_path, compilation_cache):
+  # Process 1 killed outright (SIGKILL: no handler, no checkpoint of its own) after the first
+  # checkpoint: process 0, left in a collective with no peer, stops at once with exit 4 and one
+  # line that names the cause, not a hang and not a bug report; the checkpoint is intact.
+  workdir = tmp_path / "run"
+  procs = _start_processes(workdir, compilation_cache)
+  deadline = time.time() + 600
+  while procs[1].poll() is None and not tiny_run.steps(workdir):
+    assert time.time() < deadline, "the run made no checkpoint in time"
+    time.sleep(0.005)
+  procs[1].kill()
+  killed = time.time()
+  code, err = _wait(procs)[0]
+  assert time.time() - killed < 120, "process 0 took too long to notice"
+  assert code == errors.EXIT_ENVIRONMENT, err[-3000:]
+  line = tiny_run.last_line(err)
+  assert line.startswith("error: another process of this 2-process run died or lost contact")
+  assert "start every process again to resume from checkpoint" in line, line
+  assert [x for x in err.splitlines() if x.startswith("error:")] == [line]
+  assert tiny_run.steps(workdir) and not (workdir / "results.json").exists()
 
 
 SHARDED_STATE = """
