@@ -59,8 +59,9 @@ for _signal in (signal.SIGINT, signal.SIGTERM):
 # Python runs a handler only when the main thread is back in the interpreter: not inside a long
 # device call (a refit of minutes) nor a slow C import. Python's C-level handler also writes
 # each signal's number to this pipe at once, and a thread that waits on it ends the process
-# (128 + signal, one error line) on a signal during the imports, where nothing is written yet,
-# and on a second signal later on, but never inside a checkpoint's save (the save ends first).
+# (128 + signal, one error line) on a signal during the imports or while the processes of a
+# multi-process run join (`distributed.JOINING`), where nothing is written yet, and on a second
+# signal later on, but never inside a checkpoint's save (the save ends first).
 _STARTED = [False]  # main() has begun: a first signal is the loop's to act on
 
 
@@ -78,7 +79,8 @@ def _watch_signals(fd: int) -> None:
       run_control = sys.modules.get("olora_jax.run_control")
       if run_control is not None and run_control.SAVING[0]:
         continue  # the save ends, then the loop stops
-      if not _STARTED[0]:
+      distributed = sys.modules.get("olora_jax.distributed")
+      if not _STARTED[0] or (distributed is not None and distributed.JOINING[0]):
         message = (f"stopped by signal {signum} during start-up, before anything was written;"
                    " run the same command to start")
       elif count >= 2:

@@ -30,8 +30,15 @@ import os
 import jax
 import ml_collections
 
+from olora_jax import run_control
+
 MODES = ("auto", "cluster", "off")
 ENV_ADDRESS = "JAX_COORDINATOR_ADDRESS"
+# True while this process waits in `jax.distributed.initialize` for the others to join. That call
+# does not come back to Python until every process has joined (or `initialization_timeout` has
+# passed), and one that died never will: a signal then ends the process at once (launch/run.py's
+# signal watcher), as during the imports; nothing has been written yet.
+JOINING = [False]
 
 
 def check(c: ml_collections.ConfigDict) -> None:
@@ -72,11 +79,16 @@ def initialize(c: ml_collections.ConfigDict) -> None:
   # (launch/run.py records a signal from its first line; the loop checkpoints on it), and a run
   # signalled before its time limit would go on to be killed without a checkpoint.
   jax.config.update("jax_enable_preemption_service", False)
-  jax.distributed.initialize(
-      coordinator_address=c.coordinator_address or None,
-      num_processes=c.num_processes or None,
-      process_id=None if c.process_id < 0 else c.process_id,
-      initialization_timeout=c.initialization_timeout)
+  JOINING[0] = True
+  try:
+    run_control.stop_if_signalled("before the processes joined")  # one that came before
+    jax.distributed.initialize(
+        coordinator_address=c.coordinator_address or None,
+        num_processes=c.num_processes or None,
+        process_id=None if c.process_id < 0 else c.process_id,
+        initialization_timeout=c.initialization_timeout)
+  finally:
+    JOINING[0] = False
 
 
 def finish() -> None:

@@ -114,6 +114,33 @@ def test_a_process_that_dies_stops_the_other_with_one_line(tmp_path, compilation
   assert tiny_run.steps(workdir) and not (workdir / "results.json").exists()
 
 
+def test_a_signal_while_waiting_for_a_process_that_never_joins_stops_at_once(tmp_path):
+  # Process 0 of two, alone: it starts the coordination service and waits for process 1, which
+  # never comes (it died at start-up). SIGTERM ends the wait at once with 143 and one line, not
+  # after `distributed.initialization_timeout` (1800 s).
+  port = _free_port()
+  proc = subprocess.Popen(
+      command(tmp_path / "run", f"--config.distributed.coordinator_address=localhost:{port}",
+              "--config.distributed.num_processes=2", "--config.distributed.process_id=0"),
+      cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+      env=_devices_env(tmp_path / "cache", 1))
+  deadline = time.time() + 300
+  while True:  # the coordinator listens: process 0 is waiting in the join
+    assert proc.poll() is None and time.time() < deadline, "process 0 never started its join"
+    with socket.socket() as s:
+      if s.connect_ex(("localhost", port)) == 0:
+        break
+    time.sleep(0.05)
+  time.sleep(1)
+  proc.send_signal(signal.SIGTERM)
+  signalled = time.time()
+  err = proc.communicate(timeout=60)[1]
+  assert time.time() - signalled < 30
+  assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
+  assert tiny_run.last_line(err).startswith("error: stopped by signal 15 during start-up"), err
+  assert not (tmp_path / "run").exists()  # nothing was written
+
+
 SHARDED_STATE = """
 import jax, numpy as np
 from configs import tiny
