@@ -106,8 +106,9 @@ def stop_after_checkpoint(workdir: Path, at_least: int, sig: int, cache: Path,
 
 
 def final_checksums(workdir: Path) -> dict:
-  """The digest of every array of the final checkpoint: params, optimizer state, Omega, buffer."""
-  path = workdir / "checkpoints" / str(N_STEPS) / "checksums" / "metadata"
+  """The digest of every array of the final (newest) checkpoint: params, optimizer state, Omega,
+  buffer."""
+  path = workdir / "checkpoints" / str(steps(workdir)[-1]) / "checksums" / "metadata"
   return json.loads(path.read_text())["arrays"]
 
 
