@@ -39,8 +39,9 @@ training split and is scored on the held-out part, never on the test set), one r
 point with seed `--tune_seed`, workdirs ROOT/NAME/METHOD/tune/lr*_wd* (Online-LoRA:
 lr*_mean*_var*). The point with the best validation `--tune_metric` (A_final; the first in grid
 order on a tie) is written to ROOT/NAME/METHOD/tuning.json with every point's score, and the
-test seeds then run with it. A method without a grid (L2P, MVP: the paper kept their values;
-fine-tuning, the upper bound) runs its test seeds with its defaults.
+test seeds then run with it (a seed finished earlier with other values is kept, with a note).
+A method without a grid (L2P, MVP: the paper kept their values; fine-tuning, the upper bound)
+runs its test seeds with its defaults.
 """
 
 from __future__ import annotations
@@ -451,7 +452,27 @@ def run_local(args) -> int:
   runs = [(workdir, command + chosen.get(os.path.dirname(workdir), []))
           for workdir, command in plan(args.root, args.settings, args.methods, args.seeds,
                                        args.overrides)]
+  for workdir, _ in runs:
+    if os.path.dirname(workdir) in chosen and (note := stale_pick(workdir)):
+      print(note, file=sys.stderr, flush=True)
   return execute(runs, args)[0]
+
+
+def stale_pick(workdir: str) -> str | None:
+  """A note for a finished test seed of a tuned method whose config does not hold the point its
+  tuning.json picked (it ran before the tuning, or with an earlier pick): the sweep skips it as
+  finished, and report.py does not label it tuned. None for any other workdir."""
+  from olora_jax import reporting, validation
+  method_dir = os.path.dirname(workdir)
+  if (not cells.is_finished(workdir)
+      or not os.path.isfile(os.path.join(method_dir, reporting.TUNING_RECORD))):
+    return None
+  with open(os.path.join(workdir, "config.json")) as f:
+    if reporting.tuning_record(workdir, validation.flatten(json.load(f))):
+      return None
+  return (f"note: {workdir} finished with other values than the pick in"
+          f" {method_dir}/{reporting.TUNING_RECORD}; it is kept and skipped (report.py does not"
+          " label it tuned): remove it and run the sweep again to run the pick")
 
 
 def run_slurm(args) -> int:
@@ -505,6 +526,8 @@ def run_one_cell(root: str, index: str) -> int:
   workdir, command = cell["workdir"], cell["command"]
   if cells.is_finished(workdir):
     print(f"{workdir}: finished, skipped", flush=True)
+    if cell.get("tuning") and (note := stale_pick(workdir)):
+      print(note, file=sys.stderr, flush=True)
     return 0
   if cell.get("tuning"):
     try:

@@ -234,9 +234,14 @@ def test_tuned_online_lora_runs_its_seed_with_the_pick_and_the_report_says_so(tm
   assert ("(tuned: ...): the grid point `launch/sweep.py --tune` picked by validation A_final on"
           " the training split less a held-out 10%, seed 0" in report.stdout)
   assert f"note: {method_dir / 'tune'} holds sweep --tune's validation runs" in report.stderr
-  # Once the pick no longer matches (another point, say), the row is not marked tuned.
-  record["chosen"] = {**best, "mean_threshold": 123.0}
-  (method_dir / "tuning.json").write_text(json.dumps(record))
+  # A seed that finished with other values than the pick (run before the tuning, say) is kept:
+  # the sweep skips it with a note, and the report does not label it tuned.
+  config["learner"]["mean_threshold"] = 5.0
+  (method_dir / "seed0" / "config.json").write_text(json.dumps(config))
+  again = subprocess.run(proc.args, capture_output=True, text=True, timeout=300, cwd=ROOT)
+  assert again.returncode == 0, again.stderr[-2000:]
+  assert (f"note: {method_dir / 'seed0'} finished with other values than the pick in"
+          f" {method_dir}/tuning.json; it is kept and skipped" in again.stderr)
   report = subprocess.run([sys.executable, str(ROOT / "launch" / "report.py"), str(root)],
                           capture_output=True, text=True, timeout=120)
   assert report.returncode == 0 and "| Online-LoRA | " in report.stdout
