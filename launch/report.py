@@ -5,12 +5,14 @@
     .venv/bin/python launch/report.py --layout table1 ROOT   # the paper's Table 1 (table2: 2)
 
 A RUN_DIR may also be a directory of runs (e.g. the ROOT of launch/sweep.py): every run below it
-is read; unfinished ones are named on stderr and left out. `--layout table1` prints the paper's
-Table 1 (disjoint runs: A_final / Forgetting), `--layout table2` its Table 2 (Si-Blurry runs:
-A_auc / A_final), `--layout swin` the appendix's Swin-T table (Split ImageNet-S and CORe50 runs
-of model.name=swin_t: A_final / Forgetting), each followed by the wall time per method, with the
-paper's own numbers in a "(paper)" column where a setting matches (olora_jax/reporting.py:
-PAPER_RESULTS).
+is read; unfinished ones are named on stderr and left out, and so are the validation runs of
+`launch/sweep.py --tune` (ROOT/NAME/METHOD/tune/); a row whose runs `--tune` made with its
+picked point is labelled "(tuned: KEY=VALUE, ...)" and the table's last line says on what.
+`--layout table1` prints the paper's Table 1 (disjoint runs: A_final / Forgetting), `--layout
+table2` its Table 2 (Si-Blurry runs: A_auc / A_final), `--layout swin` the appendix's Swin-T
+table (Split ImageNet-S and CORe50 runs of model.name=swin_t: A_final / Forgetting), each
+followed by the wall time per method, with the paper's own numbers in a "(paper)" column where a
+setting matches (olora_jax/reporting.py: PAPER_RESULTS).
 
 Runs are grouped by their whole config.json except `seed` (give seeds with `--config.seed=N` to
 launch/run.py). Rows are methods in the order of the paper's Table 1 (`--config.method=NAME`
@@ -46,9 +48,13 @@ def main(argv):
     raise app.UsageError("give one or more run directories: launch/report.py RUN_DIR [RUN_DIR ...]")
   metrics = reporting.LAYOUTS[_LAYOUT.value].metrics if _LAYOUT.value else _METRICS.value
   try:
-    run_dirs, unfinished = reporting.find_runs(run_dirs)
+    validation = []
+    run_dirs, unfinished = reporting.find_runs(run_dirs, validation)
     for d in unfinished:
       print(f"note: {d} is not finished (no results.json); left out", file=sys.stderr)
+    for d in validation:
+      print(f"note: {d} holds sweep --tune's validation runs (scored on held-out training data,"
+            " not the test set); left out (give it by name to tabulate them)", file=sys.stderr)
     if _LAYOUT.value:
       rows, table = reporting.layout_table(run_dirs, _LAYOUT.value)
     else:

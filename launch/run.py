@@ -232,13 +232,11 @@ def _warn_unread_overrides(method: str) -> None:
           if a.startswith("--config.")]
   unread = methods.unread_overrides(method, keys)
   if unread:
-    spec = methods.resolve(method)
-    own = spec.name if spec.config is not None else "learner"
     blocks = ", ".join(sorted({k.split(".")[0] for k in unread}))
     py_logging.warning("method=%s does not read the %s block: %s change%s nothing (it reads"
                        " --config.%s.*)", method, blocks,
                        " ".join(f"--config.{k}" for k in unread),
-                       "s" if len(unread) == 1 else "", own)
+                       "s" if len(unread) == 1 else "", methods.resolve(method).block)
 
 
 def _refuse_preset_size_overrides(name: str) -> None:

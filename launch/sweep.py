@@ -30,15 +30,18 @@ with sbatch (--dry_run prints it and the sbatch command, writing nothing); resub
 command submits only the cells not finished. launch/slurm.py has the script's logic.
 
 --tune: the paper's tuning protocol (its appendix, after the online continual-learning survey of
-Mai et al.): per setting and method, a grid search over learning rate and weight decay
-(`TUNING_GRIDS`, the paper's grids; `--grid` replaces them) on a validation stream held out from
-the training data (`--config.data.validation_fraction`, default 0.1: each grid point trains on
-the rest of the training split and is scored on the held-out part, never on the test set), one
-run per grid point with seed `--tune_seed`, workdirs ROOT/NAME/METHOD/tune/lr*_wd*. The point
-with the best validation `--tune_metric` (A_final; the first in grid order on a tie) is written
-to ROOT/NAME/METHOD/tuning.json with every point's score, and the test seeds then run with it.
-A method without a grid (L2P, MVP: the paper kept their values; fine-tuning, the upper bound,
-Online-LoRA) runs its test seeds with its defaults.
+Mai et al.): per setting and method, a grid search over keys of the method's config block
+(`TUNING_GRIDS`: the baselines' learning rate and weight decay, the paper's grids; Online-LoRA's
+learning rate and the plateau rule's mean and variance thresholds, in its `learner` block;
+`--grid` replaces them) on a validation stream held out from the training data
+(`--config.data.validation_fraction`, default 0.1: each grid point trains on the rest of the
+training split and is scored on the held-out part, never on the test set), one run per grid
+point with seed `--tune_seed`, workdirs ROOT/NAME/METHOD/tune/lr*_wd* (Online-LoRA:
+lr*_mean*_var*). The point with the best validation `--tune_metric` (A_final; the first in grid
+order on a tie) is written to ROOT/NAME/METHOD/tuning.json with every point's score, and the
+test seeds then run with it (a seed finished earlier with other values is kept, with a note).
+A method without a grid (L2P, MVP: the paper kept their values; fine-tuning, the upper bound)
+runs its test seeds with its defaults.
 """
 
 from __future__ import annotations
@@ -59,7 +62,8 @@ RUN = str(pathlib.Path(__file__).resolve().parent / "run.py")
 # Exit codes after which no later run can do better: stop the sweep.
 STOP_CODES = (errors.EXIT_BAD_INPUT, errors.EXIT_ENVIRONMENT)
 # The paper's grids (appendix, hyperparameter grid for the baselines on ViT-B/16): method ->
-# {block key: values}. A method without a WD grid keeps its block's weight decay.
+# {key of the method's config block (`MethodSpec.block`): values}. A method without a WD grid
+# keeps its block's weight decay.
 _EMA = {"learning_rate": [1e-4, 2e-4, 3e-4, 4e-4, 5e-4]}
 _SMALL = {"learning_rate": [1e-4, 1e-3, 1e-2, 1e-1], "weight_decay": [1e-4, 1e-3]}
 TUNING_GRIDS = {
@@ -71,7 +75,18 @@ TUNING_GRIDS = {
     "der_pp": {"learning_rate": [3e-4, 3e-3, 3e-2]},
     "lode": {"learning_rate": [3e-4, 3e-3, 3e-2]},
     "ema_der_pp": _EMA, "ema_rar": _EMA,
+    # Online-LoRA (its `learner` block; docs/methods.md): learning rates from the demo's 1e-3 down
+    # in half-decades past the paper's 2e-4 (ViT-B; 3e-4 Swin, 5e-4 ViT-S), and the plateau
+    # rule's thresholds on the demo's loss scale, from its values (3.5, 0.05) up: there the window
+    # of CE(batch) + CE(hard buffer) settles at 2.0-3.9 late in a task with a variance of
+    # 0.005-0.03, and 3.5/0.05 misses a boundary on every seed; lower thresholds could only fire
+    # fewer plateaus. The paper's settings have other loss scales: give their grids with --grid.
+    "online_lora": {"learning_rate": [1e-4, 3e-4, 1e-3], "mean_threshold": [3.5, 4.5],
+                    "var_threshold": [0.05, 0.1]},
 }
+# A grid key's short name in a tuning point's workdir name (any other key: its own name).
+TAGS = {"learning_rate": "lr", "weight_decay": "wd", "mean_threshold": "mean",
+        "var_threshold": "var"}
 VALIDATION_FRACTION = 0.1  # of the training split, held out for --tune
 # --launcher slurm: the #SBATCH values given as text (empty: the cluster's default).
 SLURM_TEXT_FLAGS = {
@@ -137,15 +152,45 @@ def pick(scores: list[tuple[dict, float | None]]) -> dict:
 
 
 def parse_grid(text: str) -> dict:
-  """'learning_rate=1e-3,1e-2;weight_decay=0' -> {'learning_rate': [0.001, 0.01], ...}."""
+  """'learning_rate=1e-3,1e-2;weight_decay=0' -> {'learning_rate': [0.001, 0.01], ...}: keys of
+  the tuned methods' config blocks (checked against each block by `grid_problem`)."""
   grid = {}
   for part in filter(None, text.split(";")):
     key, _, values = part.partition("=")
-    if key not in ("learning_rate", "weight_decay") or not values:
+    try:
+      if not key.isidentifier() or not values:
+        raise ValueError
+      grid[key] = [float(v) for v in values.split(",")]
+    except ValueError:
       raise argparse.ArgumentTypeError(
-          f"--grid part {part!r}: use learning_rate=V,V;weight_decay=V,V")
-    grid[key] = [float(v) for v in values.split(",")]
+          f"--grid part {part!r}: use KEY=V,V;KEY=V,V with number values, e.g."
+          " learning_rate=1e-3,1e-2;weight_decay=0") from None
   return grid
+
+
+def method_grid(args, method: str) -> dict | None:
+  """The grid --tune searches for `method`: --grid, else its TUNING_GRIDS entry (None: none)."""
+  return args.grid if args.grid is not None else TUNING_GRIDS.get(method)
+
+
+def grid_problem(args) -> str | None:
+  """One line naming the first --tune grid key that is not a float key of its method's config
+  block (`--config.<block>.<key>` would fail every tuning run), else None."""
+  from configs import common
+  from olora_jax import methods
+  for method in args.methods:
+    grid = method_grid(args, method)
+    if not grid:
+      continue
+    block = methods.resolve(method).block
+    defaults = common.get_config(method)[block]
+    floats = sorted(k for k, v in defaults.items() if isinstance(v, float))
+    for key in sorted(grid):
+      if key not in floats:
+        return (f"--grid key {key!r}: method={method} reads no float key {block}.{key}; its"
+                f" block's float keys are {', '.join(floats)} (tune methods of other blocks in"
+                " separate sweeps)")
+  return None
 
 
 def _list(text: str) -> list[str]:
@@ -173,11 +218,13 @@ def parse(argv: list[str]) -> argparse.Namespace:
   parser.add_argument("--run_cell", nargs=2, metavar=("ROOT", "INDEX"),
                       help=argparse.SUPPRESS)  # one task of a SLURM array (launch/slurm.py)
   parser.add_argument("--tune", action="store_true",
-                      help="first pick learning rate and weight decay per method on a held-out"
-                      " validation stream (the paper's protocol; module docstring)")
+                      help="first pick each method's hyperparameters (TUNING_GRIDS: learning rate"
+                      " and weight decay; Online-LoRA's learning rate and plateau thresholds) on a"
+                      " held-out validation stream (the paper's protocol; module docstring)")
   parser.add_argument("--grid", type=parse_grid, default=None,
-                      help="with --tune: one grid for every method, e.g."
-                      " 'learning_rate=1e-3,1e-2;weight_decay=0' (default: the paper's)")
+                      help="with --tune: one grid for every method, keys of its config block, e.g."
+                      " 'learning_rate=1e-3,1e-2;weight_decay=0' or (Online-LoRA)"
+                      " 'mean_threshold=2.6,3.0;var_threshold=0.03' (default: TUNING_GRIDS)")
   parser.add_argument("--tune_seed", type=int, default=0, help="seed of the validation runs")
   parser.add_argument("--tune_metric", default="A_final",
                       help="results.json value the validation runs are ranked by")
@@ -232,37 +279,46 @@ def parse(argv: list[str]) -> argparse.Namespace:
       methods.resolve(method)
     except ValueError as e:
       parser.error(str(e))
+  if args.tune and grid_problem(args):
+    parser.error(grid_problem(args))
   return args
 
 
 def tuning_plans(args) -> list[dict]:
   """The validation runs of --tune, per setting and method with a grid: {"method_dir",
-  "method", "setting", "points", "workdirs", "commands", "metric", "validation_fraction",
-  "seed"}."""
+  "method", "block", "setting", "points", "workdirs", "commands", "metric",
+  "validation_fraction", "seed"}; a point's keys are keys of the method's config block
+  (`MethodSpec.block`: `learner` for Online-LoRA)."""
+  from olora_jax import methods
   plans = []
   for config in args.settings:
     for method in args.methods:
-      grid = args.grid if args.grid is not None else TUNING_GRIDS.get(method)
-      method_dir = os.path.join(args.root, setting_name(config), method)
+      grid = method_grid(args, method)
       if not grid:
         continue
+      block = methods.resolve(method).block
+      method_dir_ = os.path.join(args.root, setting_name(config), method_dir(method))
       points = grid_points(grid)
       workdirs, commands = [], []
       for point in points:
-        tag = "_".join(f"{'lr' if k == 'learning_rate' else 'wd'}{v:g}"
-                       for k, v in sorted(point.items()))
-        workdir = os.path.join(method_dir, "tune", tag)
+        tag = "_".join(f"{TAGS.get(k, k)}{v:g}" for k, v in sorted(point.items()))
+        workdir = os.path.join(method_dir_, "tune", tag)
         workdirs.append(workdir)
         commands.append([
             sys.executable, RUN, f"--config={config}", f"--workdir={workdir}",
             f"--config.method={method}", f"--config.seed={args.tune_seed}", *args.overrides,
             f"--config.data.validation_fraction={args.validation_fraction}",
-            *(f"--config.{method}.{k}={v!r}" for k, v in sorted(point.items()))])
-      plans.append({"method_dir": method_dir, "method": method, "setting": config,
-                    "points": points, "workdirs": workdirs, "commands": commands,
-                    "metric": args.tune_metric, "validation_fraction": args.validation_fraction,
-                    "seed": args.tune_seed})
+            *point_overrides(block, point)])
+      plans.append({"method_dir": method_dir_, "method": method, "block": block,
+                    "setting": config, "points": points, "workdirs": workdirs,
+                    "commands": commands, "metric": args.tune_metric,
+                    "validation_fraction": args.validation_fraction, "seed": args.tune_seed})
   return plans
+
+
+def point_overrides(block: str, point: dict) -> list[str]:
+  """A grid point as run.py overrides of the method's config block, keys sorted."""
+  return [f"--config.{block}.{k}={v!r}" for k, v in sorted(point.items())]
 
 
 def choose(plan: dict) -> list[str]:
@@ -283,16 +339,18 @@ def choose(plan: dict) -> list[str]:
         score = json.load(f).get(plan["metric"])
     scores.append((point, score))
   best = pick(scores)
-  record = {"method": plan["method"], "setting": plan["setting"], "metric": plan["metric"],
-            "validation_fraction": plan["validation_fraction"], "seed": plan["seed"],
-            "scores": [{"point": p, "score": s} for p, s in scores], "chosen": best}
+  block = plan.get("block", plan["method"])  # a plan written before `block` was: its name
+  record = {"method": plan["method"], "block": block, "setting": plan["setting"],
+            "metric": plan["metric"], "validation_fraction": plan["validation_fraction"],
+            "seed": plan["seed"], "scores": [{"point": p, "score": s} for p, s in scores],
+            "chosen": best}
   path = os.path.join(plan["method_dir"], "tuning.json")
   with open(f"{path}.{os.getpid()}.tmp", "w") as f:  # SLURM tasks may write it at once
     json.dump(record, f, indent=1)
   os.replace(f"{path}.{os.getpid()}.tmp", path)
   print(f"{plan['method_dir']}: picked {point_name(best)} (best validation {plan['metric']}, of"
         f" {len(plan['points'])} grid points)", flush=True)
-  return [f"--config.{plan['method']}.{k}={v!r}" for k, v in sorted(best.items())]
+  return point_overrides(block, best)
 
 
 def tune(args) -> tuple[dict, int]:
@@ -303,20 +361,20 @@ def tune(args) -> tuple[dict, int]:
   plans = {p["method_dir"]: p for p in tuning_plans(args)}
   for config in args.settings:
     for method in args.methods:
-      method_dir = os.path.join(args.root, setting_name(config), method)
-      if method_dir not in plans:
-        print(f"{method_dir}: no grid, the defaults", flush=True)
+      method_dir_ = os.path.join(args.root, setting_name(config), method_dir(method))
+      if method_dir_ not in plans:
+        print(f"{method_dir_}: no grid, the defaults", flush=True)
         continue
-      plan_ = plans[method_dir]
+      plan_ = plans[method_dir_]
       code, stop = execute(list(zip(plan_["workdirs"], plan_["commands"], strict=True)), args)
       if stop:
         return chosen, code
       if args.dry_run and not all(map(cells.is_finished, plan_["workdirs"])):
         continue  # nothing to pick from yet
       try:
-        chosen[method_dir] = choose(plan_)
+        chosen[method_dir_] = choose(plan_)
       except ValueError as e:  # every point failed
-        print(f"{method_dir}: {e}; its test seeds are not run", file=sys.stderr, flush=True)
+        print(f"{method_dir_}: {e}; its test seeds are not run", file=sys.stderr, flush=True)
         return chosen, code or errors.EXIT_INTERNAL
   return chosen, 0
 
@@ -394,7 +452,27 @@ def run_local(args) -> int:
   runs = [(workdir, command + chosen.get(os.path.dirname(workdir), []))
           for workdir, command in plan(args.root, args.settings, args.methods, args.seeds,
                                        args.overrides)]
+  for workdir, _ in runs:
+    if os.path.dirname(workdir) in chosen and (note := stale_pick(workdir)):
+      print(note, file=sys.stderr, flush=True)
   return execute(runs, args)[0]
+
+
+def stale_pick(workdir: str) -> str | None:
+  """A note for a finished test seed of a tuned method whose config does not hold the point its
+  tuning.json picked (it ran before the tuning, or with an earlier pick): the sweep skips it as
+  finished, and report.py does not label it tuned. None for any other workdir."""
+  from olora_jax import reporting, validation
+  method_dir = os.path.dirname(workdir)
+  if (not cells.is_finished(workdir)
+      or not os.path.isfile(os.path.join(method_dir, reporting.TUNING_RECORD))):
+    return None
+  with open(os.path.join(workdir, "config.json")) as f:
+    if reporting.tuning_record(workdir, validation.flatten(json.load(f))):
+      return None
+  return (f"note: {workdir} finished with other values than the pick in"
+          f" {method_dir}/{reporting.TUNING_RECORD}; it is kept and skipped (report.py does not"
+          " label it tuned): remove it and run the sweep again to run the pick")
 
 
 def run_slurm(args) -> int:
@@ -448,6 +526,8 @@ def run_one_cell(root: str, index: str) -> int:
   workdir, command = cell["workdir"], cell["command"]
   if cells.is_finished(workdir):
     print(f"{workdir}: finished, skipped", flush=True)
+    if cell.get("tuning") and (note := stale_pick(workdir)):
+      print(note, file=sys.stderr, flush=True)
     return 0
   if cell.get("tuning"):
     try:

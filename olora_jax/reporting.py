@@ -13,6 +13,10 @@ Forgetting with one task, A_auc of GDumb, evaluated at task ends only) are left 
 metric's mean, and the count says so.
 
 Rows are ordered as the paper's Table 1 (baselines, then Online-LoRA, then the upper bound).
+A row whose runs `launch/sweep.py --tune` made with its picked grid point (the method directory's
+tuning.json, `tuning_record`) says so in its label, "(tuned: KEY=VALUE, ...)", and the table's
+note says on what it was tuned; the sweep's validation runs (METHOD/tune/) are never tabulated
+with the test runs.
 Runs of one setting and one seed must share their stream manifest (results.json
 `stream_manifest_sha256`; for the i.i.d. upper bound, `benchmark_manifest_sha256`, the stream it
 shuffles): `aggregate` refuses to put runs made on different streams side by side.
@@ -38,6 +42,9 @@ DEFAULT_METRICS = ("A_final", "forgetting", "A_auc")
 # The compute ledger's budget (results.json "compute"), tabulated as a metric of the run.
 BUDGET_KEYS = ("passes_per_step", "passes_per_sample")
 NOT_PERCENT = frozenset({"wall_seconds", *BUDGET_KEYS})  # shown as they are, not x 100
+# launch/sweep.py --tune: the pick, beside a method's seed workdirs, and the validation runs' dir.
+TUNING_RECORD = "tuning.json"
+TUNING_DIR = "tune"
 
 
 def _method_names() -> dict[str, str]:
@@ -113,6 +120,7 @@ class Run:
     for key in BUDGET_KEYS:  # the ledger's budget, as a metric (None where not recorded)
       self.results.setdefault(key, (self.results.get("compute") or {}).get(key))
     self.run_dir = run_dir
+    self.tuning = tuning_record(run_dir, self.config)
 
   @property
   def seed(self):
@@ -125,7 +133,48 @@ class Run:
                             self.results.get("stream_manifest_sha256"))
 
   def group_key(self) -> str:
-    return json.dumps(comparable_config(self.config), sort_keys=True)
+    """Runs of one group: the same comparable config, and tuned by --tune or not."""
+    return json.dumps([comparable_config(self.config), tuned_suffix(self.tuning)], sort_keys=True)
+
+
+def tuning_record(run_dir: str, config: dict) -> dict | None:
+  """The `launch/sweep.py --tune` record (tuning.json) a run was made with: the one in the
+  directory above its workdir (ROOT/NAME/METHOD/seedN), for the run's method, whose picked grid
+  point the run's config holds (`config`: flattened); None for any other run (untuned, or run
+  before the tuning picked another point)."""
+  path = os.path.join(os.path.dirname(os.path.abspath(run_dir)), TUNING_RECORD)
+  if not os.path.isfile(path):
+    return None
+  with open(path) as f:
+    record = json.load(f)
+  chosen = record.get("chosen") or {}
+  block = record.get("block", record.get("method"))
+  if (record.get("method") != config.get("method", "online_lora") or not chosen
+      or any(config.get(f"{block}.{k}") != v for k, v in chosen.items())):
+    return None
+  return record
+
+
+def tuned_suffix(record: dict | None) -> str:
+  """What a tuned row's label adds: ' (tuned: learning_rate=0.003, ...)' (the picked point,
+  keys of the method's config block), or '' for an untuned row."""
+  if not record:
+    return ""
+  return " (tuned: " + ", ".join(f"{k}={v:g}" for k, v in sorted(record["chosen"].items())) + ")"
+
+
+def tuning_note(rows: list[dict]) -> str:
+  """The table's line on its tuned rows: what they were scored on (validation metric, held-out
+  share, seed); '' when no row is tuned."""
+  records = {(r["tuning"]["metric"], r["tuning"]["validation_fraction"], r["tuning"]["seed"])
+             for r in rows if r.get("tuning")}
+  if not records:
+    return ""
+  on = "; ".join(f"validation {metric} on the training split less a held-out {100 * fraction:g}%,"
+                 f" seed {seed}" for metric, fraction, seed in sorted(records))
+  return ("(tuned: ...): the grid point `launch/sweep.py --tune` picked by " + on + " (every"
+          " point's score in tuning.json beside the runs); the other rows run their config's"
+          " values.")
 
 
 def comparable_config(config: dict) -> dict:
@@ -221,7 +270,8 @@ def aggregate(run_dirs: Sequence[str], metrics: Sequence[str] = DEFAULT_METRICS)
   check_same_streams(runs)
 
   # Config keys that differ between groups sharing a (method, setting) label join the method.
-  labels = {k: (method_label(g[0].config), setting_label(g[0].config)) for k, g in groups.items()}
+  labels = {k: (method_label(g[0].config) + tuned_suffix(g[0].tuning), setting_label(g[0].config))
+            for k, g in groups.items()}
   rows = []
   for key, group in groups.items():
     clash = [k for k in groups if k != key and labels[k] == labels[key]]
@@ -240,9 +290,11 @@ def aggregate(run_dirs: Sequence[str], metrics: Sequence[str] = DEFAULT_METRICS)
       if len(dirs) > 1:
         raise ValueError(f"runs {dirs} have the same config and the same seed ({seed}): they"
                          " are one run twice; pass each run directory once")
+    untuned = labels[key][0][:len(labels[key][0]) - len(tuned_suffix(group[0].tuning))]
     row = {"method": labels[key][0] + (f" [{variant}]" if variant else ""),
+           "paper_name": untuned + (f" [{variant}]" if variant else ""),
            "setting": labels[key][1], "scenario": group[0].config.get("data.scenario"),
-           "seeds": seeds, "runs": [r.run_dir for r in group]}
+           "seeds": seeds, "runs": [r.run_dir for r in group], "tuning": group[0].tuning}
     for m in metrics:
       scale = 1 if m in NOT_PERCENT else 100
       values = [scale * r.results[m] for r in group if r.results[m] is not None]
@@ -332,6 +384,8 @@ def markdown_table(rows: list[dict], metrics: Sequence[str] = DEFAULT_METRICS,
   settings = sorted({r["setting"] for r in rows})
   methods = sorted({r["method"] for r in rows}, key=lambda m: (_row_order(m), m))
   cells = {(r["method"], r["setting"]): r for r in rows}
+  # The paper's number of a tuned row is its method's (the paper tuned its methods too).
+  paper_name = {r["method"]: r.get("paper_name", r["method"]) for r in rows}
   header = ["method"]
   n_paper = len(next(iter(next(iter(paper.values())).values()))) if paper else 0
   for s in settings:
@@ -346,7 +400,7 @@ def markdown_table(rows: list[dict], metrics: Sequence[str] = DEFAULT_METRICS,
       for i, m in enumerate(metrics):
         out.append(_cell(row[m]) if row else "")
         if s in paper and i < n_paper:
-          value = paper[s].get(method, (None,) * n_paper)[i]
+          value = paper[s].get(paper_name[method], (None,) * n_paper)[i]
           out.append("" if value is None else f"{value[0]:.2f} ± {value[1]:.2f}")
     lines.append("| " + " | ".join(out) + " |")
   n_seeds = sorted({len(r["seeds"]) for r in rows})
@@ -354,6 +408,8 @@ def markdown_table(rows: list[dict], metrics: Sequence[str] = DEFAULT_METRICS,
             " (wall time in s, budget in image forward passes, a backward counted as XLA costs"
             " it); groups = identical configs up to `seed`; runs of one setting and seed share"
             " one stream manifest."]
+  if tuning_note(rows):
+    lines.append(tuning_note(rows))
   return "\n".join(lines)
 
 
@@ -370,12 +426,16 @@ def write_csv(rows: list[dict], path: str, metrics: Sequence[str] = DEFAULT_METR
                       ["" if isinstance(v, float) and math.isnan(v) else v for v in stats])
 
 
-def find_runs(paths: Sequence[str]) -> tuple[list[str], list[str]]:
+def find_runs(paths: Sequence[str], validation: list | None = None
+              ) -> tuple[list[str], list[str]]:
   """(finished, unfinished) run directories under `paths`: a path holding config.json is a run
   and must be finished (hold results.json); any other directory is searched below, e.g. the
   ROOT/setting/method/seedN tree of launch/sweep.py, where a run still missing results.json is
-  returned as unfinished. FileNotFoundError for a missing path, an unfinished run given by
-  name, or a tree with no run."""
+  returned as unfinished. A `tune` directory below a path (not itself a run) holds sweep --tune's
+  validation runs, scored on held-out training data, not the test set: it is not searched, and
+  appended to `validation` when given (name it as a path to tabulate its runs).
+  FileNotFoundError for a missing path, an unfinished run given by name, or a tree with no
+  run."""
   finished, unfinished = [], []
   for path in paths:
     if not os.path.isdir(path):
@@ -388,6 +448,10 @@ def find_runs(paths: Sequence[str]) -> tuple[list[str], list[str]]:
         found.append(here)
         (finished if "results.json" in files else unfinished).append(here)
         dirs.clear()  # a run's own subdirectories (checkpoints, plots) hold no runs
+      if TUNING_DIR in dirs and not os.path.isfile(os.path.join(here, TUNING_DIR, "config.json")):
+        dirs.remove(TUNING_DIR)
+        if validation is not None:
+          validation.append(os.path.join(here, TUNING_DIR))
       dirs.sort()
     if not found:
       raise FileNotFoundError(f"no run (a directory with config.json) under {path!r}; pass the"

@@ -149,3 +149,100 @@ def test_bad_launcher_flags_are_one_line(tmp_path, flags, says):
 def test_array_ranges():
   assert slurm.array_ranges([0, 1, 2, 5, 7, 8]) == "0-2,5,7-8"
   assert slurm.array_ranges([3]) == "3"
+
+
+def _tune_args(**kw) -> argparse.Namespace:
+  return argparse.Namespace(**{"root": "R", "settings": ["configs/tiny.py"], "grid": None,
+                               "tune_seed": 0, "tune_metric": "A_final",
+                               "validation_fraction": 0.1, "overrides": [], **kw})
+
+
+def test_online_lora_is_tuned_in_its_learner_block():
+  sweep = _load_sweep()
+  plans = {p["method"]: p for p in sweep.tuning_plans(_tune_args(methods=["online_lora", "er"]))}
+  ol, er = plans["online_lora"], plans["er"]
+  # Online-LoRA's grid: learning rate and the plateau rule's thresholds, keys of `learner`.
+  assert ol["block"] == "learner" and er["block"] == "er"
+  assert set(ol["points"][0]) == {"learning_rate", "mean_threshold", "var_threshold"}
+  assert len(ol["points"]) == len(sweep.grid_points(sweep.TUNING_GRIDS["online_lora"])) <= 12
+  assert ol["workdirs"][0] == os.path.join("R", "tiny", "online_lora", "tune",
+                                           "lr0.0001_mean3.5_var0.05")
+  assert ol["commands"][0][-4:] == [
+      "--config.data.validation_fraction=0.1", "--config.learner.learning_rate=0.0001",
+      "--config.learner.mean_threshold=3.5", "--config.learner.var_threshold=0.05"]
+  # The baselines' points keep their names and their blocks' overrides.
+  assert er["workdirs"][0].endswith(os.path.join("er", "tune", "lr0.0001_wd0.0001"))
+  assert er["commands"][0][-2:] == ["--config.er.learning_rate=0.0001",
+                                    "--config.er.weight_decay=0.0001"]
+  # Every default grid names float keys of its method's block; a --grid key a tuned method's
+  # block lacks is refused before anything runs, in one line.
+  assert sweep.grid_problem(_tune_args(methods=list(sweep.TUNING_GRIDS))) is None
+  problem = sweep.grid_problem(_tune_args(methods=["online_lora", "er"],
+                                          grid=sweep.parse_grid("mean_threshold=3,4")))
+  assert problem.startswith("--grid key 'mean_threshold': method=er reads no float key"
+                            " er.mean_threshold;")
+  with pytest.raises(argparse.ArgumentTypeError, match="number values"):
+    sweep.parse_grid("mean_threshold=high")
+
+
+def test_bad_grid_key_is_one_line_before_any_run(tmp_path):
+  proc = subprocess.run([sys.executable, str(ROOT / "launch" / "sweep.py"),
+                         f"--root={tmp_path / 'r'}", "--settings=configs/tiny.py",
+                         "--methods=online_lora", "--tune", "--grid=window=3,5"],
+                        capture_output=True, text=True, timeout=120, cwd=ROOT)
+  assert proc.returncode == 2, proc.stderr
+  assert ("--grid key 'window': method=online_lora reads no float key learner.window;"
+          in proc.stderr.splitlines()[-1])
+  assert not (tmp_path / "r").exists()
+
+
+def test_tuned_online_lora_runs_its_seed_with_the_pick_and_the_report_says_so(tmp_path):
+  # Two learning rates (1e-7 learns nothing), with the thresholds that let plateaus fire on the
+  # tiny stream (tiny_run.py): every key of the point is one of the `learner` block's.
+  root = tmp_path / "tune"
+  proc = subprocess.run(
+      [sys.executable, str(ROOT / "launch" / "sweep.py"), f"--root={root}",
+       "--settings=configs/tiny.py", "--methods=online_lora", "--seeds=0", "--tune",
+       "--grid=learning_rate=1e-7,3e-3;mean_threshold=6;var_threshold=1", "--",
+       "--config.data.test_fraction=0.7", "--config.eval.write_plots=False"],
+      capture_output=True, text=True, timeout=600, cwd=ROOT)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  method_dir = root / "tiny" / "online_lora"
+  record = json.loads((method_dir / "tuning.json").read_text())
+  assert record["block"] == "learner" and record["metric"] == "A_final"
+  scores = []
+  for entry, tag in zip(record["scores"], ("lr1e-07_mean6_var1", "lr0.003_mean6_var1"),
+                        strict=True):
+    results = json.loads((method_dir / "tune" / tag / "results.json").read_text())
+    assert entry["score"] == results["A_final"]  # each point scored by its validation run
+    scores.append(entry["score"])
+  assert scores[0] != scores[1]
+  best = record["scores"][scores.index(max(scores))]["point"]
+  assert record["chosen"] == best
+  # The test seed ran with the pick, on the test set.
+  config = json.loads((method_dir / "seed0" / "config.json").read_text())
+  assert config["learner"]["learning_rate"] == best["learning_rate"]
+  assert config["learner"]["mean_threshold"] == 6.0 and config["learner"]["var_threshold"] == 1.0
+  assert config["data"]["validation_fraction"] == 0
+  # The report marks the tuned row and says on what; the validation runs stay out of the table.
+  report = subprocess.run([sys.executable, str(ROOT / "launch" / "report.py"), str(root)],
+                          capture_output=True, text=True, timeout=120)
+  assert report.returncode == 0, report.stderr
+  row = (f"| Online-LoRA (tuned: learning_rate={best['learning_rate']:g}, mean_threshold=6,"
+         " var_threshold=1) | ")
+  assert row in report.stdout
+  assert ("(tuned: ...): the grid point `launch/sweep.py --tune` picked by validation A_final on"
+          " the training split less a held-out 10%, seed 0" in report.stdout)
+  assert f"note: {method_dir / 'tune'} holds sweep --tune's validation runs" in report.stderr
+  # A seed that finished with other values than the pick (run before the tuning, say) is kept:
+  # the sweep skips it with a note, and the report does not label it tuned.
+  config["learner"]["mean_threshold"] = 5.0
+  (method_dir / "seed0" / "config.json").write_text(json.dumps(config))
+  again = subprocess.run(proc.args, capture_output=True, text=True, timeout=300, cwd=ROOT)
+  assert again.returncode == 0, again.stderr[-2000:]
+  assert (f"note: {method_dir / 'seed0'} finished with other values than the pick in"
+          f" {method_dir}/tuning.json; it is kept and skipped" in again.stderr)
+  report = subprocess.run([sys.executable, str(ROOT / "launch" / "report.py"), str(root)],
+                          capture_output=True, text=True, timeout=120)
+  assert report.returncode == 0 and "| Online-LoRA | " in report.stdout
+  assert "tuned" not in report.stdout

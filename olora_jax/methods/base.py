@@ -134,3 +134,9 @@ class MethodSpec:
   def paper_row(self, layout: str) -> str:
     """The label of this method's row in one of the paper's tables."""
     return self.paper_row_names.get(layout, self.report_name)
+
+  @property
+  def block(self) -> str:
+    """The config block the method reads: `config.<name>`, or `learner` for a method without a
+    block of its own (Online-LoRA)."""
+    return self.name if self.config is not None else "learner"
