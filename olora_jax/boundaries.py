@@ -19,6 +19,14 @@ the true boundaries (`plateau_detection`: precision, recall, latency) for any me
 for Online-LoRA. The window's mean and variance join each `train` line. A method without the hook
 runs unchanged under any rule: the switch then only measures when the rule would have fired.
 Online-LoRA detects its own boundaries (its plateaus consolidate) and keeps `none`.
+
+When, within the step that passes a boundary (olora_jax/trainer.py): the switch decides after
+the method's own hook (`after_step`), the step's events and `train` line are written, the step's
+evaluations run (its task end, its anytime point), and only then is the method told (`tell`),
+before the step's checkpoint. So the task-end evaluation of task t sees the model that finished
+task t, as the methods' authors evaluate it (e.g. SD-LoRA's renormalisation of the finished
+component, a new prompt or a merged branch apply after it), and a checkpoint after the step holds
+the state the method left after the boundary, from which a resumed run continues.
 """
 
 from __future__ import annotations
@@ -48,14 +56,13 @@ class BoundarySwitch:
       return {"window": plateau_lib.to_json(plateau_lib.init()), "n_signalled": 0}
     return {"n_signalled": 0} if self.rule == "oracle" else {}
 
-  def after_step(self, state, method_host: dict, record: dict, step: int, scalars: dict,
-                 finite: bool):
-    """-> (state, method_host, events, train_values) after stream step `step`: the method's
-    state and host record as `at_boundary` left them (unchanged without a boundary), the
-    metrics.jsonl events to write and the values to add to the step's `train` line. `record`
-    (the switch's host record) is updated in place."""
+  def after_step(self, record: dict, step: int, scalars: dict, finite: bool):
+    """-> (crossed, events, train_values) after stream step `step`: whether a boundary was
+    passed at it, the metrics.jsonl events to write and the values to add to the step's `train`
+    line. `record` (the switch's host record) is updated in place. The method is not told
+    here: the loop calls `tell` once the step's evaluations are done (module docstring)."""
     if self.rule == "none":
-      return state, method_host, (), {}
+      return False, (), {}
     events, train_values, crossed = [], {}, False
     if self.rule == "oracle":
       crossed = step in self.task_ends
@@ -72,9 +79,15 @@ class BoundarySwitch:
       record["n_signalled"] += 1
       events.append(("boundary", dict(rule=self.rule, n_boundaries=record["n_signalled"],
                                       told=self.method.at_boundary is not None)))
-      if self.method.at_boundary is not None:
-        state, method_host = self.method.at_boundary(state, method_host)
-    return state, method_host, tuple(events), train_values
+    return crossed, tuple(events), train_values
+
+  def tell(self, state, method_host: dict):
+    """-> (state, method_host) as the method's `at_boundary` leaves them (unchanged for a
+    method without the hook): called for a step whose `after_step` said crossed, after that
+    step's evaluations and before its checkpoint."""
+    if self.method.at_boundary is None:
+      return state, method_host
+    return self.method.at_boundary(state, method_host)
 
   def results(self, record: dict) -> dict:
     """results.json's `boundaries` (absent with `none`, so a task-free run's results stay as

@@ -219,6 +219,8 @@ def method_label(config: dict) -> str:
     own = defaults.get("trainable", "all")
     trainable = config.get(f"{block}.trainable", own)
     name = name if trainable in ("all", "prompts", own) else f"{name} ({trainable})"
+    if block == "simplecil" and config.get("simplecil.first_phase", "none") != "none":
+      name = _aper_label(config, defaults)
     rule = config.get("boundaries.rule", "none")  # told of boundaries: marked (not task-free
     return name if rule == "none" else f"{name} [{rule} boundaries]"  # with 'oracle')
   incremental = config.get("learner.incremental_lora", True)
@@ -234,6 +236,17 @@ def method_label(config: dict) -> str:
   if "learner.fidelity" in config:
     name += f" ({config['learner.fidelity']})"
   return name
+
+
+def _aper_label(config: dict, defaults) -> str:
+  """SimpleCIL with an adapted first phase: APER, with what the phase adapts and the first-phase
+  keys that differ from the authors' reading (methods/simplecil.py)."""
+  parts = [config["simplecil.first_phase"]]
+  for key, what in (("first_phase_head", "head"), ("first_phase_optimizer", "")):
+    value = config.get(f"simplecil.{key}", defaults.get(key))
+    if value != defaults.get(key):
+      parts.append(f"{value} {what}".strip())
+  return f"APER ({', '.join(parts)})"
 
 
 def setting_label(config: dict) -> str:
@@ -325,6 +338,8 @@ def _row_order(label: str) -> float:
       return row
   if label.startswith("single LoRA"):
     return rows["Online-LoRA"]
+  if label.startswith("APER"):  # SimpleCIL's adapted variant, beside it
+    return rows["SimpleCIL"] + 0.5
   return math.inf
 
 

@@ -7,9 +7,11 @@
          (olora_jax/run_control.py)
       3. the method's host hook (Online-LoRA: loss window, plateau rule, consolidation and
          hard-buffer update, paper steps 3-5)                                   [host + jitted]
+         and the boundary switch's decision (`boundaries.rule`, olora_jax/boundaries.py)
       4. its events and the step's `train` line in the run log (olora_jax/runlog.py)
       5. evaluation at anytime points and at true task ends (olora_jax/protocol.py: the
-         evaluator alone knows the tasks)
+         evaluator alone knows the tasks); then, at a boundary the switch signalled, the
+         method's `at_boundary`: the step's evaluations see the model that finished the task
       6. checkpoint cadence and signals (olora_jax/run_control.py)
     results.json from the protocol's records (`EvaluationProtocol.results`)
 
@@ -338,10 +340,12 @@ def _train_and_evaluate(setup: Setup, params: dict, method_key: jax.Array, workd
       protocol.observe(labels)  # the classes the stream has shown (evaluator only)
       if not finite:
         nonfinite.record_skip(step, scalars, p, log)
-      state, report = _after_step(setup, switch, shardings, state, p, step, batch, scalars,
-                                  extras, finite, saver.trace)  # 3. method's hook; boundaries
+      state, report, crossed = _after_step(setup, switch, shardings, state, p, step, batch,
+                                           scalars, extras, finite, saver.trace)  # 3. hooks
       _record_step(log, p, step, scalars, report, c.log_every)  # 4. its events, the train line
       protocol.evaluate_if_due(step, p.samples_seen, state)  # 5. anytime points, task ends
+      if crossed:  # 5b. the boundary's change, after the evaluations of the step that ended it
+        state = _tell_boundary(setup, switch, shardings, state, p)
       p.cursor = step + 1
       saver.after_step(state, p, step, stop)  # 6. checkpoint cadence; a signal: save and stop
       _advance(bar, step, scalars, p)
@@ -424,19 +428,29 @@ def _batches(setup: Setup, cursor: int, ledger: compute_lib.Ledger):
 def _after_step(setup: Setup, switch: BoundarySwitch, shardings, state, p, step: int,
                 batch: dict, scalars: dict, extras, finite: bool, trace):
   """The method's host hook after a step (also told of a skipped step, finite=False), then the
-  boundary switch (`boundaries.rule`: it may call the method's `at_boundary`); returns the
-  state and the step's `StepReport`."""
+  boundary switch's decision (`boundaries.rule`); returns the state, the step's `StepReport`
+  and whether a boundary was passed (the method is told by `_tell_boundary`, after the step's
+  evaluations)."""
   method, report = setup.method, methods_base.StepReport()
   if method.after_step is not None:
     state, p.method_host, report = method.after_step(state, p.method_host, step, batch, scalars,
                                                      extras, finite, trace)
-  state, p.method_host, events, values = switch.after_step(state, p.method_host, p.boundary,
-                                                           step, scalars, finite)
+  crossed, events, values = switch.after_step(p.boundary, step, scalars, finite)
   if events or values:
     report = methods_base.StepReport(report.events + events, {**report.train_values, **values})
-  if setup.mesh.devices.size > 1:  # the hooks' programs may leave leaves elsewhere: put back
+  if setup.mesh.devices.size > 1:  # the hook's programs may leave leaves elsewhere: put back
     state = sharding.place_state(state, shardings)
-  return state, report
+  return state, report, crossed
+
+
+def _tell_boundary(setup: Setup, switch: BoundarySwitch, shardings, state, p):
+  """The method's `at_boundary` for a boundary passed at this step: called after the step's
+  task-end and anytime evaluations, so they see the model that finished the task; the state it
+  returns is what the step's checkpoint holds and the next step trains."""
+  state, p.method_host = switch.tell(state, p.method_host)
+  if setup.mesh.devices.size > 1:
+    state = sharding.place_state(state, shardings)
+  return state
 
 
 def _record_step(log, p, step: int, scalars: dict, report: methods_base.StepReport,

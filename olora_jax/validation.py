@@ -253,6 +253,17 @@ def check_method(config: ml_collections.ConfigDict, width: int | None = None) ->
     _require(b.first_phase in ("none", "lora", "all"),
              f"unknown {p}first_phase={b.first_phase!r}; use 'none' (SimpleCIL), 'lora' or"
              " 'all' (APER: adapted until the first boundary)")
+  if "first_phase_head" in values:  # APER's first phase (methods/simplecil.py)
+    _require(b.first_phase_head in ("cosine", "linear"),
+             f"unknown {p}first_phase_head={b.first_phase_head!r}; use 'cosine' (the authors')"
+             " or 'linear'")
+    _require(b.first_phase_optimizer in ("sgd", "adam"),
+             f"unknown {p}first_phase_optimizer={b.first_phase_optimizer!r}; use 'sgd' (the"
+             " authors', momentum 0.9) or 'adam'")
+    steps = b.first_phase_cosine_steps
+    _require(isinstance(steps, int) and steps >= 0,
+             f"{p}first_phase_cosine_steps={steps!r} must be an integer >= 0 (0: a constant"
+             " learning rate)")
   if "shrinkage" in values:  # SLDA's epsilon: the shrunk covariance must stay invertible
     _require(0 < b.shrinkage <= 1, f"{p}shrinkage={b.shrinkage} must be in (0, 1] (the paper:"
              " 1e-4)")

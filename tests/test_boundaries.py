@@ -92,6 +92,71 @@ def test_plateau_tells_it_where_the_rule_fires_on_its_logged_loss(tmp_path):
   assert (killed / "metrics.jsonl").read_bytes() == (workdir / "metrics.jsonl").read_bytes()
 
 
+SPOILER_FILE = '''
+import jax.numpy as jnp
+from olora_jax.methods import base, common, finetune
+
+def build(ctx):
+  inner = finetune.make(ctx, "spoiler", ctx.config.spoiler)
+  def init(key, params):
+    return {**inner.init(key, params), "spoiled": jnp.zeros((), bool)}
+  def train_step(state, batch):  # trains as fine-tuning, whatever the flag; clears it
+    state = dict(state)
+    spoiled = state.pop("spoiled")
+    state, scalars, extras = inner.train_step(state, batch)
+    return {**state, "spoiled": jnp.zeros_like(spoiled)}, scalars, extras
+  def predict(state, images):  # a spoiled model ranks the classes backwards
+    logits = inner.predict({k: v for k, v in state.items() if k != "spoiled"}, images)
+    return jnp.where(state["spoiled"], -logits, logits)
+  def at_boundary(state, host):
+    return {**state, "spoiled": jnp.ones((), bool)}, {**host, "told": host.get("told", 0) + 1}
+  return base.Method(name="spoiler", init=init, train_step=train_step, predict=predict,
+                     at_boundary=at_boundary)
+
+def config():
+  return common.baseline_block(learning_rate=3e-3, weight_decay=0.0)
+
+METHODS = (base.MethodSpec(name="spoiler", build=build, config=config, report_name="Spoiler"),)
+'''
+
+
+def test_a_task_end_evaluation_sees_the_model_that_finished_the_task(tmp_path):
+  """A method whose boundary change spoils its predictions until its next train step (which
+  trains as if nothing happened): told at each true task end, its task-end and anytime
+  accuracies are those of the same run never told, i.e. of the model before the boundary; the
+  checkpoint written after a boundary step holds the state after the change, and a run resumed
+  from it ends as the uninterrupted one."""
+  path = tmp_path / "spoiler.py"
+  path.write_text(SPOILER_FILE)
+  runs, first_end = {}, None
+  for rule in ("none", "oracle"):
+    config = tiny.get_config(f"{path}:build")
+    config.boundaries.rule = rule
+    config.eval.write_plots = False
+    if first_end is not None:  # a checkpoint right after the first task's last step
+      config.checkpoint_every, config.max_to_keep = first_end + 1, 10
+    runs[rule] = trainer.train_and_evaluate(config, str(tmp_path / rule), progress=False)
+    first_end = runs[rule]["task_end_steps"][0]
+  told, untold = runs["oracle"], runs["none"]
+  assert told["boundaries"]["n_signalled"] == 5
+  assert told["acc_matrix"] == untold["acc_matrix"]
+  assert told["anytime_accuracy"] == untold["anytime_accuracy"]
+  assert max(max(column) for column in told["acc_matrix"]) > 0.5  # negated, it would be ~0
+  # The checkpoint after the first task's last step: told once, its state spoiled.
+  workdir = tmp_path / "oracle"
+  checkpoint = workdir / "checkpoints" / str(first_end + 1)
+  host = json.loads((checkpoint / "host" / "metadata").read_text())
+  assert host["progress"]["method_host"] == {"told": 1}
+  killed = tmp_path / "killed"
+  shutil.copytree(workdir, killed, ignore=shutil.ignore_patterns("results.json"))
+  for d in (killed / "checkpoints").iterdir():
+    if d.name.isdigit() and int(d.name) > first_end + 1:
+      shutil.rmtree(d)
+  resumed = trainer.train_and_evaluate(config, str(killed), progress=False)
+  assert resumed["acc_matrix"] == told["acc_matrix"]
+  assert (killed / "metrics.jsonl").read_bytes() == (workdir / "metrics.jsonl").read_bytes()
+
+
 def test_none_adds_nothing_and_reports_mark_the_rule(tmp_path):
   _, _, results, lines = run(tmp_path, "none")
   assert "boundaries" not in results and results["plateau_steps"] == []

@@ -359,6 +359,14 @@ def test_every_method_is_labelled_from_its_declared_defaults():
   assert reporting.method_label({"method": "slda"}) == "SLDA"
   assert reporting.method_label({"method": "er", "er.trainable": "head"}) == "ER (head)"
   assert reporting.method_label({"method": "inflora", "inflora.trainable": "lora"}) == "InfLoRA"
+  # APER (SimpleCIL with a first phase), with the first-phase keys off the authors' reading.
+  aper = {"method": "simplecil", "simplecil.first_phase": "lora", "boundaries.rule": "oracle"}
+  assert reporting.method_label(aper) == "APER (lora) [oracle boundaries]"
+  assert reporting.method_label({**aper, "simplecil.first_phase_head": "linear",
+                                 "simplecil.first_phase_optimizer": "adam"}) == (
+      "APER (lora, linear head, adam) [oracle boundaries]")
+  order = sorted(["SLDA", "APER (all)", "SimpleCIL"], key=reporting._row_order)
+  assert order == ["SimpleCIL", "APER (all)", "SLDA"]
 
 
 def test_paper_layouts_from_a_sweep_tree(tmp_path):

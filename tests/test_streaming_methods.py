@@ -6,6 +6,7 @@ batch); their config blocks are checked before any compute."""
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 import tiny_methods
 from numerics import assert_close
@@ -91,9 +92,11 @@ def test_simplecil_prototypes_are_the_class_means_and_the_loss_is_prequential():
   assert_close(losses[1], ce(scores, np.searchsorted(classes, y2[: len(z2)])), rtol=1e-4)
 
 
-def test_aper_adapts_until_the_first_boundary_then_freezes():
+@pytest.mark.parametrize("head, optimizer", [("cosine", "sgd"), ("linear", "adam")])
+def test_aper_adapts_until_the_first_boundary_then_freezes(head, optimizer):
   common.TRACE_COUNTS.clear()
-  method, state, model = build(simplecil, first_phase="lora", learning_rate=1e-2)
+  method, state, model = build(simplecil, first_phase="lora", learning_rate=1e-2,
+                               first_phase_head=head, first_phase_optimizer=optimizer)
   assert method.at_boundary is not None and build(simplecil)[0].at_boundary is None
   apply = common.make_apply(model)
   step = jax.jit(method.train_step)
@@ -107,7 +110,8 @@ def test_aper_adapts_until_the_first_boundary_then_freezes():
       assert host == {"adapted_until_step": 2}
     before = jax.tree.map(np.asarray, state["params"])
     z = np.concatenate([apply(state["frozen"], {}, b["images"], pre_logits=True),
-                        apply(state["frozen"], state["params"], b["images"], pre_logits=True)],
+                        apply(state["frozen"], {"lora": state["params"]["lora"]}, b["images"],
+                              pre_logits=True)],
                        axis=1)
     state, scalars, _ = step(state, b)
     sums += np.eye(C)[b["labels"]][b["mask"]].T @ z[b["mask"]]
@@ -118,6 +122,57 @@ def test_aper_adapts_until_the_first_boundary_then_freezes():
         scalars["first_phase_ce"] if i < 2 else scalars["prototype_loss"])
   assert_close(state["sums"], sums, rtol=1e-5)  # each sample embedded as the model stood then
   assert common.TRACE_COUNTS["simplecil.train_step"] == 1  # the switch did not recompile
+
+
+def test_aper_first_phase_trains_the_authors_cosine_head_over_the_classes_seen():
+  """The first phase's CE, step by step, is NumPy's over sigma cos(g(x), w_c) restricted to the
+  classes seen up to the batch, g the adapted model's features before the step; the head starts
+  as the authors' (rows uniform in +-1/sqrt(D), sigma 1) and every part of it trains."""
+  method, state, model = build(simplecil, first_phase="lora")
+  head = jax.tree.map(np.asarray, state["params"]["head"])
+  assert set(head) == {"kernel", "sigma"} and head["kernel"].shape == (SPEC.width, C)
+  assert float(head["sigma"]) == 1.0
+  assert 0 < np.abs(head["kernel"]).max() <= 1 / np.sqrt(SPEC.width)
+  apply = common.make_apply(model)
+  step = jax.jit(method.train_step)
+  seen = set()
+  for b in stream(n_batches=4):
+    params = jax.tree.map(np.asarray, state["params"])
+    g = np.asarray(apply(state["frozen"], {"lora": params["lora"]}, b["images"],
+                         pre_logits=True), np.float64)[b["mask"]]
+    y = b["labels"][b["mask"]]
+    seen |= set(y.tolist())
+    live = sorted(seen)
+    logits = float(params["head"]["sigma"]) * cosine(g, params["head"]["kernel"].T[live])
+    state, scalars, _ = step(state, b)
+    assert_close(float(scalars["first_phase_ce"]), ce(logits, np.searchsorted(live, y)),
+                 rtol=1e-4)
+  after = jax.tree.map(np.asarray, state["params"]["head"])
+  assert float(after["sigma"]) != 1.0
+  assert np.any(after["kernel"][:, sorted(seen)] != head["kernel"][:, sorted(seen)])
+
+
+@pytest.mark.parametrize("cosine_steps", [0, 3])
+def test_aper_first_phase_optimizer_is_sgd_with_momentum_l2_and_the_schedule(cosine_steps):
+  """`first_phase_optimizer` on given gradients against PyTorch's SGD rule transcribed in NumPy
+  (v <- 0.9 v + g + wd theta, theta <- theta - lr_t v) with lr_t constant, or the cosine
+  lr (1 + cos(pi min(t, N) / N)) / 2 over N = 3 steps (0 after)."""
+  block = simplecil.config()
+  block.first_phase_cosine_steps = cosine_steps
+  assert (block.learning_rate, block.weight_decay) == (0.01, 5e-4)  # the authors' configs
+  tx = simplecil.first_phase_optimizer(block)
+  rng = np.random.default_rng(0)
+  theta = rng.normal(size=(3, 2)).astype(np.float32)
+  params, opt_state = {"w": jnp.asarray(theta)}, tx.init({"w": jnp.asarray(theta)})
+  expected, v = theta.astype(np.float64), np.zeros((3, 2))
+  for t in range(5):
+    grad = rng.normal(size=(3, 2)).astype(np.float32)
+    updates, opt_state = tx.update({"w": jnp.asarray(grad)}, opt_state, params)
+    params = optax.apply_updates(params, updates)
+    v = 0.9 * v + grad + 5e-4 * expected
+    lr = 0.01 if cosine_steps == 0 else 0.01 * (1 + np.cos(np.pi * min(t, 3) / 3)) / 2
+    expected = expected - lr * v
+    assert_close(params["w"], expected, rtol=1e-6)
 
 
 def slda_numpy(z, y, num_classes):
@@ -241,6 +296,11 @@ def test_ranpac_loss_reads_the_head_of_the_last_refit():
     ("simplecil.temperature", 0.0, r"simplecil.temperature=0.0 must be > 0"),
     ("simplecil.first_phase", "head", r"unknown simplecil.first_phase='head'"),
     ("simplecil.learning_rate", 0.0, r"simplecil.learning_rate=0.0 must be > 0"),
+    ("simplecil.first_phase_head", "mlp", r"unknown simplecil.first_phase_head='mlp'"),
+    ("simplecil.first_phase_optimizer", "lamb",
+     r"unknown simplecil.first_phase_optimizer='lamb'"),
+    ("simplecil.first_phase_cosine_steps", -1,
+     r"simplecil.first_phase_cosine_steps=-1 must be an integer >= 0"),
     ("ranpac.projection_dim", 0, r"ranpac.projection_dim=0 must be >= 1"),
     ("ranpac.holdout_every", 1, r"ranpac.holdout_every=1 must be >= 2"),
     ("ranpac.log10_ridge_min", 9, r"ranpac.log10_ridge_min=9 and ranpac.log10_ridge_max=8"),

@@ -37,7 +37,9 @@ replicates it over the mesh, and hands it to these functions:
                                                        (`boundaries.rule`: 'oracle' at each true
                                                        task end, 'plateau' when the loss-window
                                                        rule fires on the method's own loss;
-                                                       'none', the default, never calls it)
+                                                       'none', the default, never calls it),
+                                                       after that step's evaluations (a task
+                                                       end is evaluated before the change)
 
 The learner is task-free: a batch carries no task id, and no method hears of task boundaries
 unless the run's boundary switch is set (then results.json marks the run; docs/methods.md).

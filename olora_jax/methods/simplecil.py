@@ -35,16 +35,41 @@ then computes every prototype with both models. Online reading (ours): the first
 the run's boundary switch first calls `at_boundary` (`boundaries.rule`: 'oracle' at the first true
 task end, 'plateau' when the plateau rule fires on this method's loss, which during the phase is
 the adapted model's CE; with 'none' the phase never ends and the adapted half keeps training).
-Each step of the phase takes one Adam step on the CE of the adapted model with a fresh C-way head
+Each step of the phase takes one optimiser step on the CE of the adapted model's head
 (`first_phase_ce`; the trainable part is `common.split_trainable`'s: 'lora', a rank-learner.rank
-LoRA on q and v plus the head, Online-LoRA's budget, or 'all', the whole ViT). The stream is not
-seen again, so the prototypes of the samples met during the phase are accumulated from the
-adapted model as it stood when each sample arrived (before the step it was trained on), not
-recomputed with the final adapted model as the paper does; after the boundary the adapted model
-is fixed and every later sample's prototype uses it. `state["adapting"]` switches the phase off
-inside the one compiled train step; host["adapted_until_step"] records the step it ended. The
-logged `loss` is the first phase's CE while adapting, the prequential prototype loss after
-(`prototype_loss` and `first_phase_ce` are logged beside it).
+LoRA on q and v plus the head, Online-LoRA's budget, or 'all', the whole ViT).
+
+The first phase as the authors' code (RevisitingCIL, `aper_finetune`) trains it, by default:
+
+    head      `first_phase_head='cosine'`: logits_c(x) = sigma cos(g(x), w_c), g the adapted
+              model's pooled features, w_c a trainable row per class (uniform in
+              +-1/sqrt(D) at first), sigma one trainable scale (1 at first); the softmax runs
+              over the classes of the first phase, here the classes seen so far (the stream's
+              up to this batch: the first task's classes when the phase ends at the first true
+              task end, which is the authors' head); `cosine_head_logits`
+    update    `first_phase_optimizer='sgd'`: v <- 0.9 v + (grad + weight_decay theta),
+              theta <- theta - lr v (PyTorch's SGD with momentum and L2 weight decay);
+              learning_rate 0.01, weight_decay 5e-4 (the authors' configs)
+    schedule  the authors anneal the rate by a cosine stepped once per epoch over 5 epochs, so
+              their first pass over the task runs at the initial rate throughout; one pass,
+              as here, is that first epoch: `first_phase_cosine_steps=0` keeps the rate
+              constant. A value N > 0 anneals it per step, lr_t = lr (1 + cos(pi min(t, N) /
+              N)) / 2 for the phase's update t (a phase longer than N steps runs on at 0):
+              the authors' whole anneal squeezed into N steps, for a user who knows the first
+              task's length (a task-free method does not)
+    epochs    the authors' 5 passes over the first task become one: the stream is seen once
+
+`first_phase_head='linear'` with `first_phase_optimizer='adam'` (learning_rate 1e-4,
+weight_decay 1e-4) is our earlier reading: the ViT's fresh C-way linear head over every class,
+trained with the baselines' Adam; on the demo its adapted half barely moved and APER scored as
+SimpleCIL (docs/methods.md). The stream is not seen again, so the prototypes of the samples met
+during the phase are accumulated from the adapted model as it stood when each sample arrived
+(before the step it was trained on), not recomputed with the final adapted model as the paper
+does; after the boundary the adapted model is fixed and every later sample's prototype uses it.
+`state["adapting"]` switches the phase off inside the one compiled train step;
+host["adapted_until_step"] records the step it ended. The logged `loss` is the first phase's CE
+while adapting, the prequential prototype loss after (`prototype_loss` and `first_phase_ce` are
+logged beside it).
 """
 
 from __future__ import annotations
@@ -68,6 +93,43 @@ def cosine_scores(features: jnp.ndarray, sums: jnp.ndarray, counts: jnp.ndarray,
 
 
 FIRST_PHASES = ("none", "lora", "all")
+FIRST_PHASE_HEADS = ("cosine", "linear")
+FIRST_PHASE_OPTIMIZERS = ("sgd", "adam")
+SGD_MOMENTUM = 0.9  # the authors' optimiser: torch.optim.SGD(momentum=0.9, weight_decay=...)
+
+
+def cosine_head_logits(features: jnp.ndarray, head: dict) -> jnp.ndarray:
+  """APER's first-phase head: sigma cos(g(x), w_c), (N, D) x {"kernel" (D, C), "sigma" ()} ->
+  (N, C) (PyTorch's F.normalize: each norm floored at 1e-12)."""
+  g = features / jnp.maximum(jnp.linalg.norm(features, axis=-1, keepdims=True), 1e-12)
+  w = head["kernel"]
+  w = w / jnp.maximum(jnp.linalg.norm(w, axis=0, keepdims=True), 1e-12)
+  return head["sigma"] * jnp.matmul(g, w, precision="highest")
+
+
+def init_cosine_head(key: jax.Array, width: int, num_classes: int) -> dict:
+  """A fresh cosine head: rows uniform in +-1/sqrt(D), sigma 1 (as the authors' CosineLinear)."""
+  bound = 1.0 / width ** 0.5
+  return {"kernel": jax.random.uniform(key, (width, num_classes), jnp.float32, -bound, bound),
+          "sigma": jnp.ones((), jnp.float32)}
+
+
+def first_phase_learning_rate(block):
+  """The first phase's rate: constant `learning_rate`, or with `first_phase_cosine_steps` N > 0
+  lr (1 + cos(pi min(t, N) / N)) / 2 at the phase's update t (0 from step N on)."""
+  if block.first_phase_cosine_steps == 0:
+    return block.learning_rate
+  return optax.cosine_decay_schedule(block.learning_rate, block.first_phase_cosine_steps)
+
+
+def first_phase_optimizer(block) -> optax.GradientTransformation:
+  """SGD with momentum 0.9 and L2 weight decay added to the gradient (the authors'), or the
+  baselines' Adam (`common.make_adam`)."""
+  lr = first_phase_learning_rate(block)
+  if block.first_phase_optimizer == "adam":
+    return common.make_adam(lr, block.weight_decay)
+  parts = [optax.add_decayed_weights(block.weight_decay)] if block.weight_decay > 0 else []
+  return optax.chain(*parts, optax.sgd(lr, momentum=SGD_MOMENTUM))
 
 
 def build(ctx: base.Context) -> base.Method:
@@ -75,10 +137,17 @@ def build(ctx: base.Context) -> base.Method:
   if block.first_phase not in FIRST_PHASES:
     raise ValueError(f"unknown simplecil.first_phase={block.first_phase!r}; use one of"
                      f" {FIRST_PHASES}")
+  if block.first_phase_head not in FIRST_PHASE_HEADS:
+    raise ValueError(f"unknown simplecil.first_phase_head={block.first_phase_head!r}; use one of"
+                     f" {FIRST_PHASE_HEADS}")
+  if block.first_phase_optimizer not in FIRST_PHASE_OPTIMIZERS:
+    raise ValueError(f"unknown simplecil.first_phase_optimizer={block.first_phase_optimizer!r};"
+                     f" use one of {FIRST_PHASE_OPTIMIZERS}")
   adapt = block.first_phase != "none"  # APER: a first phase adapted, until the first boundary
+  cosine_head = block.first_phase_head == "cosine"
   frozen_features = common.frozen_features(ctx.model)
   apply = common.make_apply(ctx.model)
-  tx = common.make_adam(block.learning_rate, block.weight_decay)
+  tx = first_phase_optimizer(block)
   num_classes, width = ctx.num_classes, ctx.spec.width * (2 if adapt else 1)
 
   def pretrained(state):
@@ -90,14 +159,22 @@ def build(ctx: base.Context) -> base.Method:
     f = frozen_features(pretrained(state), images)
     if not adapt:
       return f
-    g = apply(state["frozen"], state["params"], images, pre_logits=True)
+    g = adapted_features(state["frozen"], state["params"], images)
     return jnp.concatenate([f, jax.lax.stop_gradient(g)], axis=-1)
+
+  def adapted_features(frozen, params, images):
+    """g(x) (N, D): the adapted model's pooled features (its head is applied apart)."""
+    return apply(frozen, {k: v for k, v in params.items() if k != "head"}, images,
+                 pre_logits=True)
 
   def init(key, params):
     state = {"sums": jnp.zeros((num_classes, width), jnp.float32),
              "counts": jnp.zeros((num_classes,), jnp.float32)}
     if not adapt:
       return {**state, "frozen": common.backbone(params), "step": jnp.zeros((), jnp.int32)}
+    if cosine_head:  # the authors' cosine head in place of the ViT's fresh linear one
+      head_key, key = jax.random.split(key)
+      params = {**params, "head": init_cosine_head(head_key, ctx.spec.width, num_classes)}
     state = {**state, **common.init_state(key, params, block.first_phase, ctx.spec,
                                           ctx.config.learner.rank, tx),
              "adapting": jnp.ones((), bool)}
@@ -105,10 +182,14 @@ def build(ctx: base.Context) -> base.Method:
       state["pretrained"] = common.backbone(params)
     return state
 
-  def first_phase_ce(params, frozen, batch):
-    """CE of the adapted model with its C-way head (the head applied to its pooled features)."""
-    g = apply(frozen, params, batch["images"], pre_logits=True)
-    logits = g @ params["head"]["kernel"] + params["head"]["bias"]
+  def first_phase_ce(params, frozen, batch, seen):
+    """CE of the adapted model with its head: the cosine head over the classes `seen` so far
+    (C,) bool, or the linear head over every class."""
+    g = adapted_features(frozen, params, batch["images"])
+    if cosine_head:
+      logits = common.restrict_logits(cosine_head_logits(g, params["head"]), seen)
+    else:
+      logits = g @ params["head"]["kernel"] + params["head"]["bias"]
     return common.masked_mean(common.per_example_ce(logits, batch["labels"]), batch["mask"])
 
   @common.train_step("simplecil")
@@ -119,10 +200,13 @@ def build(ctx: base.Context) -> base.Method:
         batch)
     y = common.class_one_hot(batch["labels"], batch["mask"], num_classes)
     scalars = {"prototype_loss": loss}
-    if adapt:  # one Adam step on the first phase's CE while adapting; frozen after the boundary
+    if adapt:  # one optimiser step on the first phase's CE while adapting; frozen after
 
       def step(state):
-        ce, grads = jax.value_and_grad(first_phase_ce)(state["params"], state["frozen"], batch)
+        seen = (state["counts"] > 0) | common.classes_in(batch["labels"], batch["mask"],
+                                                         num_classes)
+        ce, grads = jax.value_and_grad(first_phase_ce)(state["params"], state["frozen"], batch,
+                                                       seen)
         updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
         return optax.apply_updates(state["params"], updates), opt_state, ce
 
@@ -155,11 +239,17 @@ def config():
   """The `simplecil` block. temperature: the cosine logits are cos / temperature (the argmax does
   not depend on it; it scales the logged prequential loss; *ours*). first_phase: 'none' (SimpleCIL:
   nothing is trained) or APER's adapted first phase, 'lora' (a LoRA of rank learner.rank on q and
-  v, plus a C-way head) or 'all' (the whole ViT, APER's "finetune" variant), trained with Adam
-  (learning_rate, weight_decay: the baselines' shared values, *ours*) until the run's boundary
-  switch first calls the method (module docstring)."""
+  v, plus the head) or 'all' (the whole ViT, APER's "finetune" variant), trained until the run's
+  boundary switch first calls the method (module docstring). The first phase's keys, the authors'
+  values by default: first_phase_head 'cosine' (sigma cos over the classes seen; 'linear': the
+  ViT's linear head over every class, ours before), first_phase_optimizer 'sgd' (momentum 0.9;
+  'adam': the baselines' Adam), learning_rate 0.01, weight_decay 5e-4 (L2), and
+  first_phase_cosine_steps 0 (a constant rate, the authors' first epoch; N > 0: a cosine anneal
+  to 0 over the phase's first N steps)."""
   return ml_collections.ConfigDict({"temperature": 0.1, "first_phase": "none",
-                                    "learning_rate": 1e-4, "weight_decay": 1e-4})
+                                    "first_phase_head": "cosine", "first_phase_optimizer": "sgd",
+                                    "learning_rate": 0.01, "weight_decay": 5e-4,
+                                    "first_phase_cosine_steps": 0})
 
 
 METHODS = (base.MethodSpec(name="simplecil", build=build, config=config,
