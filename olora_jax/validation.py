@@ -240,6 +240,14 @@ def check_method(config: ml_collections.ConfigDict, width: int | None = None) ->
     _require(b.key_init in ("uniform", "normal"),
              f"unknown {p}key_init={b.key_init!r}; use 'uniform' (L2P's) or 'normal' (the"
              " authors' code)")
+  if "query" in values:  # MVP's query (methods/prompt_pool.py QUERIES)
+    _require(b.query in ("penultimate", "last", "last_norm"),
+             f"unknown {p}query={b.query!r}; use 'penultimate' (the authors' script), 'last'"
+             " (their use_last_layer) or 'last_norm' (L2P's)")
+    _require(b.query != "penultimate" or config.model.name.startswith("swin")
+             or spec_from_config(config.model).depth >= 2,
+             f"{p}query='penultimate' reads the class token after block depth - 2 and needs"
+             " model.depth >= 2; use 'last' on a one-block model")
   if "updates_per_batch" in values:
     _require(isinstance(b.updates_per_batch, int) and b.updates_per_batch >= 1,
              f"{p}updates_per_batch={b.updates_per_batch!r} must be an integer >= 1 (the"

@@ -18,7 +18,7 @@ from numerics import assert_close
 
 from configs import tiny
 from olora_jax import validation
-from olora_jax.methods import REGISTRY, base, coda_prompt, dualprompt, prompt_pool
+from olora_jax.methods import REGISTRY, base, coda_prompt, common, dualprompt, mvp, prompt_pool
 from olora_jax.models.vit import VisionTransformer, ViTSpec
 
 SPEC = ViTSpec(width=16, depth=2, num_heads=2, mlp_dim=32, patch_size=4, image_size=8)
@@ -282,6 +282,62 @@ def test_coda_ortho_loss_is_zero_on_orthonormal_components_and_counts_those_in_u
   assert float(coda_prompt.ortho_loss(pool, jnp.ones(4, bool))) == 0.0
   doubled = jax.tree.map(lambda x: 2 * x, pool)  # T T^T - I = 3 I on the 2 in use, 3 times
   assert_close(coda_prompt.ortho_loss(doubled, jnp.arange(4) < 2), 3 * (2 * 9) / 4)
+
+
+# --------------------------------------------------------------------------------------------
+# L2P and MVP: the key-selected pools.
+
+
+def test_mvp_default_query_is_the_class_token_after_the_block_before_the_last(params):
+  """MVP's default query, as the authors' script runs their code: the prompt-free class token
+  after blocks 0 .. depth - 2, with no LayerNorm; here (depth 2) after block 0, as a 1-block
+  model with the same weights computes it. Default gamma: the authors' 1.0."""
+  block = mvp.config()
+  assert (block.query, block.gamma) == ("penultimate", 1.0)
+  apply = common.make_apply(VisionTransformer(SPEC, C))
+  images = batch(3)["images"]
+  query = np.asarray(prompt_pool.query(apply, params, images, "penultimate", SPEC.depth))
+  shallow = VisionTransformer(dataclasses.replace(SPEC, depth=1), C)
+  first = {k: v for k, v in params.items() if k != "encoderblock_1"}
+  assert_close(query, shallow.apply({"params": first}, images, pre_logits=True,
+                                    final_norm=False), rtol=1e-6)
+  last = np.asarray(prompt_pool.query(apply, params, images, "last"))
+  assert np.abs(query - last).max() > 1e-3
+  with pytest.raises(ValueError, match="depth >= 2"):
+    prompt_pool.query(apply, params, images, "penultimate", 1)
+
+
+@pytest.mark.parametrize("name", ["l2p", "mvp"])
+def test_key_selected_pools_never_select_a_key_no_step_trained(params, name):
+  """The state counts each key's selections in training (those of the valid images); at
+  evaluation only counted keys are candidates. Images whose queries lie on keys 1-3 take key 0
+  while only key 0 has trained (their logits are those of a pool whose prompts, and masks, all
+  equal entry 0's), and their own keys once those count as trained."""
+  method = REGISTRY[name](context(name, pool_size=4, prompt_length=2, top_k=1))
+  step, predict = jax.jit(method.train_step), jax.jit(method.predict)
+  state = jax.jit(method.init)(jax.random.key(1), params)
+  data = {**batch(6), "mask": np.array([True] * 5 + [False])}
+  state, _, extras = step(state, data)
+  np.testing.assert_array_equal(
+      state["selection_count"], np.bincount(np.asarray(extras["prompt_idx"])[:5, 0], minlength=4))
+
+  images = batch(5, n=3)["images"]
+  where = "penultimate" if name == "mvp" else "last_norm"
+  queries = prompt_pool.query(common.make_apply(VisionTransformer(SPEC, C)), state["frozen"],
+                              images, where, SPEC.depth)
+  pool = dict(state["params"]["prompt_pool"])
+  pool["keys"] = pool["keys"].at[jnp.array([3, 1, 2])].set(queries)
+  pool["prompts"] = jax.random.normal(jax.random.key(2), pool["prompts"].shape)
+  if name == "mvp":
+    pool["masks"] = jax.random.normal(jax.random.key(3), pool["masks"].shape)
+  state = {**state, "params": {**state["params"], "prompt_pool": pool}}
+  first = {**state, "params": {**state["params"], "prompt_pool": {
+      k: (v if k == "keys" else jnp.broadcast_to(v[:1], v.shape)) for k, v in pool.items()}}}
+  only_first = {**state, "selection_count": jnp.array([5.0, 0, 0, 0])}
+  assert_close(predict(only_first, images), predict(first, images), rtol=1e-6)
+  all_trained = {**state, "selection_count": jnp.ones(4)}
+  assert np.abs(np.asarray(predict(all_trained, images))
+                - np.asarray(predict(first, images))).max() > 1e-3
 
 
 # --------------------------------------------------------------------------------------------

@@ -35,6 +35,7 @@ def small_config(method: str):
     c[block].learning_rate = 3e-3
   for block in ("l2p", "mvp"):  # a small pool: 4 prompts of 2 tokens
     c[block].pool_size, c[block].prompt_length = 4, 2
+  c.mvp.query = "last"  # the 1-block ViT has no block before its last
   c.l2p.top_k = 2
   c.ranpac.projection_dim = 32  # the paper's 10,000 is two 400 MB Gram matrices
   c.ranpac.refit_every = 4  # the loss's head refit inside the train step
