@@ -120,30 +120,6 @@ def test_dualprompt_test_time_match_picks_the_nearest_key():
   np.testing.assert_array_equal(np.asarray(idx)[:, 0], [2, 0, 3])
 
 
-def test_dualprompt_predict_uses_the_matched_e_prompt(params):
-  """Keys set to the images' own queries: predict's logits are those of forcing E-prompt i on
-  image i, and differ from forcing another one."""
-  method = REGISTRY["dualprompt"](context("dualprompt", **DUAL))
-  state = jax.jit(method.init)(jax.random.key(1), params)
-  images = batch(5, n=3)["images"]
-  model = VisionTransformer(SPEC, C)
-  queries = model.apply({"params": params}, images, pre_logits=True)
-  pool = state["params"]["prompt_pool"]
-  pool["keys"] = pool["keys"].at[jnp.array([3, 1, 2])].set(queries)
-  pool["e_prompts"] = jax.random.normal(jax.random.key(2), pool["e_prompts"].shape)
-  logits = np.asarray(jax.jit(method.predict)(state, images))
-  frozen = state["frozen"]
-
-  @jax.jit
-  def forced(idx):
-    prefixes = dualprompt.prefixes(pool, idx[:, None], DUAL["g_layers"], DUAL["e_layers"])
-    return model.apply({"params": {**frozen, "head": state["params"]["head"]}}, images,
-                       prefixes=prefixes)
-
-  assert_close(logits, forced(jnp.array([3, 1, 2])), rtol=1e-6)
-  assert np.abs(logits - np.asarray(forced(jnp.array([0, 0, 0])))).max() > 1e-3
-
-
 def test_dualprompt_trains_the_e_prompt_of_the_boundary_counter(params):
   """Before a boundary only E-prompt 0 (and its key) of the pool moves; `at_boundary` moves the
   counter, copies E-prompt 0 into E-prompt 1 and resets Adam; then only E-prompt 1 moves. The
@@ -176,10 +152,66 @@ def test_dualprompt_trains_the_e_prompt_of_the_boundary_counter(params):
     np.testing.assert_array_equal(later[part][[0, 2, 3]], copied[part][[0, 2, 3]])
     assert not np.array_equal(later[part][1], copied[part][1])
   assert not np.array_equal(np.asarray(state["params"]["head"]["kernel"]), head)
-  for _ in range(4):  # the counter passes the pool: the last E-prompt keeps training
+  for _ in range(2):
     state, _ = method.at_boundary(state, {})
-  assert int(state["n_boundaries"]) == 5
-  assert int(step(state, batch(9))[1]["e_prompt"]) == DUAL["pool_size"] - 1
+  assert int(step(state, batch(9))[1]["e_prompt"]) == DUAL["pool_size"] - 1  # task 3, the last
+  state, _ = method.at_boundary(state, {})  # task 4: past the pool, free key selection
+  assert int(state["n_boundaries"]) == 4
+  assert int(step(state, batch(9))[1]["e_prompt"]) == -1
+
+
+def test_dualprompt_learning_rate_is_scaled_to_the_batch(params):
+  """The authors' linear scaling, learning_rate * B / 256: 5e-3 gives 3.125e-4 at batch 16 and
+  1.25e-3 at 64; lr_reference_batch=0 leaves it unscaled. Adam's first update of a weight is
+  lr * g / (|g| + 1e-8), so the head bias's largest move in the first step is the rate."""
+  block = dualprompt.config()
+  assert (block.learning_rate, block.lr_reference_batch) == (5e-3, 256)
+  assert dualprompt.learning_rate(block, 16) == pytest.approx(3.125e-4, rel=1e-12)
+  assert dualprompt.learning_rate(block, 64) == pytest.approx(1.25e-3, rel=1e-12)
+  block.lr_reference_batch = 0
+  assert dualprompt.learning_rate(block, 16) == 5e-3
+  for batch_size, rate in ((16, 3.125e-4), (64, 1.25e-3)):
+    ctx = dataclasses.replace(context("dualprompt", **DUAL), batch_size=batch_size)
+    method = REGISTRY["dualprompt"](ctx)
+    state = jax.jit(method.init)(jax.random.key(1), params)
+    bias = np.asarray(state["params"]["head"]["bias"])
+    stepped, _, _ = jax.jit(method.train_step)(state, batch(6))
+    moved = np.abs(np.asarray(stepped["params"]["head"]["bias"]) - bias)
+    assert_close(moved.max(), rate, rtol=1e-4)
+
+
+def test_dualprompt_predict_uses_the_matched_e_prompt_among_the_trained(params):
+  """Keys set to the images' own queries. Task-free (no boundary) only E-prompt 0 trains: every
+  test image takes it, even one whose query lies on another key. Once those keys count as
+  trained, predict's logits are those of forcing E-prompt i on image i. A boundary signalled
+  right before an evaluation adds a key no step has trained: not a candidate until a step
+  trains it."""
+  method = REGISTRY["dualprompt"](context("dualprompt", **DUAL))
+  step, predict = jax.jit(method.train_step), jax.jit(method.predict)
+  state = jax.jit(method.init)(jax.random.key(1), params)
+  state, _, _ = step(state, batch(6))
+  np.testing.assert_array_equal(state["selection_count"], [6, 0, 0, 0])
+  images = batch(5, n=3)["images"]
+  model = VisionTransformer(SPEC, C)
+  queries = model.apply({"params": params}, images, pre_logits=True)
+  pool = state["params"]["prompt_pool"]
+  pool["keys"] = pool["keys"].at[jnp.array([3, 1, 2])].set(queries)
+  pool["e_prompts"] = jax.random.normal(jax.random.key(2), pool["e_prompts"].shape)
+
+  @jax.jit
+  def forced(idx):
+    prefixes = dualprompt.prefixes(pool, idx[:, None], DUAL["g_layers"], DUAL["e_layers"])
+    return model.apply({"params": {**state["frozen"], "head": state["params"]["head"]}}, images,
+                       prefixes=prefixes)
+
+  assert_close(predict(state, images), forced(jnp.array([0, 0, 0])), rtol=1e-6)
+  matched = np.asarray(predict({**state, "selection_count": jnp.ones(4)}, images))
+  assert_close(matched, forced(jnp.array([3, 1, 2])), rtol=1e-6)
+  assert np.abs(matched - np.asarray(forced(jnp.array([0, 0, 0])))).max() > 1e-3
+  state, _ = method.at_boundary(state, {})  # E-prompt 1 starts; key 1 has not trained
+  assert_close(predict(state, images), forced(jnp.array([0, 0, 0])), rtol=1e-6)
+  state, _, _ = step(state, batch(7))
+  np.testing.assert_array_equal(state["selection_count"], [6, 6, 0, 0])
 
 
 # --------------------------------------------------------------------------------------------
@@ -349,7 +381,10 @@ def test_key_selected_pools_never_select_a_key_no_step_trained(params, name):
                                        r" indices in \[0, model.depth=1\)"),
     ("dualprompt.g_prompt_length", 0, r"dualprompt.g_prompt_length=0 must be >= 1"),
     ("dualprompt.top_k", 11, r"dualprompt.top_k=11 must be in \[1, dualprompt.pool_size\]"),
-    ("coda_prompt.n_blocks", 3, r"coda_prompt.pool_size=8 must be a multiple of"),
+    ("dualprompt.lr_reference_batch", -1, r"dualprompt.lr_reference_batch=-1 must be an"
+                                          r" integer >= 0"),
+    ("coda_prompt.n_tasks", 9, r"coda_prompt.pool_size=8 must be >= the number of tasks 9"),
+    ("coda_prompt.n_tasks", -1, r"coda_prompt.n_tasks=-1 must be an integer >= 0"),
     ("coda_prompt.prompt_length", 3, r"coda_prompt.prompt_length=3 must be even"),
     ("coda_prompt.ortho_weight", -1.0, r"coda_prompt.ortho_weight=-1.0 must be >= 0"),
     ("coda_prompt.pool_size", 32, r"coda_prompt.pool_size=32 must be <= model.width=16"),
