@@ -306,10 +306,12 @@ def _check_prefix_layers(config: ml_collections.ConfigDict, b, p: str) -> None:
   if "g_prompt_length" in b:
     _require(b.g_prompt_length >= 1, f"{p}g_prompt_length={b.g_prompt_length} must be >= 1 (the"
              " paper: 5)")
-  if "n_blocks" in b:  # CODA-Prompt: n_blocks blocks of pool_size / n_blocks components
-    _require(b.n_blocks >= 1 and b.pool_size % b.n_blocks == 0,
-             f"{p}pool_size={b.pool_size} must be a multiple of {p}n_blocks={b.n_blocks} >= 1"
-             " (the paper: 100 components in 10 blocks)")
+  if "ortho_weight" in b:  # CODA-Prompt: one block of pool_size // n_tasks components per task
+    n_tasks = b.n_tasks or config.data.n_tasks
+    _require(b.pool_size >= n_tasks,
+             f"{p}pool_size={b.pool_size} must be >= the number of tasks {n_tasks}"
+             f" ({p}n_tasks, 0: data.n_tasks): each task takes pool_size // n_tasks components"
+             " (the paper: 100 components, 10 tasks)")
     width = spec_from_config(config.model).width
     _require(b.pool_size <= width,
              f"{p}pool_size={b.pool_size} must be <= model.width={width}: the components' keys"

@@ -26,7 +26,7 @@ C = 4
 SHAPE = (8, 8, 3)
 DUAL = dict(g_layers=(0,), e_layers=(0, 1), g_prompt_length=2, prompt_length=3, pool_size=4,
             top_k=1)
-CODA = dict(layers=(0, 1), pool_size=8, n_blocks=4, prompt_length=4, ortho_weight=0.1)
+CODA = dict(layers=(0, 1), pool_size=8, n_tasks=4, prompt_length=4, ortho_weight=0.1)
 
 
 def context(method: str, **block) -> base.Context:
@@ -308,6 +308,55 @@ def test_coda_only_the_current_block_trains(params):
     np.testing.assert_array_equal(later[name][4:], 0.0)
 
 
+def test_coda_block_size_is_the_pool_over_the_settings_tasks(params):
+  """One block of pool_size // n_tasks components per task (the authors' pool / tasks): 20 and
+  10 of a pool of 100 for 5 and 10 tasks. n_tasks 0 takes the setting's data.n_tasks; past that
+  many tasks the last block keeps training (it does not grow)."""
+  assert [coda_prompt.block_size(100, n) for n in (5, 10, 3)] == [20, 10, 33]
+  assert coda_prompt.block_size(60, 5) == 12  # the demo's pool on its 5 tasks
+  assert coda_prompt.config().n_tasks == 0
+  for n_tasks, size in ((5, 2), (10, 1)):
+    ctx = context("coda_prompt", **{**CODA, "pool_size": 10, "n_tasks": 0})
+    ctx.config.data.n_tasks = n_tasks
+    method = REGISTRY["coda_prompt"](ctx)
+    state = jax.jit(method.init)(jax.random.key(1), params)
+
+    def used(state):  # components not zero (in use or trained), per layer and entry
+      return {int(np.sum(np.any(np.asarray(x).reshape(10, 2, -1) != 0, axis=-1), axis=0)[0])
+              for x in state["params"]["prompt_pool"].values()}
+
+    assert used(state) == {size}
+    state, _ = method.at_boundary(state, {})
+    assert used(state) == {2 * size}
+    for _ in range(n_tasks):  # past the last task: still n_tasks blocks
+      state, _ = method.at_boundary(state, {})
+    assert used(state) == {n_tasks * size} and int(state["n_boundaries"]) == n_tasks + 1
+
+
+def test_coda_evaluates_only_the_blocks_that_trained(params):
+  """A boundary signalled right before an evaluation starts block 1 (orthonormal draws, never
+  trained): the evaluation still reads block 0 alone, as the authors' code evaluates the
+  components of the tasks trained so far; block 1 joins once a step trained it."""
+  method = REGISTRY["coda_prompt"](context("coda_prompt", **CODA))
+  step, predict = jax.jit(method.train_step), jax.jit(method.predict)
+  state = jax.jit(method.init)(jax.random.key(1), params)
+  images = batch(14)["images"]
+  state, _, _ = step(state, batch(12))
+  assert int(state["trained_blocks"]) == 1
+  before = np.asarray(predict(state, images))
+  state, _ = method.at_boundary(state, {})
+  np.testing.assert_array_equal(np.asarray(predict(state, images)), before)
+  state, _, _ = step(state, batch(13))
+  assert int(state["trained_blocks"]) == 2
+  model = VisionTransformer(SPEC, C)
+  queries = model.apply({"params": params}, images, pre_logits=True)
+  pool = state["params"]["prompt_pool"]
+  alpha = coda_prompt.weights(pool, queries, jnp.arange(8) < 4)  # blocks 0 and 1, by hand
+  expected = model.apply({"params": {**state["frozen"], "head": state["params"]["head"]}}, images,
+                         prefixes=coda_prompt.prefixes(pool, alpha, CODA["layers"]))
+  assert_close(predict(state, images), expected, rtol=1e-5)
+
+
 def test_coda_ortho_loss_is_zero_on_orthonormal_components_and_counts_those_in_use():
   eye = jnp.eye(4, 16)[:, None, :]  # 4 orthonormal components, one layer
   pool = {"keys": eye, "attention": eye, "prompts": eye.reshape(4, 1, 2, 8)}
@@ -392,7 +441,7 @@ def test_key_selected_pools_never_select_a_key_no_step_trained(params, name):
 def test_bad_prompt_method_config_is_refused(key, value, match):
   config = tiny.get_config()
   config.dualprompt.update(g_layers=(0,), e_layers=(0,))
-  config.coda_prompt.update(layers=(0,), pool_size=8, n_blocks=4)
+  config.coda_prompt.update(layers=(0,), pool_size=8, n_tasks=4)
   section, _, leaf = key.rpartition(".")
   config.method = section
   setattr(config[section], leaf, value)
@@ -403,7 +452,7 @@ def test_bad_prompt_method_config_is_refused(key, value, match):
 def test_prompt_method_configs_for_a_shallow_model_pass():
   config = tiny.get_config()
   config.dualprompt.update(g_layers=(0,), e_layers=(0,))
-  config.coda_prompt.update(layers=(0,), pool_size=8, n_blocks=4)
+  config.coda_prompt.update(layers=(0,), pool_size=8, n_tasks=4)
   for method in ("dualprompt", "coda_prompt"):
     config.method = method
     validation.check_method(config)

@@ -41,11 +41,12 @@ def small_config(method: str):
   c.ranpac.refit_every = 4  # the loss's head refit inside the train step
   for block in ("inflora", "sd_lora"):  # branches of rank 2 on the width-16 model
     c[block].rank = 2
-  # The prefix-tuning prompt methods on the 1-block ViT (5 boundaries pass the counter's cap of
-  # pool_size 4 / n_blocks 4).
+  # The prefix-tuning prompt methods on the 1-block ViT (the stream's 5 tasks pass the pool's 4
+  # E-prompts and CODA-Prompt's 4 blocks: DualPrompt then selects freely, CODA-Prompt keeps
+  # training its last block).
   c.dualprompt.update(g_layers=(0,), e_layers=(0,), g_prompt_length=2, prompt_length=2,
                       pool_size=4)
-  c.coda_prompt.update(layers=(0,), pool_size=8, n_blocks=4, prompt_length=4, ortho_weight=0.1)
+  c.coda_prompt.update(layers=(0,), pool_size=8, n_tasks=4, prompt_length=4, ortho_weight=0.1)
   if method in TOLD_BOUNDARIES:
     c.boundaries.rule = "oracle"
   return c
