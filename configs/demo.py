@@ -69,8 +69,9 @@ def get_config(method: str = "online_lora"):
   config.ranpac.projection_dim = 256
   # The prefix-tuning prompt methods on this 2-block ViT (their defaults name ViT-B's blocks):
   # DualPrompt's G-prompt in the first block and its E-prompts in the second (the paper: 0-1 and
-  # 2-4 of 12); CODA-Prompt's prefixes in both, its pool cut to 60 components (10 blocks of 6)
-  # since the keys start orthogonal in width 64 (the paper: 100 in width 768).
+  # 2-4 of 12); CODA-Prompt's prefixes in both, its pool cut to 60 components (one block of 12 per
+  # task of the demo's 5) since the keys start orthogonal in width 64 (the paper: 100 in width
+  # 768).
   config.dualprompt.update(g_layers=(0,), e_layers=(1,))
   config.coda_prompt.update(layers=(0, 1), pool_size=60)
   return config

@@ -240,6 +240,18 @@ def check_method(config: ml_collections.ConfigDict, width: int | None = None) ->
     _require(b.key_init in ("uniform", "normal"),
              f"unknown {p}key_init={b.key_init!r}; use 'uniform' (L2P's) or 'normal' (the"
              " authors' code)")
+  if "query" in values:  # MVP's query (methods/prompt_pool.py QUERIES)
+    _require(b.query in ("penultimate", "last", "last_norm"),
+             f"unknown {p}query={b.query!r}; use 'penultimate' (the authors' script), 'last'"
+             " (their use_last_layer) or 'last_norm' (L2P's)")
+    _require(b.query != "penultimate" or config.model.name.startswith("swin")
+             or spec_from_config(config.model).depth >= 2,
+             f"{p}query='penultimate' reads the class token after block depth - 2 and needs"
+             " model.depth >= 2; use 'last' on a one-block model")
+  if "lr_reference_batch" in values:  # DualPrompt's linear learning-rate scaling
+    _require(isinstance(b.lr_reference_batch, int) and b.lr_reference_batch >= 0,
+             f"{p}lr_reference_batch={b.lr_reference_batch!r} must be an integer >= 0 (the"
+             " authors' 256; 0: learning_rate unscaled)")
   if "updates_per_batch" in values:
     _require(isinstance(b.updates_per_batch, int) and b.updates_per_batch >= 1,
              f"{p}updates_per_batch={b.updates_per_batch!r} must be an integer >= 1 (the"
@@ -305,10 +317,12 @@ def _check_prefix_layers(config: ml_collections.ConfigDict, b, p: str) -> None:
   if "g_prompt_length" in b:
     _require(b.g_prompt_length >= 1, f"{p}g_prompt_length={b.g_prompt_length} must be >= 1 (the"
              " paper: 5)")
-  if "n_blocks" in b:  # CODA-Prompt: n_blocks blocks of pool_size / n_blocks components
-    _require(b.n_blocks >= 1 and b.pool_size % b.n_blocks == 0,
-             f"{p}pool_size={b.pool_size} must be a multiple of {p}n_blocks={b.n_blocks} >= 1"
-             " (the paper: 100 components in 10 blocks)")
+  if "ortho_weight" in b:  # CODA-Prompt: one block of pool_size // n_tasks components per task
+    n_tasks = b.n_tasks or config.data.n_tasks
+    _require(b.pool_size >= n_tasks,
+             f"{p}pool_size={b.pool_size} must be >= the number of tasks {n_tasks}"
+             f" ({p}n_tasks, 0: data.n_tasks): each task takes pool_size // n_tasks components"
+             " (the paper: 100 components, 10 tasks)")
     width = spec_from_config(config.model).width
     _require(b.pool_size <= width,
              f"{p}pool_size={b.pool_size} must be <= model.width={width}: the components' keys"

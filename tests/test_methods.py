@@ -475,6 +475,9 @@ def test_trainable_split(mode, moved):
     ("mvp.alpha", 1.5, r"mvp.alpha=1.5 must be in \[0, 1.0\]"),
     ("mvp.key_init", "zeros", r"unknown mvp.key_init='zeros'"),
     ("mvp.updates_per_batch", 0, r"mvp.updates_per_batch=0 must be an integer >= 1"),
+    ("mvp.query", "cls", r"unknown mvp.query='cls'; use 'penultimate' .*"),
+    ("mvp.query", "penultimate", r"mvp.query='penultimate' .* needs model.depth >= 2; use"
+                                 r" 'last' on a one-block model"),
     ("iid.schedule", "step", r"unknown iid.schedule='step'"),
     ("pcr.temperature", 0.0, r"pcr.temperature=0.0 must be > 0"),
     ("lode.rho", -0.1, r"lode.rho=-0.1 must be >= 0"),
@@ -483,6 +486,7 @@ def test_trainable_split(mode, moved):
 ])
 def test_bad_method_config_is_refused(key, value, match):
   config = tiny.get_config()
+  config.mvp.query = "last"  # the tiny ViT has one block: none before the last
   section, _, leaf = key.rpartition(".")
   if section:  # a value in the block of the method that runs
     config.method = section
@@ -618,9 +622,10 @@ def test_mvp_mask_and_losses_against_numpy():
 
 
 def test_mvp_authors_readings_as_keys():
-  """The three readings of MVP's code, each a key: keys drawn standard normal, the query read
-  before the final LayerNorm (the LayerNorm of it is the default query), and several updates on
-  one batch (equal to that many single updates, counted as one stream step)."""
+  """Readings of MVP's code, each a key: keys drawn standard normal, the query read before the
+  final LayerNorm ('last'; the LayerNorm of it is 'last_norm', L2P's query), and several updates
+  on one batch (equal to that many single updates, counted as one stream step). The default
+  query, after the block before the last, needs two blocks: tests/test_prompt_methods.py."""
   params = init_params()
   uniform = mvp.build(context("mvp", pool_size=40)).init(jax.random.key(0), params)
   normal = mvp.build(context("mvp", pool_size=40, key_init="normal")).init(
@@ -632,7 +637,7 @@ def test_mvp_authors_readings_as_keys():
   apply = common.make_apply(VisionTransformer(SPEC, C))
   images = jnp.asarray(batch(1)["images"])
   after = np.asarray(prompt_pool.query(apply, params, images), np.float64)
-  before = np.asarray(prompt_pool.query(apply, params, images, final_norm=False), np.float64)
+  before = np.asarray(prompt_pool.query(apply, params, images, "last"), np.float64)
   norm = params["encoder_norm"]
   centred = before - before.mean(-1, keepdims=True)
   normalised = centred / np.sqrt(np.mean(centred ** 2, -1, keepdims=True) + 1e-6)
@@ -640,8 +645,8 @@ def test_mvp_authors_readings_as_keys():
                rtol=1e-4)
   assert not np.allclose(before, after)
 
-  once = mvp.build(context("mvp"))
-  twice = mvp.build(context("mvp", updates_per_batch=2))
+  once = mvp.build(context("mvp", query="last"))
+  twice = mvp.build(context("mvp", query="last", updates_per_batch=2))
   state = once.init(jax.random.key(0), params)
   data = batch(2)
   stepped, _, _ = jax.jit(once.train_step)(jax.tree.map(jnp.array, state), data)

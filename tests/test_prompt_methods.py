@@ -18,7 +18,7 @@ from numerics import assert_close
 
 from configs import tiny
 from olora_jax import validation
-from olora_jax.methods import REGISTRY, base, coda_prompt, dualprompt, prompt_pool
+from olora_jax.methods import REGISTRY, base, coda_prompt, common, dualprompt, mvp, prompt_pool
 from olora_jax.models.vit import VisionTransformer, ViTSpec
 
 SPEC = ViTSpec(width=16, depth=2, num_heads=2, mlp_dim=32, patch_size=4, image_size=8)
@@ -26,7 +26,7 @@ C = 4
 SHAPE = (8, 8, 3)
 DUAL = dict(g_layers=(0,), e_layers=(0, 1), g_prompt_length=2, prompt_length=3, pool_size=4,
             top_k=1)
-CODA = dict(layers=(0, 1), pool_size=8, n_blocks=4, prompt_length=4, ortho_weight=0.1)
+CODA = dict(layers=(0, 1), pool_size=8, n_tasks=4, prompt_length=4, ortho_weight=0.1)
 
 
 def context(method: str, **block) -> base.Context:
@@ -120,30 +120,6 @@ def test_dualprompt_test_time_match_picks_the_nearest_key():
   np.testing.assert_array_equal(np.asarray(idx)[:, 0], [2, 0, 3])
 
 
-def test_dualprompt_predict_uses_the_matched_e_prompt(params):
-  """Keys set to the images' own queries: predict's logits are those of forcing E-prompt i on
-  image i, and differ from forcing another one."""
-  method = REGISTRY["dualprompt"](context("dualprompt", **DUAL))
-  state = jax.jit(method.init)(jax.random.key(1), params)
-  images = batch(5, n=3)["images"]
-  model = VisionTransformer(SPEC, C)
-  queries = model.apply({"params": params}, images, pre_logits=True)
-  pool = state["params"]["prompt_pool"]
-  pool["keys"] = pool["keys"].at[jnp.array([3, 1, 2])].set(queries)
-  pool["e_prompts"] = jax.random.normal(jax.random.key(2), pool["e_prompts"].shape)
-  logits = np.asarray(jax.jit(method.predict)(state, images))
-  frozen = state["frozen"]
-
-  @jax.jit
-  def forced(idx):
-    prefixes = dualprompt.prefixes(pool, idx[:, None], DUAL["g_layers"], DUAL["e_layers"])
-    return model.apply({"params": {**frozen, "head": state["params"]["head"]}}, images,
-                       prefixes=prefixes)
-
-  assert_close(logits, forced(jnp.array([3, 1, 2])), rtol=1e-6)
-  assert np.abs(logits - np.asarray(forced(jnp.array([0, 0, 0])))).max() > 1e-3
-
-
 def test_dualprompt_trains_the_e_prompt_of_the_boundary_counter(params):
   """Before a boundary only E-prompt 0 (and its key) of the pool moves; `at_boundary` moves the
   counter, copies E-prompt 0 into E-prompt 1 and resets Adam; then only E-prompt 1 moves. The
@@ -176,10 +152,66 @@ def test_dualprompt_trains_the_e_prompt_of_the_boundary_counter(params):
     np.testing.assert_array_equal(later[part][[0, 2, 3]], copied[part][[0, 2, 3]])
     assert not np.array_equal(later[part][1], copied[part][1])
   assert not np.array_equal(np.asarray(state["params"]["head"]["kernel"]), head)
-  for _ in range(4):  # the counter passes the pool: the last E-prompt keeps training
+  for _ in range(2):
     state, _ = method.at_boundary(state, {})
-  assert int(state["n_boundaries"]) == 5
-  assert int(step(state, batch(9))[1]["e_prompt"]) == DUAL["pool_size"] - 1
+  assert int(step(state, batch(9))[1]["e_prompt"]) == DUAL["pool_size"] - 1  # task 3, the last
+  state, _ = method.at_boundary(state, {})  # task 4: past the pool, free key selection
+  assert int(state["n_boundaries"]) == 4
+  assert int(step(state, batch(9))[1]["e_prompt"]) == -1
+
+
+def test_dualprompt_learning_rate_is_scaled_to_the_batch(params):
+  """The authors' linear scaling, learning_rate * B / 256: 5e-3 gives 3.125e-4 at batch 16 and
+  1.25e-3 at 64; lr_reference_batch=0 leaves it unscaled. Adam's first update of a weight is
+  lr * g / (|g| + 1e-8), so the head bias's largest move in the first step is the rate."""
+  block = dualprompt.config()
+  assert (block.learning_rate, block.lr_reference_batch) == (5e-3, 256)
+  assert dualprompt.learning_rate(block, 16) == pytest.approx(3.125e-4, rel=1e-12)
+  assert dualprompt.learning_rate(block, 64) == pytest.approx(1.25e-3, rel=1e-12)
+  block.lr_reference_batch = 0
+  assert dualprompt.learning_rate(block, 16) == 5e-3
+  for batch_size, rate in ((16, 3.125e-4), (64, 1.25e-3)):
+    ctx = dataclasses.replace(context("dualprompt", **DUAL), batch_size=batch_size)
+    method = REGISTRY["dualprompt"](ctx)
+    state = jax.jit(method.init)(jax.random.key(1), params)
+    bias = np.asarray(state["params"]["head"]["bias"])
+    stepped, _, _ = jax.jit(method.train_step)(state, batch(6))
+    moved = np.abs(np.asarray(stepped["params"]["head"]["bias"]) - bias)
+    assert_close(moved.max(), rate, rtol=1e-4)
+
+
+def test_dualprompt_predict_uses_the_matched_e_prompt_among_the_trained(params):
+  """Keys set to the images' own queries. Task-free (no boundary) only E-prompt 0 trains: every
+  test image takes it, even one whose query lies on another key. Once those keys count as
+  trained, predict's logits are those of forcing E-prompt i on image i. A boundary signalled
+  right before an evaluation adds a key no step has trained: not a candidate until a step
+  trains it."""
+  method = REGISTRY["dualprompt"](context("dualprompt", **DUAL))
+  step, predict = jax.jit(method.train_step), jax.jit(method.predict)
+  state = jax.jit(method.init)(jax.random.key(1), params)
+  state, _, _ = step(state, batch(6))
+  np.testing.assert_array_equal(state["selection_count"], [6, 0, 0, 0])
+  images = batch(5, n=3)["images"]
+  model = VisionTransformer(SPEC, C)
+  queries = model.apply({"params": params}, images, pre_logits=True)
+  pool = state["params"]["prompt_pool"]
+  pool["keys"] = pool["keys"].at[jnp.array([3, 1, 2])].set(queries)
+  pool["e_prompts"] = jax.random.normal(jax.random.key(2), pool["e_prompts"].shape)
+
+  @jax.jit
+  def forced(idx):
+    prefixes = dualprompt.prefixes(pool, idx[:, None], DUAL["g_layers"], DUAL["e_layers"])
+    return model.apply({"params": {**state["frozen"], "head": state["params"]["head"]}}, images,
+                       prefixes=prefixes)
+
+  assert_close(predict(state, images), forced(jnp.array([0, 0, 0])), rtol=1e-6)
+  matched = np.asarray(predict({**state, "selection_count": jnp.ones(4)}, images))
+  assert_close(matched, forced(jnp.array([3, 1, 2])), rtol=1e-6)
+  assert np.abs(matched - np.asarray(forced(jnp.array([0, 0, 0])))).max() > 1e-3
+  state, _ = method.at_boundary(state, {})  # E-prompt 1 starts; key 1 has not trained
+  assert_close(predict(state, images), forced(jnp.array([0, 0, 0])), rtol=1e-6)
+  state, _, _ = step(state, batch(7))
+  np.testing.assert_array_equal(state["selection_count"], [6, 6, 0, 0])
 
 
 # --------------------------------------------------------------------------------------------
@@ -276,12 +308,117 @@ def test_coda_only_the_current_block_trains(params):
     np.testing.assert_array_equal(later[name][4:], 0.0)
 
 
+def test_coda_block_size_is_the_pool_over_the_settings_tasks(params):
+  """One block of pool_size // n_tasks components per task (the authors' pool / tasks): 20 and
+  10 of a pool of 100 for 5 and 10 tasks. n_tasks 0 takes the setting's data.n_tasks; past that
+  many tasks the last block keeps training (it does not grow)."""
+  assert [coda_prompt.block_size(100, n) for n in (5, 10, 3)] == [20, 10, 33]
+  assert coda_prompt.block_size(60, 5) == 12  # the demo's pool on its 5 tasks
+  assert coda_prompt.config().n_tasks == 0
+  for n_tasks, size in ((5, 2), (10, 1)):
+    ctx = context("coda_prompt", **{**CODA, "pool_size": 10, "n_tasks": 0})
+    ctx.config.data.n_tasks = n_tasks
+    method = REGISTRY["coda_prompt"](ctx)
+    state = jax.jit(method.init)(jax.random.key(1), params)
+
+    def used(state):  # components not zero (in use or trained), per layer and entry
+      return {int(np.sum(np.any(np.asarray(x).reshape(10, 2, -1) != 0, axis=-1), axis=0)[0])
+              for x in state["params"]["prompt_pool"].values()}
+
+    assert used(state) == {size}
+    state, _ = method.at_boundary(state, {})
+    assert used(state) == {2 * size}
+    for _ in range(n_tasks):  # past the last task: still n_tasks blocks
+      state, _ = method.at_boundary(state, {})
+    assert used(state) == {n_tasks * size} and int(state["n_boundaries"]) == n_tasks + 1
+
+
+def test_coda_evaluates_only_the_blocks_that_trained(params):
+  """A boundary signalled right before an evaluation starts block 1 (orthonormal draws, never
+  trained): the evaluation still reads block 0 alone, as the authors' code evaluates the
+  components of the tasks trained so far; block 1 joins once a step trained it."""
+  method = REGISTRY["coda_prompt"](context("coda_prompt", **CODA))
+  step, predict = jax.jit(method.train_step), jax.jit(method.predict)
+  state = jax.jit(method.init)(jax.random.key(1), params)
+  images = batch(14)["images"]
+  state, _, _ = step(state, batch(12))
+  assert int(state["trained_blocks"]) == 1
+  before = np.asarray(predict(state, images))
+  state, _ = method.at_boundary(state, {})
+  np.testing.assert_array_equal(np.asarray(predict(state, images)), before)
+  state, _, _ = step(state, batch(13))
+  assert int(state["trained_blocks"]) == 2
+  model = VisionTransformer(SPEC, C)
+  queries = model.apply({"params": params}, images, pre_logits=True)
+  pool = state["params"]["prompt_pool"]
+  alpha = coda_prompt.weights(pool, queries, jnp.arange(8) < 4)  # blocks 0 and 1, by hand
+  expected = model.apply({"params": {**state["frozen"], "head": state["params"]["head"]}}, images,
+                         prefixes=coda_prompt.prefixes(pool, alpha, CODA["layers"]))
+  assert_close(predict(state, images), expected, rtol=1e-5)
+
+
 def test_coda_ortho_loss_is_zero_on_orthonormal_components_and_counts_those_in_use():
   eye = jnp.eye(4, 16)[:, None, :]  # 4 orthonormal components, one layer
   pool = {"keys": eye, "attention": eye, "prompts": eye.reshape(4, 1, 2, 8)}
   assert float(coda_prompt.ortho_loss(pool, jnp.ones(4, bool))) == 0.0
   doubled = jax.tree.map(lambda x: 2 * x, pool)  # T T^T - I = 3 I on the 2 in use, 3 times
   assert_close(coda_prompt.ortho_loss(doubled, jnp.arange(4) < 2), 3 * (2 * 9) / 4)
+
+
+# --------------------------------------------------------------------------------------------
+# L2P and MVP: the key-selected pools.
+
+
+def test_mvp_default_query_is_the_class_token_after_the_block_before_the_last(params):
+  """MVP's default query, as the authors' script runs their code: the prompt-free class token
+  after blocks 0 .. depth - 2, with no LayerNorm; here (depth 2) after block 0, as a 1-block
+  model with the same weights computes it. Default gamma: the authors' 1.0."""
+  block = mvp.config()
+  assert (block.query, block.gamma) == ("penultimate", 1.0)
+  apply = common.make_apply(VisionTransformer(SPEC, C))
+  images = batch(3)["images"]
+  query = np.asarray(prompt_pool.query(apply, params, images, "penultimate", SPEC.depth))
+  shallow = VisionTransformer(dataclasses.replace(SPEC, depth=1), C)
+  first = {k: v for k, v in params.items() if k != "encoderblock_1"}
+  assert_close(query, shallow.apply({"params": first}, images, pre_logits=True,
+                                    final_norm=False), rtol=1e-6)
+  last = np.asarray(prompt_pool.query(apply, params, images, "last"))
+  assert np.abs(query - last).max() > 1e-3
+  with pytest.raises(ValueError, match="depth >= 2"):
+    prompt_pool.query(apply, params, images, "penultimate", 1)
+
+
+@pytest.mark.parametrize("name", ["l2p", "mvp"])
+def test_key_selected_pools_never_select_a_key_no_step_trained(params, name):
+  """The state counts each key's selections in training (those of the valid images); at
+  evaluation only counted keys are candidates. Images whose queries lie on keys 1-3 take key 0
+  while only key 0 has trained (their logits are those of a pool whose prompts, and masks, all
+  equal entry 0's), and their own keys once those count as trained."""
+  method = REGISTRY[name](context(name, pool_size=4, prompt_length=2, top_k=1))
+  step, predict = jax.jit(method.train_step), jax.jit(method.predict)
+  state = jax.jit(method.init)(jax.random.key(1), params)
+  data = {**batch(6), "mask": np.array([True] * 5 + [False])}
+  state, _, extras = step(state, data)
+  np.testing.assert_array_equal(
+      state["selection_count"], np.bincount(np.asarray(extras["prompt_idx"])[:5, 0], minlength=4))
+
+  images = batch(5, n=3)["images"]
+  where = "penultimate" if name == "mvp" else "last_norm"
+  queries = prompt_pool.query(common.make_apply(VisionTransformer(SPEC, C)), state["frozen"],
+                              images, where, SPEC.depth)
+  pool = dict(state["params"]["prompt_pool"])
+  pool["keys"] = pool["keys"].at[jnp.array([3, 1, 2])].set(queries)
+  pool["prompts"] = jax.random.normal(jax.random.key(2), pool["prompts"].shape)
+  if name == "mvp":
+    pool["masks"] = jax.random.normal(jax.random.key(3), pool["masks"].shape)
+  state = {**state, "params": {**state["params"], "prompt_pool": pool}}
+  first = {**state, "params": {**state["params"], "prompt_pool": {
+      k: (v if k == "keys" else jnp.broadcast_to(v[:1], v.shape)) for k, v in pool.items()}}}
+  only_first = {**state, "selection_count": jnp.array([5.0, 0, 0, 0])}
+  assert_close(predict(only_first, images), predict(first, images), rtol=1e-6)
+  all_trained = {**state, "selection_count": jnp.ones(4)}
+  assert np.abs(np.asarray(predict(all_trained, images))
+                - np.asarray(predict(first, images))).max() > 1e-3
 
 
 # --------------------------------------------------------------------------------------------
@@ -293,7 +430,10 @@ def test_coda_ortho_loss_is_zero_on_orthonormal_components_and_counts_those_in_u
                                        r" indices in \[0, model.depth=1\)"),
     ("dualprompt.g_prompt_length", 0, r"dualprompt.g_prompt_length=0 must be >= 1"),
     ("dualprompt.top_k", 11, r"dualprompt.top_k=11 must be in \[1, dualprompt.pool_size\]"),
-    ("coda_prompt.n_blocks", 3, r"coda_prompt.pool_size=8 must be a multiple of"),
+    ("dualprompt.lr_reference_batch", -1, r"dualprompt.lr_reference_batch=-1 must be an"
+                                          r" integer >= 0"),
+    ("coda_prompt.n_tasks", 9, r"coda_prompt.pool_size=8 must be >= the number of tasks 9"),
+    ("coda_prompt.n_tasks", -1, r"coda_prompt.n_tasks=-1 must be an integer >= 0"),
     ("coda_prompt.prompt_length", 3, r"coda_prompt.prompt_length=3 must be even"),
     ("coda_prompt.ortho_weight", -1.0, r"coda_prompt.ortho_weight=-1.0 must be >= 0"),
     ("coda_prompt.pool_size", 32, r"coda_prompt.pool_size=32 must be <= model.width=16"),
@@ -301,7 +441,7 @@ def test_coda_ortho_loss_is_zero_on_orthonormal_components_and_counts_those_in_u
 def test_bad_prompt_method_config_is_refused(key, value, match):
   config = tiny.get_config()
   config.dualprompt.update(g_layers=(0,), e_layers=(0,))
-  config.coda_prompt.update(layers=(0,), pool_size=8, n_blocks=4)
+  config.coda_prompt.update(layers=(0,), pool_size=8, n_tasks=4)
   section, _, leaf = key.rpartition(".")
   config.method = section
   setattr(config[section], leaf, value)
@@ -312,7 +452,7 @@ def test_bad_prompt_method_config_is_refused(key, value, match):
 def test_prompt_method_configs_for_a_shallow_model_pass():
   config = tiny.get_config()
   config.dualprompt.update(g_layers=(0,), e_layers=(0,))
-  config.coda_prompt.update(layers=(0,), pool_size=8, n_blocks=4)
+  config.coda_prompt.update(layers=(0,), pool_size=8, n_tasks=4)
   for method in ("dualprompt", "coda_prompt"):
     config.method = method
     validation.check_method(config)

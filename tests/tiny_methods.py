@@ -35,16 +35,18 @@ def small_config(method: str):
     c[block].learning_rate = 3e-3
   for block in ("l2p", "mvp"):  # a small pool: 4 prompts of 2 tokens
     c[block].pool_size, c[block].prompt_length = 4, 2
+  c.mvp.query = "last"  # the 1-block ViT has no block before its last
   c.l2p.top_k = 2
   c.ranpac.projection_dim = 32  # the paper's 10,000 is two 400 MB Gram matrices
   c.ranpac.refit_every = 4  # the loss's head refit inside the train step
   for block in ("inflora", "sd_lora"):  # branches of rank 2 on the width-16 model
     c[block].rank = 2
-  # The prefix-tuning prompt methods on the 1-block ViT (5 boundaries pass the counter's cap of
-  # pool_size 4 / n_blocks 4).
+  # The prefix-tuning prompt methods on the 1-block ViT (the stream's 5 tasks pass the pool's 4
+  # E-prompts and CODA-Prompt's 4 blocks: DualPrompt then selects freely, CODA-Prompt keeps
+  # training its last block).
   c.dualprompt.update(g_layers=(0,), e_layers=(0,), g_prompt_length=2, prompt_length=2,
                       pool_size=4)
-  c.coda_prompt.update(layers=(0,), pool_size=8, n_blocks=4, prompt_length=4, ortho_weight=0.1)
+  c.coda_prompt.update(layers=(0,), pool_size=8, n_tasks=4, prompt_length=4, ortho_weight=0.1)
   if method in TOLD_BOUNDARIES:
     c.boundaries.rule = "oracle"
   return c

@@ -2,9 +2,11 @@
 
 A pool of M = `coda_prompt.pool_size` prompt components for each block l of
 `coda_prompt.layers`: a key K_{m,l} (D,), an attention vector A_{m,l} (D,) and a prompt
-P_{m,l} (Lp, D). The pool is allocated up front as `n_blocks` blocks of S = M / n_blocks
-components (static shapes); the blocks in use are 0..c, c = min(n_boundaries, n_blocks - 1)
-(`prompt_pool.in_use`).
+P_{m,l} (Lp, D). The pool is allocated up front as T blocks of S = M // T components (static
+shapes), T = `coda_prompt.n_tasks` or, when that is 0, the setting's `data.n_tasks` (a number
+the config states, not read from the stream: the method stays task-free); the blocks in use are
+0..c, c = min(n_boundaries, T - 1) (`prompt_pool.in_use`). Evaluation uses the blocks that have
+trained (a block started by a boundary right before an evaluation joins after its first step).
 
 Equations and where they live:
 
@@ -27,16 +29,23 @@ The counter `n_boundaries` lives in the state (an int32 array: one jitted step f
 earlier component (the authors' code: random normal vectors, each made orthogonal to the ones
 before it and normalised; for P the (Lp, D) prompt flattened), and the optimizer restarts
 (`reset_optimizer`). With 'none' (the default, task-free) only block 0 ever trains; past
-`n_blocks` boundaries the last block keeps training.
+T - 1 boundaries the last block keeps training (the authors' code has no block past its task
+count).
 
 Readings (docs/methods.md "CODA-Prompt" lists them with the paper and the authors' code):
 - Initialisation as the authors' released code: block 0 by Gram-Schmidt at the start, each later
   block at its boundary (the paper: the whole pool orthogonal at the start); earlier components
-  keep their trained values and the new block is orthogonal to their span.
+  keep their trained values and the new block is orthogonal to their span. Ours is exactly
+  orthonormal to float32 precision (two projection passes per vector); the authors' Gram-Schmidt
+  is not exactly so.
+- Block size pool_size // n_tasks with n_tasks the setting's (the authors' pool / tasks), not a
+  fixed count of blocks: with a fixed 10 a 5-task stream would leave half the pool unused.
 - `ortho_weight` 0.0 as the authors' released ImageNet-R script ("with updated code, now can be
   0"), which relies on the Gram-Schmidt initialisation; the term is computed when it is > 0.
-- The test-time pool is the blocks in use (0..c), as the authors' code; no class masking of the
-  logits while training (the fair task-free setting, as for L2P). Adam, constant learning rate
+- The test-time pool is the blocks trained so far, as the authors' code (which evaluates with
+  the components of the tasks so far); no class masking of the logits while training (the
+  authors' code drops the logits of classes not seen yet and of earlier tasks; the fair
+  task-free setting, as for L2P). Adam, constant learning rate
   (their cosine schedule over 50 epochs has no counterpart in one online pass).
 """
 
@@ -84,14 +93,20 @@ def init_block(pool: dict, key: jax.Array, start, size: int) -> dict:
   return out
 
 
-def init_pool(key: jax.Array, block, width: int) -> dict:
-  """{"keys" (M, L, D), "attention" (M, L, D), "prompts" (M, L, Lp, D)}: block 0 orthonormal,
-  the later blocks zero until their boundary."""
+def init_pool(key: jax.Array, block, width: int, size: int) -> dict:
+  """{"keys" (M, L, D), "attention" (M, L, D), "prompts" (M, L, Lp, D)}: block 0 (`size`
+  components) orthonormal, the later blocks zero until their boundary."""
   n_layers, m = len(block.layers), block.pool_size
   zeros = {"keys": jnp.zeros((m, n_layers, width), jnp.float32),
            "attention": jnp.zeros((m, n_layers, width), jnp.float32),
            "prompts": jnp.zeros((m, n_layers, block.prompt_length, width), jnp.float32)}
-  return init_block(zeros, key, 0, m // block.n_blocks)
+  return init_block(zeros, key, 0, size)
+
+
+def block_size(pool_size: int, n_tasks: int) -> int:
+  """Components per block: pool_size // n_tasks (the authors' code: one block per task, of the
+  pool divided by the number of tasks, rounded down; the remainder is never used)."""
+  return pool_size // n_tasks
 
 
 def frozen_and_active(c, pool_size: int, size: int) -> tuple[jax.Array, jax.Array]:
@@ -144,15 +159,27 @@ def ortho_loss(pool: dict, active: jax.Array) -> jax.Array:
 def build(ctx: base.Context) -> base.Method:
   block = ctx.config.coda_prompt
   tx, apply = common.optimizer_and_apply(ctx, block)
-  layers, size = tuple(block.layers), block.pool_size // block.n_blocks
+  n_blocks = common.task_slots(ctx, block)
+  layers, size = tuple(block.layers), block_size(block.pool_size, n_blocks)
+  if size < 1:
+    raise ValueError(f"coda_prompt.pool_size={block.pool_size} must be >= the number of tasks"
+                     f" {n_blocks} (one block of pool_size // n_tasks components per task)")
 
   def init(key, params):
-    state = common.init_state(key, params, block.trainable, ctx.spec, ctx.config.learner.rank,
-                              tx, init_prompts=lambda k: init_pool(k, block, ctx.spec.width))
-    return {**state, "n_boundaries": jnp.zeros((), jnp.int32)}
+    state = common.init_state(
+        key, params, block.trainable, ctx.spec, ctx.config.learner.rank, tx,
+        init_prompts=lambda k: init_pool(k, block, ctx.spec.width, size))
+    return {**state, "n_boundaries": jnp.zeros((), jnp.int32),
+            "trained_blocks": jnp.zeros((), jnp.int32)}
 
-  def forward(state, params, images, queries):
-    c = prompt_pool.in_use(state, block.n_blocks)
+  def evaluated_block(state):
+    """The last block evaluation uses: the one in use, or the last one trained when the block in
+    use has had no step yet (a boundary signalled right before an evaluation)."""
+    return jnp.maximum(jnp.minimum(prompt_pool.in_use(state, n_blocks),
+                                   state["trained_blocks"] - 1), 0)
+
+  def forward(state, params, images, queries, training=True):
+    c = prompt_pool.in_use(state, n_blocks) if training else evaluated_block(state)
     frozen, active = frozen_and_active(c, block.pool_size, size)
     pool = freeze_earlier(params["prompt_pool"], frozen)
     alpha = weights(pool, queries, active)
@@ -172,7 +199,7 @@ def build(ctx: base.Context) -> base.Method:
       return ce + block.ortho_weight * ortho, dict(ce=ce, ortho_loss=ortho)
 
     (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["params"])
-    c = prompt_pool.in_use(state, block.n_blocks)
+    c = prompt_pool.in_use(state, n_blocks)
     frozen, active = frozen_and_active(c, block.pool_size, size)
 
     def freeze(updates):  # only block c of the pool moves
@@ -180,11 +207,12 @@ def build(ctx: base.Context) -> base.Method:
                                                                 active & ~frozen)}
 
     state = common.apply_gradients(state, grads, tx, freeze)
+    state["trained_blocks"] = jnp.maximum(state["trained_blocks"], c + 1)
     return state, {"loss": loss, **aux, "block": c}, {}
 
   def predict(state, images):
     queries = prompt_pool.query(apply, state["frozen"], images)
-    return forward(state, state["params"], images, queries)[0]
+    return forward(state, state["params"], images, queries, training=False)[0]
 
   def grow(state, pool, old, new):
     """Block new starts orthogonal to the earlier components (unchanged once c is capped)."""
@@ -194,22 +222,24 @@ def build(ctx: base.Context) -> base.Method:
 
   return base.Method(name="coda_prompt", init=init, train_step=train_step, predict=predict,
                      at_boundary=prompt_pool.counter_hook(
-                         tx, block.n_blocks, block.reset_optimizer, grow))
+                         tx, n_blocks, block.reset_optimizer, grow))
 
 
 def config():
   """The `coda_prompt` block: the authors' ViT-B/16 ImageNet-R setting (their released script:
   100 components, prompt length 8, orthogonality weight 0, Adam at 1e-3; docs/methods.md
   "CODA-Prompt"). trainable 'prompts': the components (keys, attention vectors, prompts) and the
-  head, on the frozen backbone. pool_size M: components per layer, in n_blocks blocks of
-  M / n_blocks (one block per task: their 10 tasks); prompt_length Lp: tokens of a component
+  head, on the frozen backbone. pool_size M: components per layer, in n_tasks blocks of
+  M // n_tasks (one block per task, as the authors' code); n_tasks: 0 = data.n_tasks, the
+  setting's task count, read from the config (never from a batch); past n_tasks boundaries the
+  last block keeps training; prompt_length Lp: tokens of a component
   (even: Lp/2 key and Lp/2 value prefix tokens); layers: the blocks that take a prefix (indices
   < model.depth; their 0-4 of ViT-B's 12); ortho_weight: weight of the orthogonality loss;
   reset_optimizer: Adam restarts at each boundary. Batch 128 in the authors' runs (ours:
   learner.batch_size)."""
   return common.baseline_block(
       trainable="prompts", learning_rate=1e-3, weight_decay=0.0, layers=(0, 1, 2, 3, 4),
-      pool_size=100, n_blocks=10, prompt_length=8, ortho_weight=0.0, reset_optimizer=True)
+      pool_size=100, n_tasks=0, prompt_length=8, ortho_weight=0.0, reset_optimizer=True)
 
 
 METHODS = (base.MethodSpec(name="coda_prompt", build=build, config=config,

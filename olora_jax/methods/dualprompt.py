@@ -9,13 +9,16 @@ backbone:
 - the E-prompts (expert): a pool of M = `dualprompt.pool_size` prompts e_i (one prefix
   (2, Le, D) for each block of `dualprompt.e_layers`) with one key k_i (D,) each.
 
-Equations and where they live:
+Equations and where they live (k = `top_k`):
 
     q(x) = frozen model's class token (after the final LayerNorm), no gradient   prompt_pool.query
-    training:  t = min(n_boundaries, M - 1)                                 prompt_pool.in_use
-               L = CE(f(x; g, e_t), y) + key_loss_weight * (1 - cos(q(x), k_t))  `train_step`
-    test:      i(x) = argmin_i 1 - cos(q(x), k_i) (top_k of them)                `predict`
-               logits = f(x; g, e_i(x))
+    training:  task t = n_boundaries; while (t + 1) k <= M its E-prompts S are    `task_rows`
+               t k .. (t + 1) k - 1 for every image, after that (the pool has
+               run out) each image's k nearest keys, as at test time
+               L = CE(f(x; g, e_S), y) + key_loss_weight * sum_{i in S} (1 - cos(q(x), k_i))
+    test:      S(x) = the k keys nearest q(x) in 1 - cos among the keys some   `predict`
+               training step used (`prompt_pool.trained_only`)
+               logits = f(x; g, e_S(x))
 
 (the paper's Eq. 3 with its matching loss, lambda = `key_loss_weight`). The training-time index
 t is the paper's task identity: here it is `n_boundaries`, a counter in the state (an int32
@@ -23,20 +26,23 @@ array, so the one jitted step serves every task) that `at_boundary` increments w
 boundary switch signals a boundary (`boundaries.rule`). With 'oracle' t is the true task index
 (the paper's setting); with 'plateau' the loss-window rule decides; with 'none' (the default,
 task-free) t stays 0: one E-prompt and the G-prompt train on the whole stream, and the test-time
-match still chooses among all M keys (the M - 1 never trained ones keep their initial keys). A
-stream with more boundaries than prompts keeps training the last one (t is capped at M - 1).
+match has that one trained key to choose (a key no step trained keeps its initial value; it is
+never a candidate). A stream with more boundaries than the pool holds tasks (M // k) falls back,
+as the authors' code does once its task's prompt mask would run past the pool, to free key
+selection in training.
 
 Readings (docs/methods.md "DualPrompt" lists them with the paper and the authors' code):
-- Only e_t and k_t move in a step (their rows of the pool; `prompt_pool.freeze_rows` zeroes the
-  updates of the others, so neither weight decay nor Adam's moments move an earlier E-prompt);
-  the G-prompt and the head train always.
-- At a boundary the new E-prompt starts as a copy of the previous one (`init_from_previous`,
-  the authors' `shared_prompt_pool=True`; their keys are not shared) and the optimizer state is
-  reset (`reset_optimizer`, their `reinit_optimizer=True`).
+- Only the E-prompts and keys used in the step move (their rows of the pool;
+  `prompt_pool.freeze_rows` zeroes the updates of the others, so neither weight decay nor Adam's
+  moments move an earlier E-prompt); the G-prompt and the head train always.
+- At a boundary the new task's E-prompts start as copies of the previous task's
+  (`init_from_previous`, the authors' `shared_prompt_pool=True`; their keys are not shared)
+  and the optimizer state is reset (`reset_optimizer`, their `reinit_optimizer=True`).
 - Initialisation as the authors' code: prompts and keys uniform in [0, 0.01).
 - The classifier reads the class token; no class masking of the logits while training (the
   authors' `train_mask`; the fair task-free setting, as for L2P). Adam with the global gradient
-  norm clipped to `clip_norm` (their 1.0), constant learning rate.
+  norm clipped to `clip_norm` (their 1.0), constant learning rate `learning_rate` * B / 256 for
+  the learner's batch B (the authors' linear scaling; `lr_reference_batch`, `learning_rate`).
 - A block in both lists prepends its E-prefix, then its G-prefix.
 """
 
@@ -77,16 +83,38 @@ def prefixes(pool: dict, idx: jax.Array, g_layers, e_layers) -> dict:
   return out
 
 
+def learning_rate(block, batch_size: int) -> float:
+  """The Adam learning rate: `learning_rate` * batch_size / `lr_reference_batch` (the authors'
+  code reads its configured rate as the rate of a batch of 256 and scales it linearly to the
+  global batch), or `learning_rate` itself when `lr_reference_batch` is 0."""
+  if block.lr_reference_batch == 0:
+    return block.learning_rate
+  return block.learning_rate * batch_size / block.lr_reference_batch
+
+
+def task_rows(n_boundaries: jax.Array, pool_size: int, top_k: int) -> tuple[jax.Array, jax.Array]:
+  """(rows (top_k,), free ()): the E-prompts of task t = `n_boundaries`, t * top_k ..
+  (t + 1) * top_k - 1, and whether the pool has run out ((t + 1) * top_k > pool_size, the
+  authors' test for dropping the task's prompt mask): then each image selects its own `top_k`
+  by key match in training too, and `rows` is the last task's (unused)."""
+  slots = pool_size // top_k
+  t = jnp.minimum(n_boundaries, slots - 1)
+  return t * top_k + jnp.arange(top_k), n_boundaries >= slots
+
+
 def build(ctx: base.Context) -> base.Method:
   block = ctx.config.dualprompt
-  tx = common.make_adam(block.learning_rate, block.weight_decay, block.clip_norm)
+  tx = common.make_adam(learning_rate(block, ctx.batch_size), block.weight_decay,
+                        block.clip_norm)
   apply = common.make_apply(ctx.model)
   g_layers, e_layers = tuple(block.g_layers), tuple(block.e_layers)
+  k, m = block.top_k, block.pool_size
 
   def init(key, params):
     state = common.init_state(key, params, block.trainable, ctx.spec, ctx.config.learner.rank,
                               tx, init_prompts=lambda k: init_pool(k, block, ctx.spec.width))
-    return {**state, "n_boundaries": jnp.zeros((), jnp.int32)}
+    return {**state, "n_boundaries": jnp.zeros((), jnp.int32),
+            "selection_count": jnp.zeros((m,), jnp.float32)}
 
   def forward(frozen, params, images, idx):
     return apply(frozen, params, images,
@@ -95,43 +123,50 @@ def build(ctx: base.Context) -> base.Method:
   @common.train_step("dualprompt")
   def train_step(state, batch):
     queries = prompt_pool.query(apply, state["frozen"], batch["images"])
-    t = prompt_pool.in_use(state, block.pool_size)
-    idx = jnp.full((batch["images"].shape[0], 1), t)
+    rows, free = task_rows(state["n_boundaries"], m, k)
+    matched = prompt_pool.select(
+        prompt_pool.key_distance(queries, state["params"]["prompt_pool"]["keys"]), k)
+    idx = jnp.where(free, matched, jnp.broadcast_to(rows, matched.shape))  # (B, top_k)
 
     def loss_fn(params):
       logits = forward(state["frozen"], params, batch["images"], idx)
       ce = common.masked_mean(common.per_example_ce(logits, batch["labels"]), batch["mask"])
-      match = 1.0 - prompt_pool.cosine(queries, params["prompt_pool"]["keys"][t][None, :])
+      distance = prompt_pool.key_distance(queries, params["prompt_pool"]["keys"])
+      match = jnp.sum(jnp.take_along_axis(distance, idx, axis=1), axis=1)
       key_loss = common.masked_mean(match, batch["mask"])
       return ce + block.key_loss_weight * key_loss, dict(ce=ce, key_loss=key_loss)
 
     (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["params"])
-    current = jnp.arange(block.pool_size) == t
+    counts = prompt_pool.count_selected(jnp.zeros((m,), jnp.float32), idx, batch["mask"])
 
-    def freeze(updates):  # only e_t and k_t of the pool move
+    def freeze(updates):  # only the E-prompts (and keys) used in this step move
       pool = updates["prompt_pool"]
       return {**updates, "prompt_pool": {
-          **pool, **prompt_pool.freeze_rows({k: pool[k] for k in ("e_prompts", "keys")},
-                                            current)}}
+          **pool, **prompt_pool.freeze_rows({n: pool[n] for n in ("e_prompts", "keys")},
+                                            counts > 0)}}
 
     state = common.apply_gradients(state, grads, tx, freeze)
-    return state, {"loss": loss, **aux, "e_prompt": t}, {}
+    state["selection_count"] = state["selection_count"] + counts
+    e_prompt = jnp.where(free, -1, rows[0])
+    return state, {"loss": loss, **aux, "e_prompt": e_prompt}, {}
 
   def predict(state, images):
     queries = prompt_pool.query(apply, state["frozen"], images)
     distance = prompt_pool.key_distance(queries, state["params"]["prompt_pool"]["keys"])
-    return forward(state["frozen"], state["params"], images,
-                   prompt_pool.select(distance, block.top_k))
+    return forward(state["frozen"], state["params"], images, prompt_pool.select(
+        prompt_pool.trained_only(distance, state["selection_count"]), k))
 
   def copy_previous(state, pool, old, new):
-    """The new E-prompt starts as a copy of the previous one (a no-op once t is capped)."""
+    """The new task's E-prompts start as copies of the previous task's (a no-op once the pool
+    has run out)."""
     if not block.init_from_previous:
       return pool
-    return {**pool, "e_prompts": pool["e_prompts"].at[new].set(pool["e_prompts"][old])}
+    e = pool["e_prompts"]
+    return {**pool, "e_prompts": e.at[new * k + jnp.arange(k)].set(e[old * k + jnp.arange(k)])}
 
   return base.Method(name="dualprompt", init=init, train_step=train_step, predict=predict,
                      at_boundary=prompt_pool.counter_hook(
-                         tx, block.pool_size, block.reset_optimizer, copy_previous))
+                         tx, m // k, block.reset_optimizer, copy_previous))
 
 
 def config():
@@ -140,14 +175,16 @@ def config():
   the head, on the frozen backbone. g_layers / e_layers: the blocks that take the G- / E-prefix
   (indices < model.depth; the paper's 0-1 and 2-4 of ViT-B's 12); g_prompt_length Lg and
   prompt_length Le: prefix tokens per block (each for keys and for values); pool_size M: the
-  E-prompts (one per task, 10 tasks); top_k: E-prompts an image takes at test time;
-  key_loss_weight: lambda of the matching loss; clip_norm: the global gradient norm clip;
-  init_from_previous: a new E-prompt starts as a copy of the previous one; reset_optimizer: Adam
-  restarts at each boundary. Batch 24 in the authors' runs (ours: learner.batch_size)."""
+  E-prompts (top_k per task, 10 tasks); top_k: E-prompts an image takes; key_loss_weight: lambda
+  of the matching loss; learning_rate: Adam's rate for a batch of lr_reference_batch, scaled
+  linearly to learner.batch_size (the authors' code: 5e-3 at 256; 0 = unscaled); clip_norm: the
+  global gradient norm clip; init_from_previous: a new task's E-prompts start as copies of the
+  previous task's; reset_optimizer: Adam restarts at each boundary. Batch 24 in the authors'
+  runs (ours: learner.batch_size)."""
   return common.baseline_block(
-      trainable="prompts", learning_rate=5e-3, weight_decay=0.0, clip_norm=1.0,
-      g_layers=(0, 1), g_prompt_length=5, e_layers=(2, 3, 4), prompt_length=20, pool_size=10,
-      top_k=1, key_loss_weight=1.0, init_from_previous=True, reset_optimizer=True)
+      trainable="prompts", learning_rate=5e-3, lr_reference_batch=256, weight_decay=0.0,
+      clip_norm=1.0, g_layers=(0, 1), g_prompt_length=5, e_layers=(2, 3, 4), prompt_length=20,
+      pool_size=10, top_k=1, key_loss_weight=1.0, init_from_previous=True, reset_optimizer=True)
 
 
 METHODS = (base.MethodSpec(name="dualprompt", build=build, config=config,

@@ -8,7 +8,9 @@ prompts, keys and head; the backbone is frozen. Each step minimises
     CE(head(f_avg(x_p)), y) + key_loss_weight * sum_{selected i} (1 - cos(q(x), k_i))
 (L2P's Eq. 5: the key-matching, "surrogate", loss pulls the selected keys to their queries).
 No task id reaches the selection and none of the original code's class masking is done (the
-paper's fair setting, Online-LoRA sec. 2). Paper: pool 10, length 10, 4 prompts, LR 3e-3.
+paper's fair setting, Online-LoRA sec. 2). At evaluation only keys that some training step
+selected are candidates (`prompt_pool.trained_only`; the state counts the selections).
+Paper: pool 10, length 10, 4 prompts, LR 3e-3.
 """
 
 from __future__ import annotations
@@ -24,15 +26,18 @@ def build(ctx: base.Context) -> base.Method:
   tx, apply = common.optimizer_and_apply(ctx, block)
 
   def init(key, params):
-    return common.init_state(
+    state = common.init_state(
         key, params, block.trainable, ctx.spec, ctx.config.learner.rank, tx,
         init_prompts=lambda k: prompt_pool.init(k, block.pool_size, block.prompt_length,
                                                 ctx.spec.width))
+    return {**state, "selection_count": jnp.zeros((block.pool_size,), jnp.float32)}
 
-  def forward(frozen, params, images, queries):
-    """(logits (B, C), distances of the selected keys (B, N), their indices (B, N))."""
+  def forward(frozen, params, images, queries, counts=None):
+    """(logits (B, C), distances of the selected keys (B, N), their indices (B, N)); with
+    `counts` (evaluation) only the keys selected in training are candidates."""
     distance = prompt_pool.key_distance(queries, params["prompt_pool"]["keys"])
-    idx = prompt_pool.select(distance, block.top_k)
+    score = distance if counts is None else prompt_pool.trained_only(distance, counts)
+    idx = prompt_pool.select(score, block.top_k)
     logits = apply(frozen, params, images, pool="prompts",
                    prompts=prompt_pool.prompt_tokens(params["prompt_pool"], idx))
     return logits, jnp.take_along_axis(distance, idx, axis=1), idx
@@ -48,11 +53,15 @@ def build(ctx: base.Context) -> base.Method:
       return ce + block.key_loss_weight * key_loss, (dict(ce=ce, key_loss=key_loss), idx)
 
     (loss, (aux, idx)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["params"])
-    return common.apply_gradients(state, grads, tx), {"loss": loss, **aux}, {"prompt_idx": idx}
+    state = common.apply_gradients(state, grads, tx)
+    state["selection_count"] = prompt_pool.count_selected(state["selection_count"], idx,
+                                                          batch["mask"])
+    return state, {"loss": loss, **aux}, {"prompt_idx": idx}
 
   def predict(state, images):
     queries = prompt_pool.query(apply, state["frozen"], images)
-    return forward(state["frozen"], state["params"], images, queries)[0]
+    return forward(state["frozen"], state["params"], images, queries,
+                   state["selection_count"])[0]
 
   return base.Method(name="l2p", init=init, train_step=train_step, predict=predict)
 

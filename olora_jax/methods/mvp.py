@@ -14,8 +14,11 @@ token), MVP adds, per docs/methods.md "MVP" (where every reading we made is list
   weight vector of class y_b; sample b's loss is ((1 - alpha) + alpha s_b^gamma) CE_b;
 - adaptive feature scaling: CE_b is computed on the features divided by
   1 - cos(W_{y_b}, f_b) + m (training only).
-Trained: prompts, keys, masks and head; the backbone is frozen. Paper: gamma 2.0, m 0.5,
-alpha 0.5, LR 5e-3. No task id reaches it; no training-time class masking.
+The query is the frozen class token after block depth - 2 (the authors' script; `mvp.query`).
+At evaluation only keys selected in training are candidates (`prompt_pool.trained_only`).
+Trained: prompts, keys, masks and head; the backbone is frozen. m 0.5, alpha 0.5, LR 5e-3 (the
+Online-LoRA paper's table), gamma 1.0 (the authors' code; the table: 2.0). No task id reaches it;
+no training-time class masking.
 """
 
 from __future__ import annotations
@@ -86,8 +89,12 @@ def build(ctx: base.Context) -> base.Method:
                      f" {prompt_pool.KEY_INITS}")
   if block.updates_per_batch < 1:
     raise ValueError(f"mvp.updates_per_batch={block.updates_per_batch} must be >= 1")
+  if block.query not in prompt_pool.QUERIES:
+    raise ValueError(f"unknown mvp.query={block.query!r}; use one of {prompt_pool.QUERIES}")
   tx, apply = common.optimizer_and_apply(ctx, block)
-  final_norm = not block.query_before_norm
+
+  def query(frozen, images):
+    return prompt_pool.query(apply, frozen, images, block.query, ctx.spec.depth)
 
   def init(key, params):
     state = common.init_state(
@@ -96,19 +103,23 @@ def build(ctx: base.Context) -> base.Method:
                                          ctx.spec.width, ctx.num_classes, block.key_init))
     return {**state, "selection_count": jnp.zeros((block.pool_size,), jnp.float32)}
 
-  def forward(state, params, images, queries):
-    """(features (B, D), mask (B, C), distance (B, M), weight (M,), idx (B, N))."""
+  def forward(state, params, images, queries, training=True):
+    """(features (B, D), mask (B, C), distance (B, M), weight (M,), idx (B, N)); at evaluation
+    (`training=False`) only the keys selected in training are candidates."""
     pool = params["prompt_pool"]
     distance = prompt_pool.key_distance(queries, pool["keys"])
     weight = state["selection_count"] + 1.0
-    idx = prompt_pool.select(distance * weight, block.top_k)
+    score = distance * weight
+    if not training:
+      score = prompt_pool.trained_only(score, state["selection_count"])
+    idx = prompt_pool.select(score, block.top_k)
     features = apply(state["frozen"], params, images, pre_logits=True,
                      prompts=prompt_pool.prompt_tokens(pool, idx))
     return features, instance_mask(pool["masks"], idx), distance, weight, idx
 
   @common.train_step("mvp")
   def train_step(state, batch):
-    queries = prompt_pool.query(apply, state["frozen"], batch["images"], final_norm)
+    queries = query(state["frozen"], batch["images"])
 
     def update(state):
       """One update on the batch: (state, (scalars, selected keys) before it)."""
@@ -123,8 +134,8 @@ def build(ctx: base.Context) -> base.Method:
 
       (loss, (aux, idx)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["params"])
       state = common.apply_gradients(state, grads, tx)
-      picked = jax.nn.one_hot(idx, block.pool_size) * batch["mask"][:, None, None]
-      state["selection_count"] = state["selection_count"] + jnp.sum(picked, axis=(0, 1))
+      state["selection_count"] = prompt_pool.count_selected(state["selection_count"], idx,
+                                                            batch["mask"])
       return state, ({"loss": loss, **aux}, idx)
 
     # More than one update per batch: the authors' script's `online_iter`, unrolled (so XLA's
@@ -136,8 +147,8 @@ def build(ctx: base.Context) -> base.Method:
     return {**state, "step": step + 1}, scalars, {"prompt_idx": idx}
 
   def predict(state, images):
-    queries = prompt_pool.query(apply, state["frozen"], images, final_norm)
-    features, mask, *_ = forward(state, state["params"], images, queries)
+    queries = query(state["frozen"], images)
+    features, mask, *_ = forward(state, state["params"], images, queries, training=False)
     return head_logits(state["params"]["head"], features) * mask
 
   return base.Method(name="mvp", init=init, train_step=train_step, predict=predict)
@@ -147,13 +158,16 @@ def config():
   """The `mvp` block (prompts as L2P's). gamma: focal exponent of the gradient dissimilarity;
   margin: m of the adaptive feature scale; alpha: weight of the focal term; pool_size,
   prompt_length, top_k: ours (as L2P's pool, one prompt per image as MVP's selection size);
-  query_before_norm: the query is the frozen class token before the final LayerNorm (the
-  authors' code) instead of after it (L2P's); key_init: 'uniform' (L2P's) | 'normal' (the
-  authors' code); updates_per_batch: updates on each incoming batch (the authors' script's
-  online_iter is 3; 1 is every method's budget here)."""
+  gamma: 1.0, the authors' code's default, which their script runs (the Online-LoRA paper's
+  table gives 2.0); query: where the frozen class token is read, 'penultimate' (after block
+  depth - 2, no LayerNorm: the authors' script, which leaves their use_last_layer off) | 'last'
+  (after the last block, before the final LayerNorm: their use_last_layer) | 'last_norm' (after
+  it, L2P's query); key_init: 'uniform' (L2P's) | 'normal' (the authors' code);
+  updates_per_batch: updates on each incoming batch (the authors' script's online_iter is 3; 1 is
+  every method's budget here)."""
   return common.baseline_block(trainable="prompts", learning_rate=5e-3, weight_decay=0.0,
-                               pool_size=10, prompt_length=10, top_k=1, gamma=2.0, margin=0.5,
-                               alpha=0.5, query_before_norm=False, key_init="uniform",
+                               pool_size=10, prompt_length=10, top_k=1, gamma=1.0, margin=0.5,
+                               alpha=0.5, query="penultimate", key_init="uniform",
                                updates_per_batch=1)
 
 

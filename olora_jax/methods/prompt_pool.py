@@ -9,9 +9,12 @@ frozen):
     (MVP adds masks (M, C), its instance-wise logit masks; olora_jax/methods/mvp.py)
 
 Selection is instance-wise and task-free: the query of an image is the frozen, prompt-free
-model's class token (after the final LayerNorm), and an image takes the `top_k` prompts whose
-keys lie nearest its query in cosine distance 1 - cos(q, k). Nothing but the image (and the
-pool) reaches the selection: no label, no task id, no batch statistic.
+model's class token (after the final LayerNorm; MVP's after block depth - 2), and an image takes
+the `top_k` prompts whose keys lie nearest its query in cosine distance 1 - cos(q, k). Nothing but
+the image (and the pool) reaches the selection: no label, no task id, no batch statistic. Each
+method counts the training selections of every key in its state (`count_selected`); at
+evaluation only keys selected in training are candidates (`trained_only`): a key that no training
+step selected holds its initial value, as does its prompt.
 
 DualPrompt and CODA-Prompt (dualprompt.py, coda_prompt.py) use the same query and key distance
 with prefix-tuning instead of prompt tokens (`prefix`, `concat_prefixes`), and a boundary counter
@@ -51,11 +54,23 @@ def cosine(a: jax.Array, b: jax.Array) -> jax.Array:
   return jnp.sum(a * b, axis=-1) / jnp.maximum(norms, COSINE_EPS)
 
 
-def query(apply, frozen: dict, images: jax.Array, final_norm: bool = True) -> jax.Array:
+QUERIES = ("last_norm", "last", "penultimate")
+
+
+def query(apply, frozen: dict, images: jax.Array, where: str = "last_norm",
+          depth: int | None = None) -> jax.Array:
   """The query of each image (B, D): the frozen model's class token without prompts, no
-  gradient, after the final LayerNorm (L2P's) or, with `final_norm=False`, before it (MVP's
-  code). `apply` is `common.make_apply(model)`."""
-  kwargs = {} if final_norm else {"final_norm": False}
+  gradient, taken at `where`: 'last_norm' after the final LayerNorm (L2P's, DualPrompt's,
+  CODA-Prompt's), 'last' after the last block, before that LayerNorm, or 'penultimate' after
+  block depth - 2 (the ViT's blocks but the last; MVP's code as its script runs it; `depth`, the
+  model's block count, is then needed). `apply` is `common.make_apply(model)`."""
+  if where not in QUERIES:
+    raise ValueError(f"unknown query {where!r}; use one of {QUERIES}")
+  kwargs = {} if where == "last_norm" else {"final_norm": False}
+  if where == "penultimate":
+    if depth is None or depth < 2:
+      raise ValueError(f"the 'penultimate' query needs a model of depth >= 2, got {depth}")
+    kwargs["blocks"] = depth - 1
   return jax.lax.stop_gradient(apply(frozen, {}, images, pre_logits=True, **kwargs))
 
 
@@ -68,6 +83,22 @@ def select(score: jax.Array, top_k: int) -> jax.Array:
   """Indices (B, top_k) of the `top_k` smallest scores of each row of `score` (B, M); ties go to
   the lower index."""
   return jax.lax.top_k(-jax.lax.stop_gradient(score), top_k)[1]
+
+
+def trained_only(score: jax.Array, counts: jax.Array) -> jax.Array:
+  """`score` (B, M) with the keys never trained (`counts` (M,) <= 0: never selected in a training
+  step) set to +inf, so that `select` takes trained keys only; unchanged while no key has been
+  trained (before the first step). One training step trains at least `top_k` keys (each image
+  selects `top_k` distinct ones), so from then on `select` never returns a key never trained."""
+  never = (counts <= 0) & jnp.any(counts > 0)
+  return jnp.where(never[None, :], jnp.inf, score)
+
+
+def count_selected(counts: jax.Array, idx: jax.Array, valid: jax.Array) -> jax.Array:
+  """`counts` (M,) plus the number of times each key occurs in `idx` (B, N) among the valid
+  images `valid` (B,) (padded batch items select nothing)."""
+  picked = jax.nn.one_hot(idx, counts.shape[0], dtype=counts.dtype) * valid[:, None, None]
+  return counts + jnp.sum(picked, axis=(0, 1))
 
 
 def prompt_tokens(pool: dict, idx: jax.Array) -> jax.Array:

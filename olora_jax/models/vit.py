@@ -207,7 +207,9 @@ class VisionTransformer(nn.Module):
   (B, Lp, D) are tokens inserted after the class token (no position embedding) or None;
   `prefixes` maps `encoderblock_{i}` to that block's key/value prefixes (module docstring) or is
   None; `pool` is one of `POOLING`; `final_norm=False` skips the final LayerNorm (MVP's query,
-  read before it). Returns logits (B, C), or the pooled features (B, D) with `pre_logits`."""
+  read before it); `blocks` runs only the first `blocks` encoder blocks (None: all of them; MVP's
+  query, read after block depth - 2). Returns logits (B, C), or the pooled features (B, D) with
+  `pre_logits`."""
 
   spec: ViTSpec
   num_classes: int
@@ -217,7 +219,7 @@ class VisionTransformer(nn.Module):
   def __call__(self, images: jnp.ndarray, lora: dict | None = None,
                pre_logits: bool = False, prompts: jnp.ndarray | None = None,
                pool: str = "token", prefixes: dict | None = None,
-               final_norm: bool = True) -> jnp.ndarray:
+               final_norm: bool = True, blocks: int | None = None) -> jnp.ndarray:
     if pool not in POOLING or (pool == "prompts" and prompts is None):
       raise ValueError(f"pool={pool!r} must be one of {POOLING}; 'prompts' needs prompts")
     s = self.spec
@@ -232,7 +234,7 @@ class VisionTransformer(nn.Module):
     if prompts is not None:  # (B, 1 + Lp + N, D): class token, prompts, patches
       x = jnp.concatenate([x[:, :1], prompts.astype(x.dtype), x[:, 1:]], axis=1)
     lora, prefixes = lora or {}, prefixes or {}
-    for i in range(s.depth):
+    for i in range(s.depth if blocks is None else blocks):
       name = f"encoderblock_{i}"
       x = EncoderBlock(s.num_heads, s.mlp_dim, self.dtype, name=name)(x, lora.get(name),
                                                                       prefixes.get(name))
