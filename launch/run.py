@@ -205,8 +205,7 @@ def _parse_flags(argv: list[str]) -> list[str]:
     known = validation.flat_keys(common.get_config())
     unknown = [k for k in overrides if k not in known]
     if unknown:
-      _fail(f"unknown config key(s) {', '.join(unknown)}; fix the spelling (the keys are listed"
-            " in configs/common.py)", errors.EXIT_BAD_INPUT)
+      _fail(validation.unknown_keys_message(unknown), errors.EXIT_BAD_INPUT)
     _fail(f"{_reason(str(e))}; fix the flag or the config file", errors.EXIT_BAD_INPUT)
 
 

@@ -57,14 +57,30 @@ def flat_keys(tree: Mapping | ml_collections.ConfigDict) -> set[str]:
   return set(flatten(tree))
 
 
+# Keys that were renamed or replaced: old key -> what to give instead.
+RENAMED_KEYS = {
+    "mvp.query_before_norm": "mvp.query ('last_norm' for the old False, 'last' for True; the"
+                             " default 'penultimate' is the authors' script's query)",
+    "coda_prompt.n_blocks": "coda_prompt.n_tasks (the pool is split into that many blocks; 0:"
+                            " data.n_tasks)",
+}
+
+
+def unknown_keys_message(unknown: list[str]) -> str:
+  """The one line that refuses unknown keys, naming the replacement of a renamed one."""
+  renamed = [f"{k} is now {RENAMED_KEYS[k]}" for k in unknown if k in RENAMED_KEYS]
+  if renamed:
+    return f"unknown config key(s) {', '.join(unknown)}: {'; '.join(renamed)}"
+  return (f"unknown config key(s) {', '.join(unknown)}: no code reads them; fix the spelling or"
+          " remove them (the keys are listed in configs/common.py)")
+
+
 def check_known_keys(config: ml_collections.ConfigDict,
                      reference: ml_collections.ConfigDict) -> None:
   """Refuses keys that `reference` (configs/common.py) does not define: nothing reads them."""
   unknown = sorted(flat_keys(config) - flat_keys(reference))
   if unknown:
-    raise InputError(
-        f"unknown config key(s) {', '.join(unknown)}: no code reads them; fix the spelling or"
-        " remove them (the keys are listed in configs/common.py)")
+    raise InputError(unknown_keys_message(unknown))
 
 
 def _require(ok: bool, message: str) -> None:

@@ -95,6 +95,9 @@ def test_unknown_config_keys_are_refused():
   with pytest.raises(validation.InputError, match=r"unknown config key\(s\) learner.lerning_rate"):
     validation.check_known_keys(config, common.get_config())
   validation.check_known_keys(tiny.get_config(), common.get_config())  # the real one passes
+  config.mvp.query_before_norm = True  # renamed: the line names the key to give instead
+  with pytest.raises(validation.InputError, match=r"mvp.query_before_norm is now mvp.query"):
+    validation.check_known_keys(config, common.get_config())
 
 
 def test_missing_or_malformed_pretrained_checkpoint(tmp_path):
@@ -171,7 +174,11 @@ def _cli(workdir: Path, *overrides: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.parametrize("override,message", [
-    ("--config.learner.lerning_rate=1", "error: unknown config key(s) learner.lerning_rate;"),
+    ("--config.learner.lerning_rate=1",
+     "error: unknown config key(s) learner.lerning_rate: no code reads them; fix the spelling"),
+    # A renamed key names its replacement (issue 42 replaced CODA's block count).
+    ("--config.coda_prompt.n_blocks=10", "error: unknown config key(s) coda_prompt.n_blocks:"
+     " coda_prompt.n_blocks is now coda_prompt.n_tasks"),
     ("--config.learner.rank=0", "error: learner.rank=0 must be in [1, width=16]"),
     ("--config.data.stream_manifest=/nonexistent/m.json",
      "error: data.stream_manifest='/nonexistent/m.json' does not exist"),
@@ -183,7 +190,8 @@ def _cli(workdir: Path, *overrides: str) -> subprocess.CompletedProcess:
     (("--config.model.name=vit_s16", "--config.model.depth=3"),
      "error: model.name='vit_s16' is a preset with its own sizes: --config.model.depth would"
      " change nothing (the preset's is 12); drop it, or use model.name='custom'"),
-], ids=["unknown_key", "bad_value", "missing_manifest", "swin_preset_window", "vit_preset_depth"])
+], ids=["unknown_key", "renamed_key", "bad_value", "missing_manifest", "swin_preset_window",
+      "vit_preset_depth"])
 def test_command_line_exit_code_2_and_one_line(tmp_path, override, message):
   workdir = tmp_path / "run"
   done = _cli(workdir, *((override,) if isinstance(override, str) else override))
