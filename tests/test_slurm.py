@@ -227,29 +227,33 @@ def test_sigterm_to_every_process_at_random_moments_stops_all_and_resumes_identi
   seed = int(os.environ.get("OLORA_TEST_SEED", time.time_ns() % 2**31))
   rng = random.Random(seed)
   workdir, moments, finished = tmp_path / "run", [], 0
+  longest = 0.8 * full_seconds  # the moments: from start-up to the last steps of a launch
   while len(moments) < 5 or not (workdir / "results.json").exists():
-    proc = _srun(workdir)
+    proc, start = _srun(workdir), time.time()
     if len(moments) < 5:
       pids = _task_pids(workdir, proc.pid)
-      delay = rng.uniform(0, 0.8 * full_seconds)  # most of a launch: start-up to the last steps
-      time.sleep(delay)
+      delay = rng.uniform(0, longest)
+      time.sleep(max(0.0, start + delay - time.time()))
       for pid in pids:
         with contextlib.suppress(ProcessLookupError):
           os.kill(pid, signal.SIGTERM)
     out, err = proc.communicate(timeout=400)
     where = f"seed {seed}, moments so far {moments}: {err[-2500:]}"
-    if proc.returncode == 0:  # the run ended before the signal: compare, start again
+    if proc.returncode == 0:  # the run ended before the signal: compare, start again sooner
       assert_same_run(workdir, reference)
       finished += 1
-      assert finished <= 3, f"the run kept finishing before its signal; {where}"
+      assert finished <= 5, f"the run kept finishing before its signal; {where}"
+      longest = 0.6 * (time.time() - start)
       if len(moments) < 5:
         shutil.rmtree(workdir)
       continue
     assert proc.returncode == 128 + signal.SIGTERM, where
     lines = [x for x in err.splitlines() if x.startswith("error: stopped by signal 15")]
     # A process signalled before its first line (Python's own start-up) ends without one.
-    assert lines and len(set(lines)) == 1, where
+    assert len(set(lines)) <= 1, where
     assert not (workdir / "results.json").exists(), where
-    moments.append((round(delay, 1), lines[0].split(";")[0][len("error: stopped by signal 15 "):]))
+    stage = lines[0].split(";")[0][len("error: stopped by signal 15 "):] if lines else (
+        "in Python's start-up")
+    moments.append((round(delay, 1), stage))
   assert_same_run(workdir, reference)
   print(f"seed {seed}: {moments}")
