@@ -234,7 +234,7 @@ def test_sigterm_to_every_process_at_random_moments_stops_all_and_resumes_identi
       pids = _task_pids(workdir, proc.pid)
       delay = rng.uniform(0, longest)
       time.sleep(max(0.0, start + delay - time.time()))
-      for pid in pids:
+      for pid in pids if proc.poll() is None else ():  # never a PID reused after the run
         with contextlib.suppress(ProcessLookupError):
           os.kill(pid, signal.SIGTERM)
     out, err = proc.communicate(timeout=400)
