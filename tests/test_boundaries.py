@@ -166,6 +166,24 @@ def test_none_adds_nothing_and_reports_mark_the_rule(tmp_path):
   assert reporting.method_label({"method": "er", "boundaries.rule": "none"}) == "ER"
 
 
+def test_a_method_without_the_hook_runs_identically_under_every_rule(tmp_path):
+  # What docs/methods.md's regime table relies on for the sixteen methods without `at_boundary`.
+  runs = {}
+  for rule in ("none", "oracle"):
+    config = tiny.get_config("finetune")
+    config.boundaries.rule = rule
+    config.eval.write_plots = False
+    workdir = tmp_path / rule
+    results = trainer.train_and_evaluate(config, str(workdir), progress=False)
+    lines = [json.loads(x) for x in (workdir / "metrics.jsonl").read_text().splitlines()]
+    runs[rule] = results, [x["loss"] for x in lines if x["event"] == "train"]
+  (none, none_losses), (oracle, oracle_losses) = runs["none"], runs["oracle"]
+  assert oracle_losses == none_losses
+  assert oracle["acc_matrix"] == none["acc_matrix"]
+  assert oracle["anytime_accuracy"] == none["anytime_accuracy"]
+  assert oracle["boundaries"]["n_signalled"] == 5 and "boundaries" not in none
+
+
 @pytest.mark.parametrize("key,value,says", [
     ("rule", "always", "unknown boundaries.rule='always'"),
     ("window", 0, "boundaries.window=0 must be an integer >= 1"),
