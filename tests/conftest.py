@@ -74,10 +74,3 @@ def tiny_reference(tmp_path_factory, compilation_cache) -> Path:
       assert done.returncode == 0, done.stderr[-2000:]
   assert json.loads((workdir / "results.json").read_text())["plateau_steps"] == [4, 13, 20, 30]
   return workdir
-
-
-def pytest_collection_modifyitems(config, items):
-  """The SLURM tests first. Much of their time is spent waiting on the scheduler (its time-limit
-  check comes once a minute, a requeued task starts again ~30 s later), and the other pytest-xdist
-  worker fills that with the rest of the suite; run last, the waits would be the suite's tail."""
-  items.sort(key=lambda item: item.get_closest_marker("slurm") is None)
