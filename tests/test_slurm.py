@@ -137,17 +137,20 @@ def test_a_cell_that_hits_its_real_time_limit_is_requeued_and_resumes_identical(
   30 s before a check, so its first allocation ends mid-run, as would a real limit."""
   grid = ["--methods=finetune", "--seeds=0", "--", *TINY, "--config.learner.batch_size=4"]
   root, local = tmp_path / "slurm", tmp_path / "local"
+  # A compilation cache the cell's allocations share (sbatch passes the environment on): a
+  # requeued allocation of ~30 s on a loaded machine then spends it on steps, not compiling.
+  env = tiny_run.env(tmp_path / "cache")
   time.sleep(max(0.0, _next_time_limit_check(tmp_path) - 30 - time.time()))
   proc = subprocess.run([*SWEEP, f"--root={root}", "--settings=configs/tiny.py",
                          "--launcher=slurm", "--time=1", "--signal_lead=59", *grid],
-                        capture_output=True, text=True, timeout=120, cwd=ROOT)
+                        capture_output=True, text=True, timeout=120, cwd=ROOT, env=env)
   assert proc.returncode == 0, proc.stderr[-2000:]
   job = next(line.split()[3].rstrip(":") for line in proc.stdout.splitlines()
              if line.startswith("submitted job array"))
   done = subprocess.run([*SWEEP, f"--root={local}", "--settings=configs/tiny.py", *grid],
-                        capture_output=True, text=True, timeout=600, cwd=ROOT)
+                        capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
   assert done.returncode == 0, done.stderr[-2000:]
-  _wait_for(job, timeout=600)
+  _wait_for(job, timeout=900)
   log = (root / "slurm" / "logs" / f"{job}_0.out").read_text()
   assert "SIGUSR1: stopping the run" in log and f"requeueing {job}_0" in log, log[-3000:]
   assert "DUE TO TIME LIMIT" not in log, log[-3000:]  # never killed without its checkpoint
