@@ -80,6 +80,16 @@ class OutOfMemory(EnvironmentFailure):
   """The device (or the host) ran out of memory while the run computed."""
 
 
+def causes(e: BaseException | None):
+  """`e`, then what it was raised from (`__cause__`, else `__context__`), and so on, each once:
+  libraries re-raise errors under other types with the reason inside."""
+  seen = set()
+  while e is not None and id(e) not in seen:
+    seen.add(id(e))
+    yield e
+    e = e.__cause__ or e.__context__
+
+
 # What an allocation failure looks like: Python's MemoryError, or XLA's status in the text of
 # the runtime error it raises (on GPU, TPU and CPU alike).
 OUT_OF_MEMORY_MESSAGES = ("RESOURCE_EXHAUSTED", "Out of memory", "out of memory")
@@ -91,13 +101,8 @@ def out_of_memory(e: BaseException) -> bool:
   writing local file ...: No space left on device")."""
   if storage_cause(e) is not None:
     return False
-  seen = set()
-  while e is not None and id(e) not in seen:
-    seen.add(id(e))
-    if isinstance(e, MemoryError) or any(m in str(e) for m in OUT_OF_MEMORY_MESSAGES):
-      return True
-    e = e.__cause__ or e.__context__
-  return False
+  return any(isinstance(x, MemoryError) or any(m in str(x) for m in OUT_OF_MEMORY_MESSAGES)
+             for x in causes(e))
 
 
 OOM_ADVICE = ("lower learner.batch_size (or eval.batch_size, a method's buffer_size or"
@@ -130,13 +135,7 @@ PEER_LOST_MESSAGES = ("Connection reset by peer", "Connection closed by peer", "
 
 def peer_lost(e: BaseException) -> bool:
   """Whether `e` (or what it was raised from) says another process of the run is gone."""
-  seen = set()
-  while e is not None and id(e) not in seen:
-    seen.add(id(e))
-    if any(m in str(e) for m in PEER_LOST_MESSAGES):
-      return True
-    e = e.__cause__ or e.__context__
-  return False
+  return any(any(m in str(x) for m in PEER_LOST_MESSAGES) for x in causes(e))
 
 
 def storage_cause(e: BaseException) -> str | None:
@@ -144,16 +143,13 @@ def storage_cause(e: BaseException) -> str | None:
 
   Follows `__cause__` / `__context__`, since libraries re-raise OS errors under other types.
   """
-  seen = set()
-  while e is not None and id(e) not in seen:
-    seen.add(id(e))
-    if isinstance(e, OSError) and e.errno in STORAGE_ERRNOS:
-      return e.strerror or errno.errorcode.get(e.errno, str(e.errno))
-    text = str(e)
+  for x in causes(e):
+    if isinstance(x, OSError) and x.errno in STORAGE_ERRNOS:
+      return x.strerror or errno.errorcode.get(x.errno, str(x.errno))
+    text = str(x)
     for message in STORAGE_MESSAGES:
       if message in text:
         return message
-    e = e.__cause__ or e.__context__
   return None
 
 
