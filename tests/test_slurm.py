@@ -48,10 +48,10 @@ def slurm_running(slurm_state):
     pytest.skip(message)
 
 
-def _submit(root, *args: str) -> str:
+def _submit(root, *args: str, time_limit: str = "10", env=None) -> str:
   proc = subprocess.run([*SWEEP, f"--root={root}", "--settings=configs/tiny.py",
-                         "--launcher=slurm", "--time=10", *args], capture_output=True,
-                        text=True, timeout=120, cwd=ROOT)
+                         "--launcher=slurm", f"--time={time_limit}", *args], capture_output=True,
+                        text=True, timeout=120, cwd=ROOT, env=env)
   assert proc.returncode == 0, proc.stderr[-2000:]
   return next(line.split()[3].rstrip(":") for line in proc.stdout.splitlines()
               if line.startswith("submitted job array"))
@@ -134,19 +134,16 @@ def test_a_cell_that_hits_its_real_time_limit_is_requeued_and_resumes_identical(
   time-limit check once the lead is reached; SLURM checks once a minute, so with a 59 s lead the
   warning comes at the first check of each allocation) stops the run with a checkpoint and the
   cell is requeued, until it ends identical to the same cell run locally. The cell is submitted
-  30 s before a check, so its first allocation ends mid-run, as would a real limit."""
-  grid = ["--methods=finetune", "--seeds=0", "--", *TINY, "--config.learner.batch_size=4"]
+  20 s before a check, so its first allocation ends mid-run, as would a real limit."""
+  # 720 steps: longer than the ~20 s of the first allocation and the ~30 s of a later one can
+  # hold on an idle machine with the compilation cache warm.
+  grid = ["--methods=finetune", "--seeds=0", "--", *TINY, "--config.learner.batch_size=2"]
   root, local = tmp_path / "slurm", tmp_path / "local"
   # A compilation cache the cell's allocations share (sbatch passes the environment on): a
   # requeued allocation of ~30 s on a loaded machine then spends it on steps, not compiling.
   env = tiny_run.env(tmp_path / "cache")
-  time.sleep(max(0.0, _next_time_limit_check(tmp_path) - 30 - time.time()))
-  proc = subprocess.run([*SWEEP, f"--root={root}", "--settings=configs/tiny.py",
-                         "--launcher=slurm", "--time=1", "--signal_lead=59", *grid],
-                        capture_output=True, text=True, timeout=120, cwd=ROOT, env=env)
-  assert proc.returncode == 0, proc.stderr[-2000:]
-  job = next(line.split()[3].rstrip(":") for line in proc.stdout.splitlines()
-             if line.startswith("submitted job array"))
+  time.sleep(max(0.0, _next_time_limit_check(tmp_path) - 20 - time.time()))
+  job = _submit(root, "--signal_lead=59", *grid, time_limit="1", env=env)
   done = subprocess.run([*SWEEP, f"--root={local}", "--settings=configs/tiny.py", *grid],
                         capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
   assert done.returncode == 0, done.stderr[-2000:]
