@@ -23,10 +23,13 @@ key declared without a meaning. The blocks:
                  names it
 """
 
+import inspect
+from pathlib import Path
+
 import ml_collections
 from ml_collections import config_dict
 
-from olora_jax import methods
+from olora_jax import config_keys, methods
 from olora_jax.config_keys import Key, block
 
 # Methods outside the package ('path/to/file.py:NAME') whose config blocks every `get_config()`
@@ -280,3 +283,34 @@ def get_config(method: str = "online_lora") -> ml_collections.ConfigDict:
     methods.add_config_block(config, name)
   config.lock()
   return config
+
+
+def declared_in(block_name: str, config: ml_collections.ConfigDict | None = None) -> str:
+  """The file that declares the keys of top-level block `block_name` ('' for the top level): the
+  module of the method whose block it is (packaged, or `config`'s own method), else this file;
+  relative to the repository when inside it."""
+  specs = list(methods.specs())
+  if config is not None and "method" in config:
+    specs += [methods.resolve(name) for name in (*OUTSIDE_METHODS, config.method)]
+  spec = next((s for s in specs if s.config is not None and s.name == block_name), None)
+  path = Path(inspect.getsourcefile(spec.config) if spec else __file__).resolve()
+  root = Path(__file__).resolve().parents[1]
+  return str(path.relative_to(root)) if path.is_relative_to(root) else str(path)
+
+
+def unexplained_keys(config: ml_collections.ConfigDict | None = None) -> list[str]:
+  """One line for each key of `config` (default: `get_config()`) declared without a meaning, or
+  with one that only restates its name, naming the key and where to give it one; [] when every
+  key is explained. The docs build and tests/test_config_keys.py print these lines."""
+  config = get_config() if config is None else config
+  defaults, given = dict(config_keys.leaves(config)), config_keys.meanings(config)
+  lines = []
+  for key in config_keys.unexplained(config):
+    block_name, _, name = key.rpartition(".")
+    default = defaults[key]
+    problem = (f"its meaning {given[key]!r} only restates its name" if key in given
+               else "it has no meaning")
+    lines.append(f"config key {key} (default {default!r}): {problem}; declare it as"
+                 f" {name}=Key({default!r}, \"what it does, its units and allowed values\") in"
+                 f" {declared_in(block_name.split('.')[0], config)}")
+  return lines
