@@ -25,7 +25,8 @@ from typing import Any, NamedTuple
 
 import ml_collections
 
-_ATTRIBUTE = "_olora_meanings"  # where `block` keeps (about, {key: meaning}) on its ConfigDict
+# Where `block` keeps (about, {key: meaning}, declared key order) on the ConfigDict it makes.
+_ATTRIBUTE = "_olora_meanings"
 
 
 class Key(NamedTuple):
@@ -46,12 +47,12 @@ def block(about: str = "", /, **keys) -> ml_collections.ConfigDict:
     else:
       values[name] = value
   config = ml_collections.ConfigDict(values)
-  object.__setattr__(config, _ATTRIBUTE, (about, explained))
+  object.__setattr__(config, _ATTRIBUTE, (about, explained, tuple(keys)))
   return config
 
 
-def _declared(config) -> tuple[str, dict[str, str]]:
-  return config.__dict__.get(_ATTRIBUTE, ("", {}))
+def _declared(config) -> tuple[str, dict[str, str], tuple[str, ...]]:
+  return config.__dict__.get(_ATTRIBUTE, ("", {}, ()))
 
 
 def about(config: ml_collections.ConfigDict) -> str:
@@ -66,7 +67,7 @@ def _is_block(value) -> bool:
 def leaves(config: ml_collections.ConfigDict, prefix: str = "") -> list[tuple[str, Any]]:
   """(dotted key, default) of every leaf, each block's declared keys first in declared order,
   then any others in the ConfigDict's order (sub-blocks where they stand)."""
-  declared = list(_declared(config)[1])
+  declared = _declared(config)[2]
   order = [k for k in declared if k in config] + [k for k in config.keys() if k not in declared]
   out = []
   for key in order:

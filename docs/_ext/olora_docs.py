@@ -83,7 +83,7 @@ class ProgramHelp(SphinxDirective):
 def config_sections(config) -> list[tuple[str, str, list[tuple[str, object, str]]]]:
   """(block, about, [(dotted key, default, meaning)]) of every block of a config declared with
   `olora_jax.config_keys`: first the top-level keys ('' block), then each block in declared
-  order, a method's block read as "method='NAME'" with its report name."""
+  order, the packaged methods' blocks last (Table 1's order), each read as "method='NAME'"."""
   from olora_jax import config_keys, methods
 
   given = config_keys.meanings(config)
@@ -98,7 +98,7 @@ def config_sections(config) -> list[tuple[str, str, list[tuple[str, object, str]
     if block in names:
       about = f"read when method='{block}' ({names[block]}); docs/methods.md"
     out.append((block, about, rows))
-  return out
+  return sorted(out, key=lambda section: section[0] in names)  # the methods' blocks last
 
 
 class ConfigKeys(SphinxDirective):
@@ -108,7 +108,12 @@ class ConfigKeys(SphinxDirective):
 
   def run(self) -> list[nodes.Node]:
     from configs import common
+    from olora_jax import config_keys, methods
 
+    # The page is rebuilt when a file that declares keys changes (an incremental build).
+    for module in (common, config_keys, *(inspect.getmodule(s.config) for s in methods.specs()
+                                          if s.config is not None)):
+      self.env.note_dependency(inspect.getsourcefile(module))
     config = common.get_config()
     for line in common.unexplained_keys(config):
       LOGGER.warning(line, location=self.get_location(), type="olora", subtype="config")
