@@ -67,7 +67,8 @@ def get_config(method: str = "online_lora") -> ml_collections.ConfigDict:
           depth=Key(2, "'custom' only: the number of transformer blocks"),
           num_heads=Key(4, "'custom' only: attention heads per block (must divide width)"),
           mlp_dim=Key(256, "'custom' only: hidden width of each block's MLP"),
-          patch_size=Key(4, "'custom' and 'swin_custom': patch side in pixels"),
+          patch_size=Key(4, "'custom' and 'swin_custom': patch side in pixels (must divide"
+                         " image_size)"),
           stage_depths=Key((2, 2), "'swin_custom' only: Swin blocks per stage, one entry per"
                            " stage"),
           stage_heads=Key((2, 4), "'swin_custom' only: attention heads per stage, one entry per"
@@ -91,7 +92,7 @@ def get_config(method: str = "online_lora") -> ml_collections.ConfigDict:
                          " $JAX_COORDINATOR_ADDRESS is given) | 'cluster' (JAX finds the cluster:"
                          " TPU pod, SLURM, Open MPI) | 'off' (one process)"),
           coordinator_address=Key("", "'host:port' of process 0, reachable from every process;"
-                                  " '' = from the environment"),
+                                  " '' = $JAX_COORDINATOR_ADDRESS when set"),
           num_processes=Key(0, "how many processes join the run; 0 = from the environment"),
           process_id=Key(-1, "this process's index in [0, num_processes); -1 = from the"
                          " environment"),
@@ -128,9 +129,9 @@ def get_config(method: str = "online_lora") -> ml_collections.ConfigDict:
                           "'label' (classes in label order) | 'seeded' (a permutation drawn"
                           " from `seed`) | an explicit order listing every class id once, e.g."
                           " [3, 1, 0, 2] or '3,1,0,2'"),
-          test_fraction=Key(0.2, "datasets without a test split (embedded, ImageNet-R,"
-                            " ImageNet-Sketch, your own): the fraction of each class held out as"
-                            " the test set, seeded by split_seed"),
+          test_fraction=Key(0.2, "datasets without a test split of their own (the embedded"
+                            " ones, ImageNet-R, ImageNet-Sketch, yours): the fraction of each"
+                            " class held out as the test set, in (0, 1), seeded by split_seed"),
           validation_fraction=Key(0.0, "in [0, 1); > 0: hold out this fraction of each training"
                                   " class (seeded) and evaluate on it instead of the test set"
                                   " (launch/sweep.py --tune's runs); in-memory datasets only"),
@@ -249,12 +250,13 @@ def get_config(method: str = "online_lora") -> ml_collections.ConfigDict:
           "the evaluator (docs/metrics.md)",
           eval_every=Key(1000, "anytime-evaluation period, in training samples seen (>= 1);"
                          " paper: 1000 (Si-Blurry)"),
-          batch_size=Key(256, "test images per evaluation batch, over all devices (>= 1; must"
-                         " divide over the devices)"),
-          predict_chunk=Key(-1, "test images per device in one forward pass: N > 0 = the test"
-                            " batch in pieces of N | 0 = the whole batch in one pass (best on"
-                            " GPU/TPU) | -1 = by the backend: 64 on a CPU when it divides a"
-                            " device's rows, else 0 (docs/performance-internals.md)"),
+          batch_size=Key(256, "test images per evaluation batch, over all devices (>= 1; a"
+                         " multiple of the device count)"),
+          predict_chunk=Key(-1, "test images per device in one forward pass: N > 0 (a divisor"
+                            " of a device's rows of a test batch) | 0 = the whole batch in one"
+                            " pass (best on GPU/TPU) | -1 = by the backend: 64 on a CPU when it"
+                            " divides a device's rows, else 0; the same predictions up to float"
+                            " rounding (docs/performance-internals.md)"),
           mask_unseen_logits=Key(False, "evaluate with the logits of not-yet-seen classes masked"
                                  " (the paper's Si-Blurry protocol)"),
           write_plots=Key(True, "draw WORKDIR/plots/*.png at the end of the run"),

@@ -113,8 +113,9 @@ class MethodSpec:
   name         the `method` config key of a packaged method, and the name of the method's config
                block `config.<name>` (for a method outside the package, the block's name)
   build        `build(ctx: Context) -> Method`, reading its block as `ctx.config[name]`
-  config       `() -> ConfigDict`: the block's defaults, each key commented where it is set;
-               None: no block of its own (Online-LoRA reads the `learner` block)
+  config       `() -> ConfigDict`: the block's defaults, each key declared with its meaning,
+               `name=Key(default, meaning)` (olora_jax/config_keys.py; the config reference is
+               generated from them); None: no block of its own (Online-LoRA reads `learner`)
   report_name  the method's name in report tables (the paper's, for the paper's methods)
   table_row    where its row sits in a report table: the paper's Table 1 order (baselines from
                1, Online-LoRA 90, the upper bound 100); a method outside the package sorts by it
