@@ -65,12 +65,7 @@ def _config(**keys):
 
 def config_der_pp():
   """The `ema_der_pp` block: EMA on DER++ (its keys)."""
-  return _config(
-      replay_batch=Key(0, "samples in each of DER++'s two replay draws per step; 0 ="
-                       " learner.batch_size"),
-      alpha=Key(0.2, "DER++'s weight of the MSE between replayed samples' logits and their"
-                " stored logits (>= 0)"),
-      beta=Key(0.5, "DER++'s weight of the CE on the second replay draw's labels (>= 0)"))
+  return _config(**der_pp.replay_keys())
 
 
 def config_rar():

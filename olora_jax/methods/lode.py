@@ -60,12 +60,7 @@ def build(ctx: base.Context) -> base.Method:
 def config():
   """The `lode` block: DER++'s keys and values plus LODE's C and rho (the paper's values)."""
   return common.baseline_block(
-      learning_rate=3e-4, weight_decay=0.0, buffer_size=500,
-      replay_batch=Key(0, "samples in each of DER++'s two replay draws per step; 0 ="
-                       " learner.batch_size"),
-      alpha=Key(0.2, "DER++'s weight of the MSE between replayed samples' logits and their"
-                " stored logits (>= 0)"),
-      beta=Key(0.5, "DER++'s weight of the CE on the second replay draw's labels (>= 0)"),
+      learning_rate=3e-4, weight_decay=0.0, buffer_size=500, **der_pp.replay_keys(),
       c=Key(1.0, "C, the weight of the CE over the new classes' logits only (> 0)"),
       rho=Key(0.1, "rho, the weight of the new-vs-old term, scaled by |new| / |old| (>= 0)"))
 
