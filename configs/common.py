@@ -7,20 +7,9 @@ Every key is declared below as `name=Key(default, meaning)`, one line saying wha
 units and allowed values (olora_jax/config_keys.py); a method's block is declared the same way in
 its module (olora_jax/methods). docs/reference/config.md lists every key with its default and
 meaning, generated from these declarations; the docs build and tests/test_config_keys.py refuse a
-key declared without a meaning. The blocks:
-
-  (top level)    seed, fidelity, method, logging, checkpoints, Online-LoRA's weight export
-  model          the backbone (a ViT or Swin preset, or custom sizes) and its compute dtype
-  sharding       how the state is split over devices (FSDP)
-  distributed    several processes on one run (jax.distributed)
-  pretrained     the checkpoint the backbone starts from
-  data           the dataset, the stream (scenario, tasks, class order) and the input pipeline
-  learner        Online-LoRA: batch, hard buffer, LoRA, the plateau rule, the fidelity keys
-  boundaries     who tells a method with an `at_boundary` hook of task boundaries
-  eval           the evaluator: when and how the test data is evaluated
-  trace          Online-LoRA's per-step trace
-  <method>       one block per packaged method (`er`, `der_pp`, ...), read only when `method`
-                 names it
+key declared without a meaning. The blocks, each with a one-line `about`: the top-level keys,
+`model`, `sharding`, `distributed`, `pretrained`, `data`, `learner` (Online-LoRA), one block per
+packaged method (`er`, `der_pp`, ...), `boundaries`, `eval`, `trace`.
 """
 
 import inspect
@@ -171,8 +160,7 @@ def get_config(method: str = "online_lora") -> ml_collections.ConfigDict:
       ),
 
       learner=block(
-          "Online-LoRA (method='online_lora'; docs/method.md); batch_size and rank are read by"
-          " every method",
+          "Online-LoRA (method='online_lora'; docs/method.md); batch_size is every method's batch",
           batch_size=Key(64, "B, stream samples per training step, for every method (>= 1);"
                          " paper: 64"),
           buffer_size=Key(4, "K, the hard buffer's size: K samples, or K whole batches with"
