@@ -112,7 +112,8 @@ def get_config(method: str = "online_lora") -> ml_collections.ConfigDict:
                        " groups of classes) | 'si_blurry' (si_blurry_n, si_blurry_m) | 'domain'"
                        " (one task per domain of a dataset with domain ids; n_tasks unused)"),
           n_tasks=Key(5, "tasks of a 'disjoint' or 'si_blurry' stream (>= 1; 'disjoint': must"
-                      " divide the number of classes); paper: 10 (CUB: 5, Si-Blurry: 5)"),
+                      " divide the number of classes); paper: 10 (CUB-200 and Si-Blurry: 5;"
+                      " ImageNet-S also 20)"),
           # Any type: a config file gives a list, the command line a string '3,1,0,2'.
           class_order=Key(config_dict.FieldReference("label", field_type=object),
                           "'label' (classes in label order) | 'seeded' (a permutation drawn"

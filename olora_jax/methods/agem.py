@@ -54,7 +54,7 @@ def config():
   return common.baseline_block(
       learning_rate=1e-4, weight_decay=1e-4, buffer_size=500,
       replay_batch=Key(10, "stored samples drawn uniformly each step for the reference gradient"
-                       " g_ref; 0 = learner.batch_size"))
+                       " g_ref, at most buffer_size; 0 = learner.batch_size"))
 
 
 PAPER_RESULTS = {

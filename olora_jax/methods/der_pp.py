@@ -69,8 +69,8 @@ def replay_keys() -> dict:
   """DER++'s own keys, each `Key(default, meaning)` (the paper's values); LODE's block and EMA on
   DER++'s declare them from here."""
   return dict(
-      replay_batch=Key(0, "samples in each of DER++'s two replay draws per step; 0 ="
-                       " learner.batch_size (Mammoth's default)"),
+      replay_batch=Key(0, "samples in each of DER++'s two replay draws per step, at most"
+                       " buffer_size; 0 = learner.batch_size (Mammoth's default)"),
       alpha=Key(0.2, "weight of the MSE between replayed samples' logits and the logits stored"
                 " with them (>= 0)"),
       beta=Key(0.5, "weight of the CE on the second replay draw's labels (>= 0)"))

@@ -71,8 +71,8 @@ def config_der_pp():
 def config_rar():
   """The `ema_rar` block: EMA on RAR (ER's keys, and RAR's repeats and flip, *ours*)."""
   return _config(
-      replay_batch=Key(10, "stored samples drawn uniformly for each rehearsal; 0 ="
-                       " learner.batch_size"),
+      replay_batch=Key(10, "stored samples drawn uniformly for each rehearsal, at most"
+                       " buffer_size; 0 = learner.batch_size"),
       repeats=Key(3, "rehearsals of each incoming batch, each with a fresh replay draw and"
                   " augmentation (>= 1; *ours*)"),
       flip=Key(True, "RAR's augmentation mirrors images left-right (besides its random shift);"

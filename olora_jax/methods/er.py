@@ -69,9 +69,9 @@ def config():
   """The `er` block: each key with its meaning (the paper's appendix values)."""
   return common.baseline_block(
       learning_rate=1e-4, weight_decay=1e-4, buffer_size=500,
-      replay_batch=Key(10, "stored samples drawn uniformly and replayed with each batch; 0 ="
-                       " learner.batch_size (the online-continual-learning codebase's"
-                       " eps_mem_batch, 10)"))
+      replay_batch=Key(10, "stored samples drawn uniformly and replayed with each batch, at most"
+                       " buffer_size; 0 = learner.batch_size (the online-continual-learning"
+                       " codebase's eps_mem_batch, 10)"))
 
 
 PAPER_RESULTS = {

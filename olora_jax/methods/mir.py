@@ -53,7 +53,7 @@ def config():
       n_candidates=Key(50, "stored samples drawn uniformly each step as retrieval candidates"
                        " (the paper's \"number of subsample\"), in [replay_batch, buffer_size]"),
       replay_batch=Key(10, "candidates replayed per step: those whose loss a virtual step on the"
-                       " batch raises most; 0 = learner.batch_size"))
+                       " batch raises most, at most n_candidates; 0 = learner.batch_size"))
 
 
 PAPER_RESULTS = {

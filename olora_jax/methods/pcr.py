@@ -90,7 +90,8 @@ def config():
   return common.baseline_block(
       learning_rate=1e-4, weight_decay=1e-4, buffer_size=500,
       replay_batch=Key(10, "stored samples drawn uniformly and replayed with each batch"
-                       " (\"episode memory per batch\"); 0 = learner.batch_size"),
+                       " (\"episode memory per batch\"), at most buffer_size; 0 ="
+                       " learner.batch_size"),
       temperature=Key(0.09, "the cosine logits between features and class proxies are divided"
                       " by it (> 0)"),
       warmup_batches=Key(4, "steps before the first replay, while the buffer warms up (>= 0)"))
