@@ -51,6 +51,7 @@ EXIT_SIGNAL_BASE = 128  # olora_jax/errors.py: 128 + signal number
 HEARTBEAT_SECONDS = 30
 STALE_SECONDS = 120  # four heartbeats missed
 RECORD_BYTES = 8192
+REPEAT_SECONDS = 2  # a signal again within this is the same stop, not a second one
 STATES = ("finished", "running", "queued", "stopped", "lost", "failed", "not started")
 
 
@@ -204,7 +205,11 @@ def run_cell(workdir: str, command: list[str], *, forward=None) -> tuple[int, st
   signalled = []
 
   def on_signal(signum, frame):
-    signalled.append(signum)
+    # One stop reaches the runner twice under SLURM (the scheduler's own SIGTERM and the batch
+    # script's): the run gets it once; a second signal later on stops it at once, as it asks.
+    if signalled and time.monotonic() - signalled[-1] < REPEAT_SECONDS:
+      return
+    signalled.append(time.monotonic())
     (forward or (lambda p, s: p.send_signal(s)))(proc, signum)
 
   handlers = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}

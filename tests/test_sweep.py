@@ -152,7 +152,19 @@ def test_slurm_dry_run_prints_one_batch_script_and_writes_nothing(tmp_path):
                "#SBATCH --signal=B:USR1@300", "#SBATCH --requeue",
                f"sbatch --parsable --array=0-3%2 {root}/slurm/sweep.sbatch"):
     assert line in proc.stdout.splitlines()
-  assert 'scontrol requeue "${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"' in proc.stdout
+  assert not root.exists()
+  # A cell over several processes, set-up lines, one compilation cache for every cell.
+  multi = subprocess.run([*command, "--ntasks=4", "--gpus_per_task=1", "--gres=",
+                          "--setup=module load cuda/12.4", "--setup=source ~/venv/bin/activate"],
+                         capture_output=True, text=True, timeout=120, cwd=ROOT)
+  assert multi.returncode == 0, multi.stderr
+  lines = multi.stdout.splitlines()
+  for line in ("#SBATCH --ntasks=4", "#SBATCH --gpus-per-task=1", "module load cuda/12.4",
+               "source ~/venv/bin/activate", "export JAX_LOCAL_DEVICE_IDS=0",
+               f"export JAX_COMPILATION_CACHE_DIR={root}/jax_cache"):
+    assert line in lines, multi.stdout
+  assert lines.index("module load cuda/12.4") < next(
+      i for i, x in enumerate(lines) if "--run_cell" in x)
   assert not root.exists()
   # With --tune, the seeds wait for the tuning points (a second array, after the first).
   tuned = subprocess.run([*command, "--tune", "--grid=learning_rate=1e-3,1e-2"],
