@@ -355,6 +355,8 @@ def cell_status(workdir: str, task: dict | None = None, log: str | None = None
   if record is None:
     if sched in ("RUNNING", "COMPLETING"):
       return "running", f"setting up (scheduler: {sched})"
+    if sched == "CANCELLED" and not _last_line(log):
+      return "not started", "cancelled before it started (scheduler: CANCELLED)"
     if sched:  # ended without ever recording a run
       code = task.get("exit")
       why = f"the scheduler says {sched}" + (f", exit {code}" if code else "") + (

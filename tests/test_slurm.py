@@ -195,9 +195,12 @@ def test_the_schedulers_signals_requeue_sigkill_does_not_and_the_limit_says_so(
   assert f"finished, {record['seconds']:.0f} s over 4 allocations" in _status(root)
 
 
+CHECK_PERIOD = 30  # s: slurmctld checks time limits (and sends --signal warnings) this often
+
+
 def _next_time_limit_check(tmp_path) -> float:
-  """When slurmctld next checks time limits (it does so once a minute, for every job at once):
-  a probe job whose warning signal is due at once records the moment it comes."""
+  """When slurmctld next checks time limits (every CHECK_PERIOD, for every job at once): a probe
+  job whose warning signal is due at once records the moment it comes."""
   stamp = tmp_path / "probe_signal"
   probe = subprocess.run(
       ["sbatch", "--parsable", "--time=2", "--signal=B:USR1@119", "--output=/dev/null",
@@ -205,20 +208,22 @@ def _next_time_limit_check(tmp_path) -> float:
        f"trap 'date +%s.%N > {stamp}; exit 0' USR1; while true; do sleep 0.2; done"],
       capture_output=True, text=True, timeout=30, check=True).stdout.strip()
   _wait_for(probe, timeout=150)
-  return float(stamp.read_text()) + 60
+  return float(stamp.read_text()) + CHECK_PERIOD
 
 
 def test_a_cell_that_hits_its_real_time_limit_is_requeued_and_resumes_identical(
     tmp_path, compilation_cache):
   """A one-minute time limit, no scancel: the scheduler's own warning (SIGUSR1 at its first
-  time-limit check once the lead is reached; SLURM checks once a minute, so with a 59 s lead the
-  warning comes at the first check of each allocation) stops the run with a checkpoint and the
-  cell is requeued, until it ends identical to the same cell run locally. The cell is submitted
-  20 s before a check, so its first allocation ends mid-run, as would a real limit. The local
-  run goes while the test waits for that moment, and fills the compilation cache the cell's
-  allocations share, so they spend their time on steps."""
-  # 720 steps: longer than the ~20 s of the first allocation and the ~30 s of a later one can
-  # hold on an idle machine with the compilation cache warm.
+  time-limit check once the lead is reached: with a 59 s lead, the first check of the
+  allocation) stops the run with a checkpoint and the cell is requeued, then resumes and ends
+  identical to the same cell run locally. The cell is submitted 20 s before a check, so its
+  first allocation ends mid-run, as would a real limit; once requeued, its limit is raised to 10
+  minutes, so the next allocation finishes it (with one minute, every allocation would last only
+  from the scheduler starting it to the next check: a few seconds on a loaded machine). The
+  local run goes while the test waits for that moment, and fills the compilation cache the
+  cell's allocations share, so they spend their time on steps."""
+  # 720 steps: longer than the ~20 s of the first allocation can hold on an idle machine with
+  # the compilation cache warm.
   grid = ["--methods=finetune", "--seeds=0", "--", *TINY, "--config.learner.batch_size=2"]
   root, local = tmp_path / "slurm", tmp_path / "local"
   done = subprocess.Popen([*SWEEP, f"--root={local}", "--settings=configs/tiny.py", *grid],
@@ -226,15 +231,30 @@ def test_a_cell_that_hits_its_real_time_limit_is_requeued_and_resumes_identical(
                           env=tiny_run.env(compilation_cache))
   time.sleep(max(0.0, _next_time_limit_check(tmp_path) - 20 - time.time()))
   job = _submit(root, "--signal_lead=59", *grid, time_limit="1", cache=compilation_cache)
+  deadline = time.time() + 300
+  while f"requeueing {job}_0" not in _log_or_empty(root, f"{job}_0"):
+    assert time.time() < deadline, _log_or_empty(root, f"{job}_0")[-3000:]
+    time.sleep(0.2)
+  subprocess.run(["scontrol", "update", f"JobId={job}_0", "TimeLimit=10"], check=True,
+                 timeout=30)
   _, err = done.communicate(timeout=600)
   assert done.returncode == 0, err[-2000:]
-  _wait_for(job, timeout=900)
+  _wait_for(job, timeout=600)
   log = _log(root, f"{job}_0")
-  assert "SIGUSR1: stopping the run" in log and f"requeueing {job}_0" in log, log[-3000:]
+  assert "SIGUSR1: stopping the run" in log and "restart 1" in log, log[-3000:]
   assert "DUE TO TIME LIMIT" not in log, log[-3000:]  # never killed without its checkpoint
   cell = "tiny/finetune/seed0"
+  assert "error: stopped by signal 15 after stream step " in log, log[-3000:]  # mid-run
+  assert cells.read_record(str(root / cell))["allocations"] == 2
   assert cells.cell_status(str(root / cell))[0] == "finished"
   assert_same_run(root / cell, local / cell)
+
+
+def _log_or_empty(root, task: str) -> str:
+  try:
+    return _log(root, task)
+  except FileNotFoundError:
+    return ""
 
 
 def test_a_failing_cell_is_not_requeued_and_fail_fast_cancels_the_cells_not_started(tmp_path):
@@ -257,7 +277,7 @@ def test_a_failing_cell_is_not_requeued_and_fail_fast_cancels_the_cells_not_star
   assert f"{first}: failed, exit 2: {detail[len('exit 2: '):]}" in status, status
   assert cells.read_record(second) is None and not (root / "slurm" / "logs" /
                                                     f"{job}_1.out").exists(), status
-  assert f"{second}: not started" in status, status
+  assert f"{second}: not started, cancelled before it started (scheduler: CANCELLED)" in status
   # The record of a runner whose node died: it says running, the scheduler knows better.
   cells.write_record(first, {"state": "running", "pid": 4321, "host": "node17",
                              "since": cells.now(), "heartbeat": cells.now(),
