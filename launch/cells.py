@@ -331,9 +331,8 @@ def cell_status(workdir: str, task: dict | None = None, log: str | None = None
   sched = (task or {}).get("state")
   if sched in ("PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIGURING"):
     reason = (task or {}).get("reason") or "none"
-    again = record is not None or (task or {}).get("restarts")
-    what = "requeued, waiting" if again else "waiting"
-    progress = checkpoint_progress(workdir) if again else ""
+    what = "requeued, waiting" if (task or {}).get("restarts") else "waiting"
+    progress = checkpoint_progress(workdir) if record is not None else ""
     return "queued", f"{what} (scheduler: {sched}, reason {reason})" + (
         f", {progress}" if progress else "")
   if record is not None and record.get("state") == "running":
@@ -499,7 +498,7 @@ def status_lines(root: str, scheduler=None) -> tuple[list[str], dict]:
   for folder, _, files in sorted(os.walk(root)):
     if EXIT_RECORD in files and os.path.abspath(folder) not in known:
       entries.append((folder, None))
-  ids = [s["task"] for _, s in entries if s and s.get("task")]
+  ids = [s["task"] for w, s in entries if s and s.get("task") and not is_finished(w)]
   answers = scheduler(ids) if scheduler and ids else None
   lines, counts = [], {}
   for workdir, slurm in entries:

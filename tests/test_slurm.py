@@ -24,7 +24,7 @@ import pytest
 import tiny_run
 from tiny_run import ROOT, assert_same_run, results
 
-from launch import cells
+from launch import cells, slurm
 
 pytestmark = pytest.mark.slurm
 SWEEP = [sys.executable, str(ROOT / "launch" / "sweep.py")]
@@ -198,41 +198,36 @@ def test_the_schedulers_signals_requeue_sigkill_does_not_and_the_limit_says_so(
 CHECK_PERIOD = 30  # s: slurmctld checks time limits (and sends --signal warnings) this often
 
 
-def _next_time_limit_check(tmp_path) -> float:
-  """When slurmctld next checks time limits (every CHECK_PERIOD, for every job at once): a probe
-  job whose warning signal is due at once records the moment it comes."""
-  stamp = tmp_path / "probe_signal"
-  probe = subprocess.run(
-      ["sbatch", "--parsable", "--time=2", "--signal=B:USR1@119", "--output=/dev/null",
-       "--cpus-per-task=1", "--mem=100M", "--wrap",
-       f"trap 'date +%s.%N > {stamp}; exit 0' USR1; while true; do sleep 0.2; done"],
-      capture_output=True, text=True, timeout=30, check=True).stdout.strip()
-  _wait_for(probe, timeout=150)
-  return float(stamp.read_text()) + CHECK_PERIOD
-
-
 def test_a_cell_that_hits_its_real_time_limit_is_requeued_and_resumes_identical(
     tmp_path, compilation_cache):
-  """A one-minute time limit, no scancel: the scheduler's own warning (SIGUSR1 at its first
-  time-limit check once the lead is reached: with a 59 s lead, the first check of the
-  allocation) stops the run with a checkpoint and the cell is requeued, then resumes and ends
-  identical to the same cell run locally. The cell is submitted 20 s before a check, so its
-  first allocation ends mid-run, as would a real limit; once requeued, its limit is raised to 10
-  minutes, so the next allocation finishes it (with one minute, every allocation would last only
-  from the scheduler starting it to the next check: a few seconds on a loaded machine). The
-  local run goes while the test waits for that moment, and fills the compilation cache the
-  cell's allocations share, so they spend their time on steps."""
-  # 720 steps: longer than the ~20 s of the first allocation can hold on an idle machine with
-  # the compilation cache warm.
+  """A real time limit, no scancel: once the cell is mid-run (its first checkpoint written), its
+  limit is lowered to the next whole minute past one minute from now, so that the scheduler's own
+  warning (SIGUSR1 at its first time-limit check within --signal_lead plus CHECK_PERIOD of the
+  limit) comes at its next check, at least 30 s before the limit. The run checkpoints and the
+  cell is requeued; its limit is raised again, and it resumes and ends identical to the same
+  cell run locally. (A limit of one minute from the start would warn every allocation at its
+  first check, however little it had run: a few seconds on a loaded machine.) The local run goes
+  meanwhile and fills the compilation cache the cell's allocations share."""
+  # 720 steps: the run is still going one check period after its first checkpoint.
   grid = ["--methods=finetune", "--seeds=0", "--", *TINY, "--config.learner.batch_size=2"]
   root, local = tmp_path / "slurm", tmp_path / "local"
   done = subprocess.Popen([*SWEEP, f"--root={local}", "--settings=configs/tiny.py", *grid],
                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=ROOT,
                           env=tiny_run.env(compilation_cache))
-  time.sleep(max(0.0, _next_time_limit_check(tmp_path) - 20 - time.time()))
-  job = _submit(root, "--signal_lead=59", *grid, time_limit="1", cache=compilation_cache)
+  job = _submit(root, "--signal_lead=119", *grid, time_limit="10", cache=compilation_cache)
+  workdir = root / "tiny" / "finetune" / "seed0"
+  _running(workdir, f"{job}_0", timeout=300, after=3)
+  elapsed = slurm.time_seconds(subprocess.run(
+      ["squeue", "-h", "-j", f"{job}_0", "-o", "%M"], capture_output=True, text=True,
+      timeout=30, check=True).stdout.strip())
+  minutes = -(-(elapsed + 60) // 60)  # the limit 60-120 s away: warned at the next check
+  subprocess.run(["scontrol", "update", f"JobId={job}_0", f"TimeLimit={minutes}"], check=True,
+                 timeout=30)
   deadline = time.time() + 300
   while f"requeueing {job}_0" not in _log_or_empty(root, f"{job}_0"):
+    assert not cells.is_finished(str(workdir)), (
+        "the run finished before the scheduler's warning: this machine runs the 720 steps faster"
+        " than the test assumes; give the cell more steps")
     assert time.time() < deadline, _log_or_empty(root, f"{job}_0")[-3000:]
     time.sleep(0.2)
   subprocess.run(["scontrol", "update", f"JobId={job}_0", "TimeLimit=10"], check=True,
@@ -242,12 +237,11 @@ def test_a_cell_that_hits_its_real_time_limit_is_requeued_and_resumes_identical(
   _wait_for(job, timeout=600)
   log = _log(root, f"{job}_0")
   assert "SIGUSR1: stopping the run" in log and "restart 1" in log, log[-3000:]
-  assert "DUE TO TIME LIMIT" not in log, log[-3000:]  # never killed without its checkpoint
-  cell = "tiny/finetune/seed0"
   assert "error: stopped by signal 15 after stream step " in log, log[-3000:]  # mid-run
-  assert cells.read_record(str(root / cell))["allocations"] == 2
-  assert cells.cell_status(str(root / cell))[0] == "finished"
-  assert_same_run(root / cell, local / cell)
+  assert "DUE TO TIME LIMIT" not in log, log[-3000:]  # never killed without its checkpoint
+  assert cells.cell_status(str(workdir))[0] == "finished"
+  assert cells.read_record(str(workdir))["allocations"] == 2
+  assert_same_run(workdir, local / "tiny" / "finetune" / "seed0")
 
 
 def _log_or_empty(root, task: str) -> str:
