@@ -20,14 +20,18 @@ results.json) runs again. The exit code of each run (olora_jax/errors.py) decide
 At the end a summary lists every run with its status and wall time; the exit code is 0 when all
 finished, else the first failed run's code.
 
-    python launch/sweep.py --status ROOT   every cell: finished, running (step N of M), failed or
-                                           stopped (exit code and one-line reason), not started;
-                                           read from the workdirs alone (local or SLURM sweeps)
+    python launch/sweep.py --status ROOT   every cell: finished, running, queued, stopped, lost,
+                                           failed (exit code and one-line reason), not started,
+                                           with its newest checkpoint's step; from the workdirs
+                                           and, for a SLURM sweep, the scheduler (docs/cluster.md)
 
 --launcher slurm (docs/cluster.md): the same cells as one SLURM job array, one task per cell
 (tuning points included), from one batch script written to ROOT/slurm/sweep.sbatch and submitted
 with sbatch (--dry_run prints it and the sbatch command, writing nothing); resubmitting the same
-command submits only the cells not finished. launch/slurm.py has the script's logic.
+command submits only the cells not finished. launch/slurm.py has the script's logic: only the
+scheduler's signals requeue a cell (--requeue_on adds exit codes), --ntasks N runs each cell
+over N processes under srun, --setup adds the batch script's set-up lines, and every cell shares
+one compilation cache (ROOT/jax_cache unless --compilation_cache says otherwise).
 
 --tune: the paper's tuning protocol (its appendix, after the online continual-learning survey of
 Mai et al.): per setting and method, a grid search over keys of the method's config block
@@ -224,9 +228,11 @@ def parse(argv: list[str]) -> argparse.Namespace:
                       help="print the commands (with --launcher slurm: the batch script and the"
                       " sbatch command), run and write nothing")
   parser.add_argument("--fail_fast", action="store_true",
-                      help="stop at the first run that fails (default: report it, go on)")
+                      help="stop at the first run that fails (default: report it, go on; with"
+                      " --launcher slurm it cancels the cells not started yet)")
   parser.add_argument("--status", metavar="ROOT",
-                      help="print every cell of the sweep in ROOT and its state, run nothing")
+                      help="print every cell of the sweep in ROOT and its state (asking SLURM for"
+                      " a SLURM sweep's cells), run nothing")
   parser.add_argument("--run_cell", nargs=2, metavar=("ROOT", "INDEX"),
                       help=argparse.SUPPRESS)  # one task of a SLURM array (launch/slurm.py)
   parser.add_argument("--tune", action="store_true",
