@@ -74,6 +74,12 @@ Keys that matter:
   pretrained.keep_head, learner.initial_lora, export_online_lora
                                 start from / end with given weights, the authors' layout
   trace.enabled                 WORKDIR/trace.npz: per-step buffer ids, window, Omega
+  loggers                       where metrics.jsonl's scalars are mirrored, comma separated:
+                                'tensorboard' (default; WORKDIR/tensorboard, with tensorboardX)
+                                | 'wandb' | 'mlflow' (extras `[wandb]`, `[mlflow]`; MLflow's
+                                store: MLFLOW_TRACKING_URI, else WORKDIR/mlruns) | '' for
+                                metrics.jsonl alone (olora_jax/loggers.py)
+  logger_project                the W&B project / MLflow experiment the runs are logged into
   method                        'online_lora' (configured by `learner`) | 'finetune' | 'iid' |
                                 'er' | 'der_pp' | 'ewc_pp' | 'agem' | 'mir' | 'gdumb' | 'pcr' |
                                 'lode' | 'ema_der_pp' | 'ema_rar' | 'l2p' | 'mvp', each
@@ -247,6 +253,10 @@ def get_config(method: str = "online_lora") -> ml_collections.ConfigDict:
   config.export_online_lora = False
 
   config.log_every = 1  # write a `train` event every this many steps
+  # Where metrics.jsonl's scalars are mirrored, comma separated: 'tensorboard' (WORKDIR/
+  # tensorboard, with tensorboardX), 'wandb', 'mlflow' (their extras); '' = metrics.jsonl alone.
+  config.loggers = "tensorboard"
+  config.logger_project = "olora-jax"  # the W&B project / MLflow experiment of the runs
   config.checkpoint_every = 200  # steps between full-state checkpoints (0: only end / signal)
   config.max_to_keep = 3  # checkpoints kept; older ones are a fallback if the newest is damaged
   for name in (*OUTSIDE_METHODS, method):  # methods outside the package: blocks from their files

@@ -129,7 +129,8 @@ def test_report_aggregates_two_seeds(runs, tmp_path):
                          f"--csv={out_csv}"], capture_output=True, text=True, check=True,
                         timeout=120)
   setting = "sklearn_digits disjoint/5 custom"
-  assert f"| method | {setting}: A_final ↑ | {setting}: Forgetting ↓ | {setting}: A_auc ↑ |" \
+  # The setting is named once, over its three metrics.
+  assert f"| method | {setting} |||\n|---|---|---|---|\n| | A_final ↑ | Forgetting ↓ | A_auc ↑ |" \
       in proc.stdout
   cells = [f"{np.mean(v):.2f} ± {np.std(v, ddof=1):.2f}" for v in values.values()]
   assert "| Online-LoRA | " + " | ".join(cells) + " |" in proc.stdout
@@ -179,7 +180,11 @@ def test_grouping_methods_settings_and_variants(tmp_path):
   assert single["forgetting"]["n"] == 0  # null forgetting is left out, not counted as 0
   table = reporting.markdown_table(rows)
   assert "| single LoRA | 30.00 | n/a | 50.00 |  |  |  |" in table
-  assert "| Online-LoRA | " in table and "imagenet_r disjoint/10 vit_b16: A_final ↑" in table
+  assert table.splitlines()[:3] == [
+      "| method | cifar100 disjoint/10 vit_b16 ||| imagenet_r disjoint/10 vit_b16 |||",
+      "|---|---|---|---|---|---|---|",
+      "| | A_final ↑ | Forgetting ↓ | A_auc ↑ | A_final ↑ | Forgetting ↓ | A_auc ↑ |"]
+  assert "| Online-LoRA | " in table
 
 
 def test_report_errors(tmp_path):
@@ -202,7 +207,8 @@ def test_report_groups_seeds_and_methods_and_draws_the_overlay(tmp_path):
   def curve(seed, level):
     samples = [100, 200, 300, 400]
     return {"A_final": level, "forgetting": 0.1, "A_auc": level,
-            "anytime_samples": samples, "anytime_accuracy": [level + 0.01 * seed] * 4}
+            "anytime_samples": samples, "anytime_accuracy": [level + 0.01 * seed] * 4,
+            "acc_matrix": [[0.9, level, level - 0.1 * seed], [0.0, 0.8, level], [0, 0, 0.7]]}
 
   dirs = [write_run(tmp_path / f"olora{s}", s, curve(s, 0.6)) for s in (0, 1, 2)]
   dirs += [write_run(tmp_path / f"lora{s}", s, curve(s, 0.3), learner__incremental_lora=False,
@@ -211,18 +217,23 @@ def test_report_groups_seeds_and_methods_and_draws_the_overlay(tmp_path):
   assert [(r["method"], r["seeds"]) for r in rows] == [("Online-LoRA", [0, 1, 2]),
                                                         ("single LoRA", [0, 1])]
   assert rows[0]["A_final"]["mean"] == pytest.approx(60.0)
-  # No --csv: the report writes nothing but what it is asked for (the figure), and nothing into
+  # No --csv: the report writes nothing but what it is asked for (the figures), and nothing into
   # the directory it runs in.
   cwd = tmp_path / "cwd"
   cwd.mkdir()
   proc = subprocess.run([sys.executable, str(ROOT / "launch" / "report.py"), *dirs,
                          f"--plots={tmp_path / 'figs'}"], cwd=cwd,
                         capture_output=True, text=True, check=True, timeout=120)
-  assert "overlay figure written" in proc.stdout and "CSV" not in proc.stdout
+  # stdout holds the table alone; what was written is said on stderr.
+  assert "figures written" in proc.stderr and "CSV" not in proc.stderr + proc.stdout
+  assert proc.stdout.startswith("| method |") and "written" not in proc.stdout
   assert list(cwd.iterdir()) == []
-  assert sorted(p.name for p in (tmp_path / "figs").iterdir()) == ["anytime_overlay.pdf",
-                                                                   plots.OVERLAY_FILE]
-  assert_png(tmp_path / "figs" / plots.OVERLAY_FILE)
+  matrices = "accuracy_matrices_cifar100_disjoint_10_vit_b16"
+  assert sorted(p.name for p in (tmp_path / "figs").iterdir()) == [
+      f"{matrices}.pdf", f"{matrices}.png", "anytime_overlay.pdf", plots.OVERLAY_FILE,
+      "forgetting_per_task.pdf", plots.FORGETTING_FILE]
+  for name in (plots.OVERLAY_FILE, f"{matrices}.png", plots.FORGETTING_FILE):
+    assert_png(tmp_path / "figs" / name)
   with open(tmp_path / "figs" / "anytime_overlay.pdf", "rb") as f:
     assert f.read(5) == b"%PDF-"
   # The band is the std over seeds at each point, the line their mean.
@@ -335,8 +346,45 @@ def test_table_one_layout_and_stream_check(tmp_path):
   assert "| ER | 45.00 ± 7.07 | 50.00 ± 0.00 | 10.00 ± 0.00 |" in table
   # A run of seed 1 on another stream is refused, naming both runs.
   bad = write_method_run(tmp_path / "mir1", 1, "mir", "other", 0.5)
-  with pytest.raises(ValueError, match=r"different streams .*same data, seed"):
+  with pytest.raises(ValueError, match=r"different streams .*their configs agree: the data they"
+                                       r" read differs\); .*same data, data.class_order, seed"):
     reporting.aggregate(dirs + [bad])
+  # Configs that differ in a key of the stream: the line names it.
+  bad = write_method_run(tmp_path / "mir1b", 1, "mir", "other", 0.5, learner__batch_size=32)
+  with pytest.raises(ValueError, match=r"their configs differ in learner.batch_size\)"):
+    reporting.aggregate(dirs + [bad])
+
+
+def test_class_order_names_the_setting(tmp_path):
+  """A setting's label names a class order other than the labels' (a reversed-order table must
+  not look like the normal one), so two orders are two column groups, never one."""
+  assert [reporting.class_order_label(o) for o in (
+      "label", "seeded", "4,3,2,1,0", [4, 3, 2, 1, 0], [3, 1, 0, 2])] == [
+      "", "seeded order", "reversed order", "reversed order", "order 3,1,0,2"]
+  long_a, long_b = list(range(100)), list(range(100))
+  long_a[:2], long_b[98:] = [1, 0], [99, 98]
+  labels = [reporting.class_order_label(o) for o in (long_a, long_b)]
+  assert labels[0].startswith("order 1,0,2,... of 100, #") and labels[0] != labels[1]
+  r = {"A_final": 0.5, "forgetting": 0.1, "A_auc": 0.5}
+  runs = [write_run(tmp_path / f"label{s}", s, {**r, "stream_manifest_sha256": f"l{s}"})
+          for s in (0, 1)]
+  runs += [write_run(tmp_path / f"reversed{s}", s, {**r, "stream_manifest_sha256": f"r{s}"},
+                     data__class_order="9,8,7,6,5,4,3,2,1,0") for s in (0, 1)]
+  rows = reporting.aggregate(runs)
+  assert [row["setting"] for row in rows] == ["cifar100 disjoint/10 vit_b16",
+                                              "cifar100 disjoint/10 vit_b16, reversed order"]
+  assert rows[1]["method"] == "Online-LoRA"  # the order is the setting's, not the method's
+  table = reporting.markdown_table(rows)
+  assert "| cifar100 disjoint/10 vit_b16, reversed order |||" in table
+  assert reporting.setting_title({"data.dataset": "mnist_5k", "data.n_tasks": 5,
+                                  "data.scenario": "disjoint", "model.name": "custom",
+                                  "data.class_order": [9, 8, 7, 6, 5, 4, 3, 2, 1, 0]}) == (
+      "mnist_5k: 5 disjoint tasks, custom ViT, reversed order")
+  # A list and the same order written as a string are the same stream keys.
+  config = {"data.class_order": [2, 1, 0], "learner.batch_size": 16}
+  assert reporting.stream_keys_differing(config, {**config, "data.class_order": "2,1,0"}) == []
+  assert reporting.stream_keys_differing(config, {**config, "data.class_order": "label"}) == [
+      "data.class_order"]
 
 
 def test_prompt_methods_are_labelled_by_name_and_ordered_before_online_lora():
@@ -389,18 +437,18 @@ def test_paper_layouts_from_a_sweep_tree(tmp_path):
   assert [r["method"] for r in rows] == ["GDumb", "PCR", "LODE (DER++)"]  # Table 1's order
   assert table.startswith("Table 1: disjoint class-incremental")
   setting = "cifar100 disjoint/10 vit_b16"  # the paper's setting: its numbers join each metric
-  assert (f"| method | {setting}: A_final ↑ | (paper) | {setting}: Forgetting ↓ | (paper) |"
-          f" {setting}: wall time (s) |" in table)  # the paper reports no wall time
+  assert (f"| method | {setting} ||||||\n|---|---|---|---|---|---|---|\n| | A_final ↑ | (paper) |"
+          " Forgetting ↓ | (paper) | wall time (s) |" in table)  # the paper reports no wall time
   assert "| PCR | 41.00 ± 1.41 | 48.48 ± 0.15 | 10.00 ± 0.00 | 46.23 ± 1.29 | " in table
   # The budget column: image passes per step from each run's compute ledger, not x 100.
-  assert f" {setting}: wall time (s) | {setting}: budget (passes/step) |" in table
+  assert " wall time (s) | budget (passes/step) |" in table
   assert "| 10.00 ± 0.00 | 70.50 ± 0.71 |" in table and table.count("| n/a |") == 2
   assert "| GDumb | 20.00 ± 0.00 | 41.00 ± 19.97 | 10.00 ± 0.00 |  | " in table  # paper: "-"
   rows, table = reporting.layout_table(finished, "table2")
   assert [r["method"] for r in rows] == ["Online-LoRA w/o hard loss"]
   setting = "cifar100 si_blurry/5 vit_b16"
-  assert (f"| method | {setting}: A_auc ↑ | (paper) | {setting}: A_final ↑ | (paper) |"
-          f" {setting}: wall time (s) |" in table)
+  assert (f"| method | {setting} ||||||\n|---|---|---|---|---|---|---|\n| | A_auc ↑ | (paper) |"
+          " A_final ↑ | (paper) | wall time (s) |" in table)
   assert "| Online-LoRA w/o hard loss | 50.00 ± 0.00 | 60.12 ± 5.79 | 60.00 ± 0.00 |" in table
   # Runs of one setting and seed on different streams are refused by both layouts.
   write_method_run(root / "split_cifar100" / "mir" / "seed1", 1, "mir", "other", 0.5)
