@@ -600,7 +600,8 @@ def latex_table(rows: list[dict], metrics: Sequence[str] = DEFAULT_METRICS,
       rf"Mean $\pm$ std over {n_seeds} seeds, in \%; the best mean of each column in bold"
       + (" (the upper bound excluded)" if any(r.get("method_key") == UPPER_BOUND for r in rows)
          else "") + ".")
-  lines = ["% launch/report.py --format latex: needs \\usepackage{booktabs} in the preamble",
+  lines = ["% launch/report.py --format latex: needs \\usepackage{booktabs} in the preamble (a"
+           " table wider than the text: table* in two columns, or \\resizebox from graphicx)",
            *(f"% {note}" for note in table.notes),
            r"\begin{table}[t]", r"\centering", rf"\caption{{{caption}}}",
            rf"\begin{{tabular}}{{{spec}}}", r"\toprule",

@@ -9,6 +9,8 @@ import csv
 import importlib.util
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -545,3 +547,142 @@ def _load_sweep():
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   return module
+
+
+def _latex_fixture(tmp_path):
+  """Runs of three methods and the upper bound on the paper's Table 1 setting, two seeds, plus
+  ER on a reversed class order: the rows of `--layout table1`."""
+  dirs = []
+  for seed in (0, 1):
+    m = f"stream{seed}"
+    dirs += [write_method_run(tmp_path / f"iid{seed}", seed, "iid", m, 0.9, wall=5.0 + seed),
+             write_method_run(tmp_path / f"er{seed}", seed, "er", m, 0.4 + 0.1 * seed),
+             write_method_run(tmp_path / f"gd{seed}", seed, "gdumb", m, 0.3),
+             write_method_run(tmp_path / f"agem{seed}", seed, "agem", m, 0.45),
+             write_method_run(tmp_path / f"rev{seed}", seed, "er", "r" + m, 0.5 - 0.1 * seed,
+                              data__class_order=list(range(99, -1, -1)))]
+  return dirs
+
+
+def _latex_cells(line: str) -> list[str]:
+  return [c.strip() for c in re.split(r"(?<!\\)&", line.removesuffix(r"\\").strip())]
+
+
+def test_latex_table_structure(tmp_path):
+  """`--format latex`: a booktabs table whose settings head their columns once (multicolumn,
+  cmidrule), one row per method with as many cells as columns, mean \\pm std, the best mean of
+  each metric column in bold among the methods (the upper bound is a reference, never bold),
+  text escaped; the paper's layout keeps its "(paper)" columns. (Compiled by pdflatex in
+  test_latex_table_compiles where one is installed.)"""
+  dirs = _latex_fixture(tmp_path)
+  rows, tex = reporting.layout_table(dirs, "table1", "latex")
+  lines = tex.splitlines()
+  assert all(line.startswith("%") for line in lines[:lines.index(r"\begin{table}[t]")])
+  assert [line for line in lines if line in (r"\toprule", r"\midrule", r"\bottomrule")] == [
+      r"\toprule", r"\midrule", r"\bottomrule"]
+  assert lines[-3:] == [r"\bottomrule", r"\end{tabular}", r"\end{table}"]
+  assert r"\caption{Table 1: disjoint class-incremental. Mean $\pm$ std over 2 seeds" in tex
+  spec = re.search(r"\\begin\{tabular\}\{@\{\}l(c+)@\{\}\}", tex).group(1)
+  top = lines.index(r"\toprule")
+  settings, rules, header = lines[top + 1], lines[top + 2], lines[top + 3]
+  spans = re.findall(r"\\multicolumn\{(\d+)\}\{c\}\{([^}]*(?:\}[^}&]*)*)\}", settings)
+  # Table 1's setting (with the paper's columns) and the reversed order, each named once.
+  assert [name for _, name in spans] == [
+      r"cifar100 disjoint/10 vit\_b16",
+      r"cifar100 disjoint/10 vit\_b16, reversed order"]
+  n = [int(k) for k, _ in spans]
+  assert n == [6, 4] and sum(n) == len(spec)  # A_final, (paper), Forgetting, (paper), wall, budget
+  assert rules == r"\cmidrule(lr){2-7} \cmidrule(lr){8-11}"
+  ours = [r"$A_\mathrm{final}$ $\uparrow$", r"Forgetting $\downarrow$", "wall time (s)",
+          "budget (passes/step)"]
+  assert _latex_cells(header) == ["Method", ours[0], "(paper)", ours[1], "(paper)", *ours[2:],
+                                  *ours]
+  body = lines[lines.index(r"\midrule") + 1:lines.index(r"\bottomrule")]
+  cells = {c[0]: c[1:] for c in map(_latex_cells, body)}
+  assert list(cells) == ["AGEM", "ER", "GDumb", "Upper bound (i.i.d.)"]
+  assert all(len(c) == len(spec) for c in cells.values())
+  # A_final: AGEM (45.00) ties ER (45.00 ± 7.07): both bold; the upper bound's 90 is not.
+  assert cells["AGEM"][0] == r"{\boldmath$45.00 \pm 0.00$}"
+  assert cells["ER"][0] == r"{\boldmath$45.00 \pm 7.07$}"
+  assert cells["Upper bound (i.i.d.)"][0] == r"$90.00 \pm 0.00$"
+  assert cells["GDumb"][0] == r"$30.00 \pm 0.00$"
+  paper_er = reporting.PAPER_RESULTS["table1"]["cifar100 disjoint/10 vit_b16"]["ER"][0]
+  assert cells["ER"][1] == f"${paper_er[0]:.2f} \\pm {paper_er[1]:.2f}$"  # never bold
+  assert cells["ER"][4] == r"$10.00 \pm 0.00$"  # wall time: a cost, not marked
+  assert cells["ER"][5] == "--"  # no budget recorded
+  assert cells["ER"][6] == r"$45.00 \pm 7.07$"  # alone in its column: nothing to be best of
+  assert cells["GDumb"][6:] == [""] * 4  # no run there
+  # The command line prints the table alone (for `> table.tex`).
+  proc = subprocess.run([sys.executable, str(ROOT / "launch" / "report.py"), "--layout=table1",
+                         "--format=latex", *dirs], capture_output=True, text=True, check=True,
+                        timeout=120)
+  assert proc.stdout.strip() == tex
+  assert reporting.latex_escape("a_b & 50% #1 {x} ~ ^ \\ ±") == (
+      r"a\_b \& 50\% \#1 \{x\} \textasciitilde{} \textasciicircum{} \textbackslash{} $\pm$")
+
+
+@pytest.mark.skipif(shutil.which("pdflatex") is None, reason="pdflatex is not installed; the"
+                    " table's structure is tested in test_latex_table_structure")
+def test_latex_table_compiles(tmp_path):
+  _, tex = reporting.layout_table(_latex_fixture(tmp_path), "table1", "latex")
+  (tmp_path / "t.tex").write_text("\\documentclass{article}\n\\usepackage{booktabs}\n"
+                                  f"\\begin{{document}}\n{tex}\n\\end{{document}}\n")
+  proc = subprocess.run(["pdflatex", "-interaction=nonstopmode", "-halt-on-error", "t.tex"],
+                        cwd=tmp_path, capture_output=True, text=True, timeout=120)
+  assert proc.returncode == 0, proc.stdout[-3000:]
+  assert (tmp_path / "t.pdf").read_bytes()[:5] == b"%PDF-"
+
+
+def test_report_figures_of_a_paper(tmp_path):
+  """`write_report_plots`: each method's final accuracy matrix (mean over seeds, titled by the
+  method's display name) and the forgetting of each earlier task (bar = mean over seeds, error
+  bar = std, ddof 1), as the Forgetting column computes it; `titles=False` drops the figure
+  titles (a panel keeps its setting only where several panels need telling apart)."""
+  def run(name, seed, acc, **overrides):
+    results = {"A_final": 0.5, "forgetting": 0.1, "A_auc": 0.5,
+               "anytime_samples": [100, 200, 300], "anytime_accuracy": [0.9, 0.7, 0.6],
+               "acc_matrix": acc}
+    return write_run(tmp_path / name, seed, results, **overrides)
+
+  accs = {("olora", 0): [[0.9, 0.7, 0.6], [0.0, 0.8, 0.7], [0, 0, 0.9]],
+          ("olora", 1): [[0.8, 0.8, 0.4], [0.0, 0.9, 0.9], [0, 0, 0.7]],
+          ("lora", 0): [[0.9, 0.2, 0.1], [0.0, 0.9, 0.3], [0, 0, 0.9]]}
+  dirs = [run(f"{m}{s}", s, acc, **({} if m == "olora" else {
+      "learner__incremental_lora": False, "learner__hard_loss": False}))
+          for (m, s), acc in accs.items()]
+  rows = reporting.aggregate(dirs)
+  fig = plots.forgetting_figure(rows)
+  (ax,) = fig.axes
+  from matplotlib.container import BarContainer
+
+  bar_containers = [c for c in ax.containers if isinstance(c, BarContainer)]
+  bars = {c.get_label(): [p.get_height() for p in c.patches] for c in bar_containers}
+  per_task = {k: metrics.forgetting_per_task(np.asarray(a)) for k, a in accs.items()}
+  np.testing.assert_allclose(
+      bars["Online-LoRA (2 seeds)"],
+      100 * np.mean([per_task[("olora", 0)], per_task[("olora", 1)]], axis=0), rtol=1e-12)
+  np.testing.assert_allclose(bars["single LoRA (1 seed)"], 100 * per_task[("lora", 0)],
+                             rtol=1e-12)
+  # Their mean over tasks is the Forgetting column's definition.
+  assert np.mean(per_task[("lora", 0)]) == pytest.approx(metrics.forgetting(accs[("lora", 0)]))
+  whiskers = [c for c in bar_containers if c.get_label() == "Online-LoRA (2 seeds)"][0].errorbar
+  segments = whiskers.lines[2][0].get_segments()
+  np.testing.assert_allclose([s[1, 1] - s[0, 1] for s in segments], 2 * 100 * np.std(
+      [per_task[("olora", 0)], per_task[("olora", 1)]], axis=0, ddof=1), rtol=1e-9)
+  assert fig.get_suptitle().startswith("Forgetting per task")
+  assert plots.forgetting_figure(rows, titles=False).get_suptitle() == ""
+
+  fig = plots.accuracy_matrices_figure(rows)
+  panels = [ax for ax in fig.axes if ax.get_images()]
+  assert [ax.get_title() for ax in panels] == ["Online-LoRA (2 seeds)", "single LoRA (1 seed)"]
+  np.testing.assert_allclose(panels[0].get_images()[0].get_array(),
+                             100 * np.mean([accs[("olora", 0)], accs[("olora", 1)]], axis=0))
+  assert "cifar100: 10 disjoint tasks" in fig.get_suptitle()
+  assert plots.accuracy_matrices_figure(rows, titles=False).get_suptitle() == ""
+  overlay = plots.overlay_figure(rows, titles=False)
+  assert overlay.get_suptitle() == "" and overlay.axes[0].get_title() == ""
+  # A one-task setting has no forgetting: no figure of it.
+  one = [run(f"one{s}", s, [[0.5]], data__n_tasks=1) for s in (0, 1)]
+  names = [os.path.basename(p) for p in plots.write_report_plots(
+      reporting.aggregate(one), str(tmp_path / "figs"), titles=False)]
+  assert names == [plots.OVERLAY_FILE, "accuracy_matrices_cifar100_disjoint_1_vit_b16.png"]
