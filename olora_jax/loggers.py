@@ -12,8 +12,11 @@ samples seen, the x axis of the paper's anytime-accuracy plots:
                own setting: `wandb login` for the cloud, WANDB_MODE=offline to keep it on disk
                (`wandb sync` later), WANDB_ENTITY / WANDB_BASE_URL as W&B reads them
   mlflow       an MLflow run (`pip install 'olora-jax[mlflow]'`) in the tracking store
-               MLFLOW_TRACKING_URI names, else a local file store in WORKDIR/mlruns
-               (`mlflow ui --backend-store-uri WORKDIR/mlruns`); the step is samples seen
+               MLFLOW_TRACKING_URI names (a server, or sqlite:///mlflow.db with the full
+               `mlflow` package), else a local file store in WORKDIR/mlruns (MLflow 3 keeps that
+               store in maintenance mode; the run sets MLFLOW_ALLOW_FILE_STORE=true for it, and
+               `MLFLOW_ALLOW_FILE_STORE=true mlflow ui --backend-store-uri WORKDIR/mlruns` shows
+               it); the step is samples seen
 
 Both runs are named after the method's display name, setting and seed, carry the run's
 flattened config (W&B config, MLflow params), and live in the project (W&B) or experiment
@@ -36,6 +39,7 @@ import math
 import numbers
 import os
 import time
+import uuid
 
 from olora_jax import tb_writer
 
@@ -152,9 +156,11 @@ class WandbWriter(_Mirror):
     try:
       import wandb
 
-      run_id = _ids(workdir).get("wandb") or wandb.util.generate_id()
+      run_id = _ids(workdir).get("wandb") or uuid.uuid4().hex[:16]
       self._run = wandb.init(project=project, name=name, id=run_id, resume="allow",
-                             dir=workdir, config=config, reinit="create_new")
+                             dir=workdir, config=config, reinit="create_new",
+                             # The run's terminal output is its own (progress bar, table).
+                             settings=wandb.Settings(console="off"))
       self._run.define_metric("samples_seen")
       self._run.define_metric("*", step_metric="samples_seen")
       _keep_id(workdir, "wandb", run_id)
@@ -185,7 +191,12 @@ class MlflowWriter(_Mirror):
       from mlflow.tracking import MlflowClient
 
       self._metric = Metric
-      uri = os.environ.get("MLFLOW_TRACKING_URI") or _file_uri(os.path.join(workdir, "mlruns"))
+      uri = os.environ.get("MLFLOW_TRACKING_URI")
+      if not uri:
+        # The local file store, which MLflow 3 keeps in maintenance mode and refuses unless
+        # asked: asked here, for the default only (a tracking URI of one's own is used as given).
+        uri = _file_uri(os.path.join(workdir, "mlruns"))
+        os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
       self._client = MlflowClient(tracking_uri=uri)
       run_id = _ids(workdir).get("mlflow")
       if run_id is None:

@@ -408,7 +408,7 @@ def accuracy_matrices_figure(panel: Sequence[dict], titles: bool = True) -> Figu
     ax.set_axis_off()
   fig.colorbar(image, ax=axes, label="accuracy (%), mean over seeds", shrink=0.8)
   if titles:
-    fig.suptitle(f"Final accuracy matrices a_{{i,j}}: {_setting_title(panel)}", fontsize=10)
+    fig.suptitle(f"Final accuracy matrices $a_{{i,j}}$: {_setting_title(panel)}", fontsize=10)
   return fig
 
 
@@ -441,7 +441,7 @@ def forgetting_figure(rows: Sequence[dict], titles: bool = True) -> Figure:
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), fontsize=8, frameon=False)
     if titles or len(panels) > 1:
       ax.set_title(_setting_title(panel), fontsize=10)
-  axes[0].set_ylabel("forgetting (%): max_{t<T} a_{k,t} - a_{k,T}")
+  axes[0].set_ylabel(r"forgetting (%): $\max_{t<T}\, a_{k,t} - a_{k,T}$")
   if titles:
     fig.suptitle("Forgetting per task (bars: mean over seeds, whiskers: ±1 std)", fontsize=10)
   return fig
