@@ -319,13 +319,11 @@ def overlay_figure(rows: Sequence[dict], titles: bool = True) -> Figure:
   'task_boundary'). When the runs of a setting have different boundaries (Si-Blurry's task sizes
   are drawn per seed), every run's boundaries are drawn, lighter. Without `titles`, no figure
   title, and a panel's title only where several panels need telling apart."""
-  panels: dict[str, list[dict]] = {}
-  for row in rows:
-    panels.setdefault(row["setting"], []).append(row)
+  panels = _by_setting(rows)
   fig = _figure(figsize=(7 * len(panels), 5.2), layout="constrained")
   axes = fig.subplots(1, len(panels), sharey=True, squeeze=False)[0]
   n_runs = sum(len(row["runs"]) for row in rows)
-  for ax, (_, panel) in zip(axes, sorted(panels.items()), strict=True):
+  for ax, panel in zip(axes, panels, strict=True):
     boundary_sets = set()
     for i, row in enumerate(panel):
       colour = f"C{i % 10}"
