@@ -83,12 +83,17 @@ def scalars(values: dict) -> dict[str, float]:
 
 
 class _Mirror:
-  """A logger that switches itself off with one warning at its first error (the run goes on)."""
+  """A logger that switches itself off with one warning at its first error (the run goes on),
+  starting with `_start` (the run's workdir, project, display name and flattened config)."""
 
   label = ""
 
-  def __init__(self):
-    self.active = False
+  def __init__(self, workdir: str, project: str, name: str, config: dict):
+    self.active = True
+    try:
+      self._start(workdir, project, name, config)
+    except Exception as e:  # the mirror must never stop the run
+      self._switch_off(e)
 
   def _switch_off(self, error: BaseException) -> None:
     if self.active:
@@ -122,6 +127,9 @@ class _Mirror:
     except Exception as e:  # the mirror must never stop the run
       self._switch_off(e)
 
+  def _start(self, workdir: str, project: str, name: str, config: dict) -> None:
+    raise NotImplementedError
+
   def _log(self, tagged: dict[str, float], samples_seen: int) -> None:
     raise NotImplementedError
 
@@ -150,25 +158,19 @@ class WandbWriter(_Mirror):
   axis the `samples_seen` metric (W&B's own step only ever grows, and a resume logs again)."""
 
   label = "Weights & Biases"
+  _run = None
 
-  def __init__(self, workdir: str, project: str, name: str, config: dict):
-    super().__init__()
-    try:
-      import wandb
+  def _start(self, workdir, project, name, config):
+    import wandb
 
-      run_id = _ids(workdir).get("wandb") or uuid.uuid4().hex[:16]
-      self._run = wandb.init(project=project, name=name, id=run_id, resume="allow",
-                             dir=workdir, config=config, reinit="create_new",
-                             # The run's terminal output is its own (progress bar, table).
-                             settings=wandb.Settings(console="off"))
-      self._run.define_metric("samples_seen")
-      self._run.define_metric("*", step_metric="samples_seen")
-      _keep_id(workdir, "wandb", run_id)
-      self.active = True
-    except Exception as e:  # the mirror must never stop the run
-      self.active = True
-      self._run = None
-      self._switch_off(e)
+    run_id = _ids(workdir).get("wandb") or uuid.uuid4().hex[:16]
+    self._run = wandb.init(project=project, name=name, id=run_id, resume="allow", dir=workdir,
+                           config=config, reinit="create_new",
+                           # The run's terminal output is its own (progress bar, table).
+                           settings=wandb.Settings(console="off"))
+    self._run.define_metric("samples_seen")
+    self._run.define_metric("*", step_metric="samples_seen")
+    _keep_id(workdir, "wandb", run_id)
 
   def _log(self, tagged, samples_seen):
     self._run.log({"samples_seen": samples_seen, **tagged})
@@ -183,41 +185,36 @@ class MlflowWriter(_Mirror):
   metrics.jsonl line, step = samples seen."""
 
   label = "MLflow"
+  _client = None
+  _run_id = None
 
-  def __init__(self, workdir: str, project: str, name: str, config: dict):
-    super().__init__()
-    try:
-      from mlflow.entities import Metric, Param
-      from mlflow.tracking import MlflowClient
+  def _start(self, workdir, project, name, config):
+    from mlflow.entities import Metric, Param
+    from mlflow.tracking import MlflowClient
 
-      self._metric = Metric
-      uri = os.environ.get("MLFLOW_TRACKING_URI")
-      if not uri:
-        # The local file store, which MLflow 3 keeps in maintenance mode and refuses unless
-        # asked: asked here, for the default only (a tracking URI of one's own is used as given).
-        uri = _file_uri(os.path.join(workdir, "mlruns"))
-        os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
-      self._client = MlflowClient(tracking_uri=uri)
-      run_id = _ids(workdir).get("mlflow")
-      if run_id is None:
-        experiment = self._client.get_experiment_by_name(project)
-        experiment_id = (experiment.experiment_id if experiment is not None
-                         else self._client.create_experiment(project))
-        run_id = self._client.create_run(experiment_id, run_name=name).info.run_id
-        # MLflow keeps a parameter's first value (a later, different one is an error): only a
-        # new run logs the config. Values are capped at MLflow's 500 characters.
-        params = [Param(k, str(v)[:500]) for k, v in sorted(config.items())]
-        for start in range(0, len(params), 100):  # MLflow's limit per batch
-          self._client.log_batch(run_id, params=params[start:start + 100])
-        _keep_id(workdir, "mlflow", run_id)
-      else:
-        self._client.update_run(run_id, status="RUNNING")
-      self._run_id = run_id
-      self.active = True
-    except Exception as e:  # the mirror must never stop the run
-      self.active = True
-      self._client = None
-      self._switch_off(e)
+    self._metric = Metric
+    uri = os.environ.get("MLFLOW_TRACKING_URI")
+    if not uri:
+      # The local file store, which MLflow 3 keeps in maintenance mode and refuses unless
+      # asked: asked here, for the default only (a tracking URI of one's own is used as given).
+      uri = _file_uri(os.path.join(workdir, "mlruns"))
+      os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+    client = MlflowClient(tracking_uri=uri)
+    run_id = _ids(workdir).get("mlflow")
+    if run_id is None:
+      experiment = client.get_experiment_by_name(project)
+      experiment_id = (experiment.experiment_id if experiment is not None
+                       else client.create_experiment(project))
+      run_id = client.create_run(experiment_id, run_name=name).info.run_id
+      _keep_id(workdir, "mlflow", run_id)
+      # MLflow keeps a parameter's first value (a later, different one is an error): only a new
+      # run logs the config. Values are capped at MLflow's 500 characters.
+      params = [Param(k, str(v)[:500]) for k, v in sorted(config.items())]
+      for start in range(0, len(params), 100):  # MLflow's limit per batch
+        client.log_batch(run_id, params=params[start:start + 100])
+    else:
+      client.update_run(run_id, status="RUNNING")
+    self._client, self._run_id = client, run_id
 
   def _log(self, tagged, samples_seen):
     now = int(time.time() * 1000)
@@ -225,7 +222,7 @@ class MlflowWriter(_Mirror):
         self._metric(_mlflow_key(k), v, now, samples_seen) for k, v in tagged.items()])
 
   def _finish(self, failed):
-    if self._client is not None:
+    if self._run_id is not None:
       self._client.set_terminated(self._run_id, status="FAILED" if failed else "FINISHED")
 
 

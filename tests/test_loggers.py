@@ -61,10 +61,19 @@ def test_the_loggers_key_is_checked_before_any_compute(monkeypatch):
 
 
 def test_every_logger_gets_each_line_and_a_failing_one_is_switched_off(tmp_path, caplog):
-  good, bad = Recorder(), loggers._Mirror()
-  bad.label, bad.active = "Failing", True
-  bad._log = lambda tagged, samples: (_ for _ in ()).throw(OSError("disk full"))
-  bad._finish = lambda failed: None
+  class Failing(loggers._Mirror):
+    label = "Failing"
+
+    def _start(self, *args):
+      self.finished = None
+
+    def _log(self, tagged, samples_seen):
+      raise OSError("disk full")
+
+    def _finish(self, failed):
+      self.finished = "failed" if failed else "ok"
+
+  good, bad = Recorder(), Failing(str(tmp_path), "p", "name", {})
   log = runlog.RunLog(str(tmp_path / "metrics.jsonl"), loggers.Mirrors([good, None, bad]))
   with caplog.at_level("WARNING"):
     write_lines(log)
@@ -76,7 +85,15 @@ def test_every_logger_gets_each_line_and_a_failing_one_is_switched_off(tmp_path,
   warnings = [r.getMessage() for r in caplog.records]
   assert warnings == ["Failing mirror switched off (OSError: disk full); metrics.jsonl still has"
                       " every scalar"]
-  assert not bad.active
+  assert not bad.active and bad.finished == "failed"
+  # One that fails to start is off from the start, with the same one warning.
+  caplog.clear()
+  with caplog.at_level("WARNING"):
+    broken = type("Broken", (Failing,), {"_start": lambda self, *a: 1 / 0})(
+        str(tmp_path), "p", "name", {})
+  assert not broken.active and [r.getMessage() for r in caplog.records] == [
+      "Failing mirror switched off (ZeroDivisionError: division by zero); metrics.jsonl still"
+      " has every scalar"]
   assert loggers.make_mirrors(str(tmp_path), {"loggers": ""}) is None
   # The tags and values a logger sends: finite numbers, not booleans, strings or the step.
   assert loggers.scalars(written[0]) == {"step": 0.0, "samples_seen": 16.0, "loss": 2.5,
