@@ -265,9 +265,21 @@ def setting_label(config: dict) -> str:
   """The benchmark a config runs: dataset, scenario, number of tasks and backbone, and the class
   order when it is not the labels' ('mnist_5k disjoint/5 custom, reversed order')."""
   order = class_order_label(config.get("data.class_order", "label"))
+  return _benchmark(config) + (f", {order}" if order else "")
+
+
+def _benchmark(config: dict) -> str:
   return (f"{dataset_name(config.get('data.dataset'))} {config.get('data.scenario')}/"
-          f"{config.get('data.n_tasks')} {config.get('model.name')}"
-          + (f", {order}" if order else ""))
+          f"{config.get('data.n_tasks')} {config.get('model.name')}")
+
+
+def paper_setting(config: dict) -> str:
+  """The setting as the paper's numbers are keyed (`MethodSpec.paper_results`): dataset,
+  scenario/tasks and backbone. The paper's orders are the labels' or a seeded draw (its Split
+  ImageNet-S, configs/split_imagenet_s.py); a run on an explicit order gets no paper column
+  ('')."""
+  named = config.get("data.class_order", "label") in ("label", "seeded")
+  return _benchmark(config) if named else ""
 
 
 def class_order_label(order) -> str:
@@ -345,7 +357,8 @@ def aggregate(run_dirs: Sequence[str], metrics: Sequence[str] = DEFAULT_METRICS)
     untuned = labels[key][0][:len(labels[key][0]) - len(tuned_suffix(group[0].tuning))]
     row = {"method": labels[key][0] + (f" [{variant}]" if variant else ""),
            "paper_name": untuned + (f" [{variant}]" if variant else ""),
-           "setting": labels[key][1], "scenario": group[0].config.get("data.scenario"),
+           "setting": labels[key][1], "paper_setting": paper_setting(group[0].config),
+           "scenario": group[0].config.get("data.scenario"),
            "method_key": group[0].config.get("method", "online_lora"),
            "backbone": group[0].config.get("model.name"),
            "seeds": seeds, "runs": [r.run_dir for r in group], "tuning": group[0].tuning}
@@ -498,13 +511,14 @@ def build_table(rows: list[dict], metrics: Sequence[str] = DEFAULT_METRICS,
   by_cell = {(r["method"], r["setting"]): r for r in rows}
   # The paper's number of a tuned row is its method's (the paper tuned its methods too).
   paper_name = {r["method"]: r.get("paper_name", r["method"]) for r in rows}
+  paper_of = {r["setting"]: r.get("paper_setting", r["setting"]) for r in rows}
   n_paper = len(next(iter(next(iter(paper.values())).values()))) if paper else 0
   columns, groups = [], []
   for s in settings:
     before = len(columns)
     for i, m in enumerate(metrics):
       columns.append(Column(s, m))
-      if s in paper and i < n_paper:
+      if paper_of[s] in paper and i < n_paper:
         columns.append(Column(s, m, paper=True))
     groups.append((s, len(columns) - before))
   cells, stats = {}, {}
@@ -514,7 +528,8 @@ def build_table(rows: list[dict], metrics: Sequence[str] = DEFAULT_METRICS,
       row = by_cell.get((method, col.setting))
       if col.paper:
         i = list(metrics).index(col.metric)
-        out.append(_paper_cell(paper[col.setting].get(paper_name[method], (None,) * n_paper)[i]))
+        out.append(_paper_cell(paper[paper_of[col.setting]].get(paper_name[method],
+                                                                (None,) * n_paper)[i]))
       else:
         out.append(_cell(row[col.metric]) if row else "")
         if row:

@@ -382,6 +382,12 @@ def test_class_order_names_the_setting(tmp_path):
                                   "data.scenario": "disjoint", "model.name": "custom",
                                   "data.class_order": [9, 8, 7, 6, 5, 4, 3, 2, 1, 0]}) == (
       "mnist_5k: 5 disjoint tasks, custom ViT, reversed order")
+  # The paper's numbers stand beside its orders (the labels', a seeded draw), not another.
+  seeded = [write_method_run(tmp_path / f"seeded{s}", s, "er", f"s{s}", 0.5,
+                             data__class_order="seeded") for s in (0, 1)]
+  _, table = reporting.layout_table(seeded, "table1")
+  assert "| method | cifar100 disjoint/10 vit_b16, seeded order ||||||" in table
+  assert "| | A_final ↑ | (paper) | Forgetting ↓ | (paper) |" in table
   # A list and the same order written as a string are the same stream keys.
   config = {"data.class_order": [2, 1, 0], "learner.batch_size": 16}
   assert reporting.stream_keys_differing(config, {**config, "data.class_order": "2,1,0"}) == []
