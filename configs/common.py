@@ -264,6 +264,12 @@ def get_config(method: str = "online_lora") -> ml_collections.ConfigDict:
                              " LoRA, factor_sum frozen pair) in the authors' checkpoint layout"
                              " (docs/replay.md)"),
       log_every=Key(1, "write a `train` line to metrics.jsonl every this many steps (>= 1)"),
+      loggers=Key("tensorboard", "where metrics.jsonl's scalars are mirrored, comma separated:"
+                  " 'tensorboard' (WORKDIR/tensorboard, with tensorboardX) | 'wandb' | 'mlflow'"
+                  " (extras [wandb], [mlflow]; MLflow's store: MLFLOW_TRACKING_URI, else"
+                  " WORKDIR/mlruns) | '' = metrics.jsonl alone (olora_jax/loggers.py)"),
+      logger_project=Key("olora-jax", "the W&B project / MLflow experiment the runs are logged"
+                         " into"),
       checkpoint_every=Key(200, "steps between full-state checkpoints in WORKDIR/checkpoints (0:"
                            " only at the end and on SIGTERM/SIGINT); the same --workdir resumes"),
       max_to_keep=Key(3, "checkpoints kept (>= 1); older ones are the fallback if the newest is"

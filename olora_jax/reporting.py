@@ -27,6 +27,8 @@ from __future__ import annotations
 import csv
 import dataclasses
 import decimal
+import hashlib
+import io
 import json
 import math
 import os
@@ -37,7 +39,7 @@ import numpy as np
 from olora_jax import methods, validation
 
 # Keys that never change a run's numbers; runs differing only in these are one group.
-IGNORED_KEYS = frozenset({"seed", "log_every", "eval.write_plots"})
+IGNORED_KEYS = frozenset({"seed", "log_every", "eval.write_plots", "loggers", "logger_project"})
 DEFAULT_METRICS = ("A_final", "forgetting", "A_auc")
 # The compute ledger's budget (results.json "compute"), tabulated as a metric of the run.
 BUDGET_KEYS = ("passes_per_step", "passes_per_sample")
@@ -238,6 +240,16 @@ def method_label(config: dict) -> str:
   return name
 
 
+def detects_plateaus(config: dict) -> bool:
+  """Whether a run (`config`: flattened) has a plateau rule: Online-LoRA's loss window
+  (`learner.incremental_lora`), or a method told of boundaries by it (`boundaries.rule=plateau`);
+  only then do its figures include the loss surface with the plateaus found."""
+  if config.get("boundaries.rule") == "plateau":
+    return True
+  return (config.get("method", "online_lora") == "online_lora"
+          and bool(config.get("learner.incremental_lora", True)))
+
+
 def _aper_label(config: dict, defaults) -> str:
   """SimpleCIL with an adapted first phase: APER, with what the phase adapts and the first-phase
   keys that differ from the authors' reading (methods/simplecil.py)."""
@@ -250,9 +262,45 @@ def _aper_label(config: dict, defaults) -> str:
 
 
 def setting_label(config: dict) -> str:
-  """The benchmark a config runs: dataset, scenario, number of tasks and backbone."""
+  """The benchmark a config runs: dataset, scenario, number of tasks and backbone, and the class
+  order when it is not the labels' ('mnist_5k disjoint/5 custom, reversed order')."""
+  order = class_order_label(config.get("data.class_order", "label"))
+  return _benchmark(config) + (f", {order}" if order else "")
+
+
+def _benchmark(config: dict) -> str:
   return (f"{dataset_name(config.get('data.dataset'))} {config.get('data.scenario')}/"
           f"{config.get('data.n_tasks')} {config.get('model.name')}")
+
+
+def paper_setting(config: dict) -> str:
+  """The setting as the paper's numbers are keyed (`MethodSpec.paper_results`): dataset,
+  scenario/tasks and backbone. The paper's orders are the labels' or a seeded draw (its Split
+  ImageNet-S, configs/split_imagenet_s.py); a run on an explicit order gets no paper column
+  ('')."""
+  named = config.get("data.class_order", "label") in ("label", "seeded")
+  return _benchmark(config) if named else ""
+
+
+def class_order_label(order) -> str:
+  """`data.class_order` as a setting's label names it: '' for the labels' order (the default),
+  'seeded order', 'reversed order' (an explicit list n-1, ..., 0), a short explicit order in
+  full ('order 3,1,0,2'), a long one by its start, length and a digest of the whole list ('order
+  5,2,9,... of 100, #1a2b3c'), so that two orders never share a label."""
+  if order in (None, "label"):
+    return ""
+  if order == "seeded":
+    return "seeded order"
+  try:
+    ids = [int(x) for x in (order.split(",") if isinstance(order, str) else order)]
+  except (TypeError, ValueError):
+    return f"order {order}"
+  if ids == list(range(len(ids) - 1, -1, -1)):
+    return "reversed order"
+  if len(ids) <= 10:
+    return "order " + ",".join(map(str, ids))
+  digest = hashlib.sha256(",".join(map(str, ids)).encode()).hexdigest()[:6]
+  return f"order {','.join(map(str, ids[:3]))},... of {len(ids)}, #{digest}"
 
 
 SCENARIO_NAMES = {"disjoint": "disjoint", "si_blurry": "Si-Blurry", "domain": "domain"}
@@ -260,11 +308,14 @@ SCENARIO_NAMES = {"disjoint": "disjoint", "si_blurry": "Si-Blurry", "domain": "d
 
 def setting_title(config: dict) -> str:
   """A setting as figures and a run's closing table name it, e.g. 'mnist_5k: 5 disjoint tasks,
-  custom ViT' (`config`: a run's flattened config)."""
+  custom ViT' (and ', reversed order' for another class order, `class_order_label`; `config`: a
+  run's flattened config)."""
   scenario, model = config.get("data.scenario"), str(config.get("model.name"))
   backbone = model if model.startswith(("vit", "swin")) else f"{model} ViT"
+  order = class_order_label(config.get("data.class_order", "label"))
   return (f"{dataset_name(config.get('data.dataset'))}: {config.get('data.n_tasks')}"
-          f" {SCENARIO_NAMES.get(scenario, scenario)} tasks, {backbone}")
+          f" {SCENARIO_NAMES.get(scenario, scenario)} tasks, {backbone}"
+          + (f", {order}" if order else ""))
 
 
 def aggregate(run_dirs: Sequence[str], metrics: Sequence[str] = DEFAULT_METRICS) -> list[dict]:
@@ -306,7 +357,10 @@ def aggregate(run_dirs: Sequence[str], metrics: Sequence[str] = DEFAULT_METRICS)
     untuned = labels[key][0][:len(labels[key][0]) - len(tuned_suffix(group[0].tuning))]
     row = {"method": labels[key][0] + (f" [{variant}]" if variant else ""),
            "paper_name": untuned + (f" [{variant}]" if variant else ""),
-           "setting": labels[key][1], "scenario": group[0].config.get("data.scenario"),
+           "setting": labels[key][1], "paper_setting": paper_setting(group[0].config),
+           "scenario": group[0].config.get("data.scenario"),
+           "method_key": group[0].config.get("method", "online_lora"),
+           "backbone": group[0].config.get("model.name"),
            "seeds": seeds, "runs": [r.run_dir for r in group], "tuning": group[0].tuning}
     for m in metrics:
       scale = 1 if m in NOT_PERCENT else 100
@@ -370,11 +424,30 @@ def check_same_streams(runs: Sequence[Run]) -> None:
     key = (setting_label(r.config), r.seed)
     other = first.setdefault(key, r)
     if other.manifest_sha256 != r.manifest_sha256:
+      differ = stream_keys_differing(other.config, r.config)
+      why = (f"their configs differ in {', '.join(differ)}" if differ else
+             "their configs agree: the data they read differs")
       raise ValueError(
           f"runs {other.run_dir!r} and {r.run_dir!r} ({key[0]}, seed {key[1]}) were made on"
           f" different streams (manifest {other.manifest_sha256[:12]} !="
-          f" {r.manifest_sha256[:12]}); compare methods on the same stream: same data, seed,"
-          " scenario and learner.batch_size")
+          f" {r.manifest_sha256[:12]}; {why}); compare methods on the same stream: same data,"
+          " data.class_order, seed, data.scenario and learner.batch_size")
+
+
+def stream_keys_differing(a: dict, b: dict) -> list[str]:
+  """The keys of two runs' flattened configs that shape their streams (`data.*`, the batch size,
+  the seed) and differ, e.g. ['data.class_order']; a class order given as a list and the same
+  order as a string ('9,8,...') are equal."""
+  def value(config, key):
+    v = config.get(key)
+    if key == "data.class_order" and isinstance(v, str) and "," in v:
+      return [int(x) for x in v.split(",")]
+    return list(v) if isinstance(v, tuple) else v
+
+  a, b = comparable_config(a), comparable_config(b)
+  keys = {k for k in set(a) | set(b)
+          if k.startswith("data.") or k in ("learner.batch_size", "seed")}
+  return sorted(k for k in keys if value(a, k) != value(b, k))
 
 
 def _is_scalar(v) -> bool:
@@ -389,56 +462,214 @@ def _cell(stat: dict) -> str:
   return f"{stat['mean']:.2f} ± {stat['std']:.2f}"
 
 
-def markdown_table(rows: list[dict], metrics: Sequence[str] = DEFAULT_METRICS,
-                   paper: dict | None = None) -> str:
-  """Methods down (in the paper's Table 1 order), settings across (each with its metrics).
-  `paper` (one table of PAPER_RESULTS, its values in the order of `metrics`): a setting it
-  holds gets a "(paper)" column after each metric the paper reports (the first ones of
-  `metrics`), the paper's number for the row's method."""
+def _paper_cell(value) -> str:
+  return "" if value is None else f"{value[0]:.2f} ± {value[1]:.2f}"
+
+
+# Which way is better for the metrics a table marks its best cell in (a cost, such as wall time or
+# the budget, is not marked).
+BETTER = {"A_final": max, "A_auc": max, "A_last": max, "backward_transfer": max,
+          "task_balanced_accuracy_final": max, "forgetting": min, "F_last": min}
+UPPER_BOUND = "iid"  # the i.i.d. upper bound's `method`: a reference, never a table's best
+
+
+@dataclasses.dataclass(frozen=True)
+class Column:
+  """One column of a table: a metric of a setting, ours or the paper's number beside it."""
+
+  setting: str
+  metric: str
+  paper: bool = False
+
+
+@dataclasses.dataclass
+class Table:
+  """What every format of a report table shows: methods down (the paper's Table 1 order), column
+  groups across (one per setting, `groups`: (setting, its number of columns)), each group's
+  metrics with the paper's numbers beside them where a setting is the paper's; `cells[method]`
+  holds each column's text, `best` the (method, column) cells with a column's best mean."""
+
+  columns: list[Column]
+  groups: list[tuple[str, int]]
+  methods: list[str]
+  cells: dict[str, list[str]]
+  best: set[tuple[str, int]]
+  stats: dict[tuple[str, int], dict]
+  notes: list[str]
+
+
+def build_table(rows: list[dict], metrics: Sequence[str] = DEFAULT_METRICS,
+                paper: dict | None = None) -> Table:
+  """The table of `aggregate`'s rows. `paper` (one table of PAPER_RESULTS, its values in the
+  order of `metrics`): a setting it holds gets a "(paper)" column after each metric the paper
+  reports (the first ones of `metrics`), the paper's number for the row's method. The best mean
+  of each column of a metric in `BETTER` (as printed, two decimals; ties all best) is found among
+  the rows other than the upper bound; the paper's columns have none."""
   paper = paper or {}
   settings = sorted({r["setting"] for r in rows})
-  methods = sorted({r["method"] for r in rows}, key=lambda m: (_row_order(m), m))
-  cells = {(r["method"], r["setting"]): r for r in rows}
+  methods_ = sorted({r["method"] for r in rows}, key=lambda m: (_row_order(m), m))
+  by_cell = {(r["method"], r["setting"]): r for r in rows}
   # The paper's number of a tuned row is its method's (the paper tuned its methods too).
   paper_name = {r["method"]: r.get("paper_name", r["method"]) for r in rows}
-  header = ["method"]
+  paper_of = {r["setting"]: r.get("paper_setting", r["setting"]) for r in rows}
   n_paper = len(next(iter(next(iter(paper.values())).values()))) if paper else 0
+  columns, groups = [], []
   for s in settings:
+    before = len(columns)
     for i, m in enumerate(metrics):
-      header += [f"{s}: {METRIC_LABELS.get(m, m)}"] + (
-          ["(paper)"] if s in paper and i < n_paper else [])
-  lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-  for method in methods:
-    out = [method]
-    for s in settings:
-      row = cells.get((method, s))
-      for i, m in enumerate(metrics):
-        out.append(_cell(row[m]) if row else "")
-        if s in paper and i < n_paper:
-          value = paper[s].get(paper_name[method], (None,) * n_paper)[i]
-          out.append("" if value is None else f"{value[0]:.2f} ± {value[1]:.2f}")
-    lines.append("| " + " | ".join(out) + " |")
+      columns.append(Column(s, m))
+      if paper_of[s] in paper and i < n_paper:
+        columns.append(Column(s, m, paper=True))
+    groups.append((s, len(columns) - before))
+  cells, stats = {}, {}
+  for method in methods_:
+    out = []
+    for j, col in enumerate(columns):
+      row = by_cell.get((method, col.setting))
+      if col.paper:
+        i = list(metrics).index(col.metric)
+        out.append(_paper_cell(paper[paper_of[col.setting]].get(paper_name[method],
+                                                                (None,) * n_paper)[i]))
+      else:
+        out.append(_cell(row[col.metric]) if row else "")
+        if row:
+          stats[(method, j)] = row[col.metric]
+    cells[method] = out
+  upper = {r["method"] for r in rows if r.get("method_key") == UPPER_BOUND}
+  best = set()
+  for j, col in enumerate(columns):
+    better = BETTER.get(col.metric)
+    candidates = {m: f"{stats[(m, j)]['mean']:.2f}" for m in methods_
+                  if (m, j) in stats and stats[(m, j)]["n"] and m not in upper}
+    if better is None or len(candidates) < 2:
+      continue
+    top = better(float(v) for v in candidates.values())
+    best |= {(m, j) for m, v in candidates.items() if float(v) == top}
   n_seeds = sorted({len(r["seeds"]) for r in rows})
-  lines += ["", f"mean ± std (ddof 1) over {'/'.join(map(str, n_seeds))} seed(s), in %"
-            " (wall time in s, budget in image forward passes, a backward counted as XLA costs"
-            " it); groups = identical configs up to `seed`; runs of one setting and seed share"
-            " one stream manifest."]
+  notes = [f"mean ± std (ddof 1) over {'/'.join(map(str, n_seeds))} seed(s), in %"
+           " (wall time in s, budget in image forward passes, a backward counted as XLA costs"
+           " it); groups = identical configs up to `seed`; runs of one setting and seed share"
+           " one stream manifest."]
   if tuning_note(rows):
-    lines.append(tuning_note(rows))
+    notes.append(tuning_note(rows))
+  return Table(columns, groups, methods_, cells, best, stats, notes)
+
+
+def _header(col: Column) -> str:
+  return "(paper)" if col.paper else METRIC_LABELS.get(col.metric, col.metric)
+
+
+def markdown_table(rows: list[dict], metrics: Sequence[str] = DEFAULT_METRICS,
+                   paper: dict | None = None) -> str:
+  """`build_table` as Markdown: a header row naming each setting once over its columns (the
+  cells it spans are left empty, `||` as MultiMarkdown writes a spanning cell; GitHub's Markdown
+  shows them empty), then a row of the metrics, then one row per method, then the notes."""
+  table = build_table(rows, metrics, paper)
+  header = "| method |" + "".join(f" {s} " + "|" * n for s, n in table.groups)
+  lines = [header, "|" + "---|" * (1 + len(table.columns)),
+           "| | " + " | ".join(_header(c) for c in table.columns) + " |"]
+  lines += ["| " + " | ".join([m, *table.cells[m]]) + " |" for m in table.methods]
+  return "\n".join(lines + [""] + table.notes)
+
+
+# LaTeX for what the tables print in Unicode or as a metric's name.
+_LATEX_TEXT = {"±": r"$\pm$", "↑": r"$\uparrow$", "↓": r"$\downarrow$", "…": r"\ldots{}",
+               "\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#",
+               "_": r"\_", "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}",
+               "^": r"\textasciicircum{}", "<": r"\textless{}", ">": r"\textgreater{}"}
+LATEX_METRIC_LABELS = {
+    "A_final": r"$A_\mathrm{final}$ $\uparrow$", "A_auc": r"$A_\mathrm{AUC}$ $\uparrow$",
+    "A_last": r"$A_\mathrm{last}$ $\uparrow$", "forgetting": r"Forgetting $\downarrow$",
+    "F_last": r"$F_\mathrm{last}$ $\downarrow$", "backward_transfer": r"BWT $\uparrow$",
+}
+
+
+def latex_escape(text: str) -> str:
+  """`text` as LaTeX prints it verbatim (its special characters escaped, ± ↑ ↓ in math)."""
+  return "".join(_LATEX_TEXT.get(ch, ch) for ch in str(text))
+
+
+def _latex_cell(text: str, bold: bool) -> str:
+  if text in ("", "n/a"):
+    return "--" if text else ""
+  number = "$" + text.replace("±", r"\pm") + "$"
+  return r"{\boldmath" + number + "}" if bold else number
+
+
+def latex_table(rows: list[dict], metrics: Sequence[str] = DEFAULT_METRICS,
+                paper: dict | None = None, title: str = "") -> str:
+  """`build_table` as a LaTeX table (needs `\\usepackage{booktabs}`): \\toprule, a header row
+  naming each setting once over its columns (\\multicolumn, a \\cmidrule under it), the metrics'
+  row, \\midrule, one row per method, \\bottomrule; mean $\\pm$ std, the best mean of each
+  metric column in bold (`BETTER`; never the upper bound's), a missing value as '--'. The caption
+  is `title` and what the numbers are; the notes follow as comments."""
+  table = build_table(rows, metrics, paper)
+  spec = "@{}l" + "".join("c" * n for _, n in table.groups) + "@{}"
+  settings, rules, first = [], [], 2
+  for s, n in table.groups:
+    settings.append(rf"\multicolumn{{{n}}}{{c}}{{{latex_escape(s)}}}")
+    rules.append(rf"\cmidrule(lr){{{first}-{first + n - 1}}}")
+    first += n
+  n_seeds = "/".join(map(str, sorted({len(r["seeds"]) for r in rows})))
+  caption = (f"{latex_escape(title)}. " if title else "") + (
+      rf"Mean $\pm$ std over {n_seeds} seeds, in \%; the best mean of each column in bold"
+      + (" (the upper bound excluded)" if any(r.get("method_key") == UPPER_BOUND for r in rows)
+         else "") + ".")
+  lines = ["% launch/report.py --format latex: needs \\usepackage{booktabs} in the preamble (a"
+           " table wider than the text: table* in two columns, or \\resizebox from graphicx)",
+           *(f"% {note}" for note in table.notes),
+           r"\begin{table}[t]", r"\centering", rf"\caption{{{caption}}}",
+           rf"\begin{{tabular}}{{{spec}}}", r"\toprule",
+           " & ".join(["", *settings]) + r" \\", " ".join(rules),
+           " & ".join(["Method", *(_latex_header(c) for c in table.columns)]) + r" \\",
+           r"\midrule"]
+  for m in table.methods:
+    cells = [_latex_cell(text, (m, j) in table.best) for j, text in enumerate(table.cells[m])]
+    lines.append(" & ".join([latex_escape(m), *cells]) + r" \\")
+  lines += [r"\bottomrule", r"\end{tabular}", r"\end{table}"]
   return "\n".join(lines)
 
 
-def write_csv(rows: list[dict], path: str, metrics: Sequence[str] = DEFAULT_METRICS) -> None:
-  """One line per (method, setting): seeds, then mean, std and n of each metric (in %)."""
-  with open(path, "w", newline="") as f:
-    writer = csv.writer(f)
-    writer.writerow(["method", "setting", "n_runs", "seeds"] +
-                    [f"{m}_{s}" for m in metrics for s in ("mean", "std", "n")])
-    for r in rows:
-      stats = [r[m][s] for m in metrics for s in ("mean", "std", "n")]
-      writer.writerow([r["method"], r["setting"], len(r["seeds"]),
-                       " ".join(map(str, r["seeds"]))] +
-                      ["" if isinstance(v, float) and math.isnan(v) else v for v in stats])
+def _latex_header(col: Column) -> str:
+  if col.paper:
+    return "(paper)"
+  return LATEX_METRIC_LABELS.get(col.metric) or latex_escape(METRIC_LABELS.get(col.metric,
+                                                                               col.metric))
+
+
+FORMATS = ("markdown", "latex", "csv")
+
+
+def render(rows: list[dict], metrics: Sequence[str], fmt: str = "markdown",
+           paper: dict | None = None, title: str = "") -> str:
+  """The table of `rows` in `fmt` (FORMATS): Markdown (with `title` above it), LaTeX (`title`
+  in its caption) or CSV (one line per method and setting, `write_csv`; no paper column)."""
+  if fmt == "latex":
+    return latex_table(rows, metrics, paper, title)
+  if fmt == "csv":
+    out = io.StringIO()
+    write_csv(rows, out, metrics)
+    return out.getvalue().rstrip("\n")
+  if fmt != "markdown":
+    raise ValueError(f"unknown format {fmt!r}; use one of {FORMATS}")
+  return (f"{title}\n\n" if title else "") + markdown_table(rows, metrics, paper)
+
+
+def write_csv(rows: list[dict], path, metrics: Sequence[str] = DEFAULT_METRICS) -> None:
+  """One line per (method, setting): seeds, then mean, std and n of each metric (in %), into
+  `path` (a file name, or an open text file)."""
+  if isinstance(path, (str, os.PathLike)):
+    with open(path, "w", newline="") as f:
+      write_csv(rows, f, metrics)
+    return
+  writer = csv.writer(path)
+  writer.writerow(["method", "setting", "n_runs", "seeds"] +
+                  [f"{m}_{s}" for m in metrics for s in ("mean", "std", "n")])
+  for r in rows:
+    stats = [r[m][s] for m in metrics for s in ("mean", "std", "n")]
+    writer.writerow([r["method"], r["setting"], len(r["seeds"]),
+                     " ".join(map(str, r["seeds"]))] +
+                    ["" if isinstance(v, float) and math.isnan(v) else v for v in stats])
 
 
 def find_runs(paths: Sequence[str], validation: list | None = None
@@ -474,19 +705,21 @@ def find_runs(paths: Sequence[str], validation: list | None = None
   return finished, unfinished
 
 
-def layout_table(run_dirs: Sequence[str], layout: str) -> tuple[list[dict], str]:
+def layout_table(run_dirs: Sequence[str], layout: str, fmt: str = "markdown"
+                 ) -> tuple[list[dict], str]:
   """The paper's table `layout` ('table1' | 'table2' | 'swin', LAYOUTS) from finished runs: the
-  rows of `aggregate` for the layout's scenarios (and backbones) and metrics, and its Markdown
-  with the paper's own numbers beside ours where a setting matches (PAPER_RESULTS)."""
+  rows of `aggregate` for the layout's scenarios (and backbones) and metrics, and the table in
+  `fmt` (`render`) with the paper's own numbers beside ours where a setting matches
+  (PAPER_RESULTS)."""
   if layout not in LAYOUTS:
     raise ValueError(f"unknown layout {layout!r}; use one of {tuple(LAYOUTS)}")
   spec = LAYOUTS[layout]
   rows = [r for r in aggregate(run_dirs, spec.metrics) if r["scenario"] in spec.scenarios
-          and (not spec.backbones or r["setting"].rsplit(" ", 1)[-1] in spec.backbones)]
+          and (not spec.backbones or r["backbone"] in spec.backbones)]
   if not rows:
     raise ValueError(f"no run with data.scenario in {spec.scenarios} among the {len(run_dirs)}"
                      f" given; {layout} shows {spec.title}")
-  return rows, f"{spec.title}\n\n" + markdown_table(rows, spec.metrics, _paper_results()[layout])
+  return rows, render(rows, spec.metrics, fmt, _paper_results()[layout], spec.title)
 
 
 def __getattr__(attribute: str):

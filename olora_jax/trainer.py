@@ -21,8 +21,9 @@ checkpoints, evaluates through the method's pure `predict`, and never looks insi
 Outputs in `workdir`: config.json, stream_manifest.json (data/manifest.py), metrics.jsonl (one
 event per line), results.json (every metric with its definition), plots/*.png, checkpoints/ (the
 whole run state, see `olora_jax.checkpointing`) and, when tensorboardX is installed,
-tensorboard/. Running again with the same workdir and config resumes from the newest good
-checkpoint, bit-exactly on CPU.
+tensorboard/ (the `loggers` key: also a W&B or MLflow run, `olora_jax.loggers`). Running
+again with the same workdir and config resumes from the newest good checkpoint, bit-exactly on
+CPU.
 """
 
 from __future__ import annotations
@@ -255,7 +256,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     if finished is not None:
       if primary:
         _restore_finished_log(workdir)
-      missing = workdir_lib.missing_plots(workdir, plots_lib.PLOT_FILES)
+      missing = workdir_lib.missing_plots(workdir, plots_lib.plot_files(config))
       if config.eval.write_plots and missing and primary:
         logging.warning("redrawing the missing plot(s) %s of the finished run in %s",
                         ", ".join(missing), workdir)
@@ -388,7 +389,7 @@ def _start(setup: Setup, params: dict, method_key: jax.Array, workdir: str,
   if primary:
     runlog.write_json(os.path.join(workdir, "config.json"), meta["config"])
     manifest_lib.write_manifest(os.path.join(workdir, "stream_manifest.json"), setup.manifest)
-  log = runlog.open_run_log(workdir, primary, truncate_to=p.metrics_bytes)
+  log = runlog.open_run_log(workdir, primary, truncate_to=p.metrics_bytes, config=c)
   ledger = compute_lib.Ledger(p.compute, compile_start)  # results.json "compute"
   # Per-step records into WORKDIR/trace.npz when trace.enabled (olora_jax/trace.py), else no-ops.
   trace = trace_lib.make_trace(c.trace.enabled and primary, workdir, stream,
