@@ -724,6 +724,21 @@ def param_shapes(spec: ViTSpec | SwinSpec, num_classes: int,
   return jax.tree.map(lambda s: tuple(s.shape), variables["params"])
 
 
+def _backbone_kind(raw: dict[str, np.ndarray], fmt: str) -> str | None:
+  """'ViT' or 'Swin' when the file's keys say which backbone it holds (timm's names: a ViT's
+  `blocks.N.` under a class token and position embedding, a Swin's `layers.N.blocks.M.`; the
+  npz layouts are ViTs), else None (the checks that follow name what is wrong)."""
+  if fmt not in ("timm", "online_lora"):
+    return "ViT"
+  keys = [k.removeprefix(ONLINE_LORA_SWIN_PREFIX).removeprefix(ONLINE_LORA_PREFIX) for k in raw]
+  if any(k.startswith("layers.") and ".blocks." in k for k in keys):
+    return "Swin"
+  if any(k.split(".")[-1] in ("cls_token", "pos_embed") for k in keys) and any(
+      ".blocks." in f".{k}" for k in keys):
+    return "ViT"
+  return None
+
+
 # --------------------------------------------------------------------------------------------
 # Public entry points.
 
@@ -750,6 +765,13 @@ def convert_checkpoint(raw: dict[str, np.ndarray], spec: ViTSpec, num_classes: i
     if lora is not None:
       notes.append("the file's LoRA factors are not part of the backbone; set"
                    " learner.initial_lora to this file to start from them")
+  held = _backbone_kind(raw, fmt)
+  if is_swin(spec) and held == "ViT" or not is_swin(spec) and held == "Swin":
+    wanted = "a Swin" if is_swin(spec) else "a ViT"
+    raise CheckpointError(
+        f"checkpoint {source} holds a {held}, but the model (model.name) is {wanted}: give"
+        f" {wanted}'s weights in pretrained.path, or a model.name of the {held} this file holds;"
+        " for the demo on a Swin run configs/demo_swin.py (its weights are shipped)")
   if is_swin(spec):
     if fmt not in ("timm", "online_lora"):
       raise CheckpointError(

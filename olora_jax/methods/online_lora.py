@@ -101,7 +101,8 @@ def build(ctx: base.Context) -> base.Method:
   return base.Method(name="online_lora", init=init, train_step=train_step, predict=predict,
                      after_step=after_step,
                      init_host=lambda: {"window": window_to_json(plateau_lib.init())},
-                     finish=finish if ctx.config.export_online_lora else None)
+                     finish=finish if ctx.config.export_online_lora else None,
+                     trainable=lambda s: s["state"].trainable)  # the current LoRA and the head
 
 
 PAPER_RESULTS = {
