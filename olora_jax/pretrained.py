@@ -54,7 +54,7 @@ pair of the `factor_sum` merge, A_old (r, D) and B_old (D, r)) and `linear_new_a
 `linear_new_b_q`, `linear_new_a_v`, `linear_new_b_v` (the current, trainable LoRA). The wrapper
 computes q = x W_q^T + b_q + x A_old^T B_old^T + x A^T B^T (v likewise), which is our model with
 `lora_a = A^T`, `lora_b = B^T` and the frozen pair beside it (`models.lora.concat_adapters`).
-A `proj_3d.*` module of the wrapper is not part of the classifier and is ignored with a note.
+A `proj_3d.*` module of the wrapper is not part of the classifier and is ignored with a warning.
 `split_online_lora` reads the layout into (timm state_dict, current LoRA, frozen pair);
 `save_online_lora_safetensors` writes it back, bit for bit. Torch is not needed: convert a
 state_dict saved with `torch.save` once, where torch is installed, with
@@ -447,6 +447,17 @@ def _online_lora_key(prefix: str, block: str, linear: str) -> str:
   return f"{prefix}{block}.attn.qkv.{linear}.weight"
 
 
+_WARNED: set[tuple[str, str]] = set()
+
+
+def _warn_once(source: str, note: str) -> None:
+  """A note the user sees (a warning on stderr; the other notes are INFO), once per file: a
+  replay names one file as pretrained.path and learner.initial_lora."""
+  if (source, note) not in _WARNED:
+    _WARNED.add((source, note))
+    logger.warning("%s: %s", source, note)
+
+
 def split_online_lora(raw: dict[str, np.ndarray], spec, source: str = "<checkpoint>"
                       ) -> tuple[dict[str, np.ndarray], dict | None, dict | None, list[str]]:
   """The authors' state_dict -> (timm state_dict, current LoRA, frozen pair, notes).
@@ -459,8 +470,10 @@ def split_online_lora(raw: dict[str, np.ndarray], spec, source: str = "<checkpoi
   notes = []
   ignored = [k for k in raw if k.startswith(_ONLINE_LORA_IGNORED_PREFIXES)]
   if ignored:
-    notes.append(f"ignored {_listed(ignored)}: the released code's proj_3d module is not part of"
-                 " the classifier")
+    note = (f"ignored {_listed(ignored)}: the released code's proj_3d module is not part of the"
+            " classifier")
+    notes.append(note)
+    _warn_once(source, note)
   foreign = [k for k in raw if k not in ignored and not k.startswith(prefix)]
   if foreign:
     raise CheckpointError(

@@ -11,6 +11,9 @@ What a trace holds (T = steps run, P = plateaus, K = buffer size, B = batch size
     ce_current        (T,)  float32  CE of the current batch
     ce_buffer         (T,)  float32  CE of the hard buffer (mean or sum, learner.window_value)
     plateau           (T,)  bool     a plateau fired at this step
+    armed             (T,)  bool     the plateau detector is armed after the step (a peak seen
+                                     since the last plateau: one may fire); it re-arms at a step
+                                     whose value is True after a False (the run log's `rearm`)
     buffer_ids        (T, K) int64   example ids (the stream manifest's ids) in the hard buffer
                                      after the step's update, hardest first; (T, K, B) when
                                      learner.buffer_unit='batch'; -1 = empty slot or padding
@@ -45,8 +48,8 @@ from olora_jax.learner import buffer as buffer_lib
 FILENAME = "trace.npz"
 
 _STEP_SCALARS = ("window_value", "reg", "loss", "ce_current", "ce_buffer")
-_STEP_ARRAYS = (*_STEP_SCALARS, "step", "plateau", "window_mean", "window_var", "buffer_ids",
-                "buffer_scores")
+_STEP_ARRAYS = (*_STEP_SCALARS, "step", "plateau", "armed", "window_mean", "window_var",
+                "buffer_ids", "buffer_scores")
 
 
 class NullTrace:
@@ -108,8 +111,9 @@ class StepTrace:
     if not keep.any() or arrays["step"][keep][-1] != cursor - 1:
       raise errors.BadInput(f"{self.path} does not reach step {cursor - 1}, where the checkpoint"
                             " resumes; start the run in a new --workdir")
-    for i in np.flatnonzero(keep):
-      self.steps.append({k: arrays[k][i] for k in _STEP_ARRAYS})
+    for i in np.flatnonzero(keep):  # (a trace written before `armed` was recorded: armed)
+      self.steps.append({k: arrays[k][i] if k in arrays else np.bool_(True)
+                         for k in _STEP_ARRAYS})
     plateau_keep = arrays["plateau_step"] < cursor
     plateau_keys = [k for k in arrays if k.startswith(("omega/", "merged_lora/", "frozen_lora/"))]
     for i in np.flatnonzero(plateau_keep):
@@ -152,7 +156,11 @@ class StepTrace:
       entry_scores = np.where(self.valid, entry_scores, np.nan).astype(np.float32)
     nan = np.float32(np.nan)
     record = {k: np.float32(scalars[k]) for k in _STEP_SCALARS}
+    # A skipped step (no window value) leaves the detector as it was.
+    armed = (stats.armed if stats is not None else
+             bool(self.steps[-1]["armed"]) if self.steps else True)
     record.update(step=np.int64(step), plateau=np.bool_(stats is not None and stats.fired),
+                  armed=np.bool_(armed),
                   window_mean=nan if stats is None else np.float32(stats.mean),
                   window_var=nan if stats is None else np.float32(stats.var),
                   buffer_ids=self.ids.copy(), buffer_scores=entry_scores)

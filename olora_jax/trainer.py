@@ -312,10 +312,11 @@ def _guarded(fn: Callable, workdir: str):
     what, where = errors.code_origin(e)  # a method's own error: its file, not a JAX frame
     if where is None or os.path.realpath(where).startswith(_PACKAGE_DIR):
       raise errors.InternalError(
-          f"unexpected {what}{f' at {where}' if where else ''}; the run can resume {resume};"
+          f"unexpected {what}{f' (raised at {where})' if where else ''}; the run can resume"
+          f" {resume};"
           " please report it with the error log") from e
     raise errors.InternalError(
-        f"{what} at {where}; fix the code there, then run the same command to"
+        f"{what} (raised at {where}); fix the code there, then run the same command to"
         f" resume {resume}") from e
 
 
