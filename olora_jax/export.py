@@ -36,6 +36,7 @@ export reads the state and never changes it: a run's results are the same with i
 from __future__ import annotations
 
 import os
+import zipfile
 from collections.abc import Callable
 from typing import Any
 
@@ -91,16 +92,24 @@ def _flatten(tree: Any, prefix: str) -> dict[str, np.ndarray]:
 
 
 def _write(path: str, arrays: dict[str, np.ndarray]) -> None:
-  """`arrays` as the .npz at `path`, whole or not at all."""
+  """`arrays` as the .npz at `path` (what `np.savez` writes, read by `np.load`), whole or not at
+  all. Each member carries a fixed date, so the same arrays make the same bytes: a resumed run's
+  files equal an uninterrupted run's."""
   tmp = f"{path}.{os.getpid()}.tmp"
   try:
-    with open(tmp, "wb") as f:
-      np.savez(f, **arrays)
+    with open(tmp, "wb") as f, zipfile.ZipFile(f, "w", zipfile.ZIP_STORED) as z:
+      for name, array in arrays.items():
+        with z.open(zipfile.ZipInfo(f"{name}.npy", date_time=_ZIP_DATE), "w",
+                    force_zip64=True) as member:
+          np.lib.format.write_array(member, np.asanyarray(array), allow_pickle=False)
     os.replace(tmp, path)
   except BaseException:
     if os.path.exists(tmp):
       os.remove(tmp)
     raise
+
+
+_ZIP_DATE = (1980, 1, 1, 0, 0, 0)  # zip's earliest date
 
 
 class NullExport:
