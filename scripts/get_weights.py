@@ -108,6 +108,10 @@ def _remove_stale_parts(target: pathlib.Path) -> None:
     stale.unlink(missing_ok=True)
 
 
+def _size(n: int) -> str:
+  return f"{n / 1e6:.1f} MB" if n >= 100_000 else f"{n:,} bytes"
+
+
 def download(url: str, part: pathlib.Path) -> None:
   """`url` into `part`, streamed, resuming from `part`'s bytes when it holds some and the server
   takes a range request. OSError (`ConnectionError` for a body cut short) on failure; `part`
@@ -132,7 +136,7 @@ def download(url: str, part: pathlib.Path) -> None:
     if have and not resumed:
       print("  the server sent the whole file: downloading it from the start", flush=True)
     elif resumed:
-      print(f"  resuming after {have / 1e6:.1f} MB", flush=True)
+      print(f"  resuming after {_size(have)}", flush=True)
     with open(part, "ab" if resumed else "wb") as f:
       try:
         shutil.copyfileobj(response, f, 1 << 20)
@@ -140,8 +144,7 @@ def download(url: str, part: pathlib.Path) -> None:
         raise ConnectionError(f"the connection dropped ({type(e).__name__})") from e
       got = f.tell()
   if expected is not None and got < expected:  # the server closed the connection early
-    raise ConnectionError(f"the connection dropped after {got / 1e6:.1f} of"
-                          f" {expected / 1e6:.1f} MB")
+    raise ConnectionError(f"the connection dropped after {_size(got)} of {_size(expected)}")
 
 
 def fetch(preset: str, endpoint: str, dest: str = "", force: bool = False) -> pathlib.Path:
@@ -171,8 +174,8 @@ def fetch(preset: str, endpoint: str, dest: str = "", force: bool = False) -> pa
       part.unlink()
     if isinstance(e, ConnectionError) and part.exists():
       raise Failure(f"{preset}: downloading {url} stopped: {reason}; {part} keeps the"
-                    f" {part.stat().st_size / 1e6:.1f} MB received: run the same command to"
-                    " resume", EXIT_ENVIRONMENT) from None
+                    f" {_size(part.stat().st_size)} received: run the same command to resume",
+                    EXIT_ENVIRONMENT) from None
     cause = None if isinstance(e, urllib.error.URLError) else errors.storage_cause(e)
     if cause is not None:  # the disk: what was written takes the space a retry needs
       part.unlink(missing_ok=True)
@@ -186,7 +189,7 @@ def fetch(preset: str, endpoint: str, dest: str = "", force: bool = False) -> pa
       advice = ("check the network (or --endpoint / $HF_ENDPOINT for a mirror) and run the"
                 " same command")
     if part.exists():
-      advice += f" (it resumes the {part.stat().st_size / 1e6:.1f} MB kept in {part})"
+      advice += f" (it resumes the {_size(part.stat().st_size)} kept in {part})"
     raise Failure(f"{preset}: cannot download {url} ({reason}); {advice}",
                   EXIT_ENVIRONMENT) from None
   found = problem(part, preset)
