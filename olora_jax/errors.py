@@ -219,3 +219,20 @@ def code_origin(e: BaseException) -> tuple[str, str | None]:
   frames = traceback.extract_tb(e.__traceback__) if e.__traceback__ is not None else []
   own = [f"{f.filename}:{f.lineno}" for f in frames if not _in_library(f.filename)]
   return first_line(e), (own[-1] if own else None)
+
+
+_PACKAGE_DIR = os.path.dirname(os.path.realpath(__file__)) + os.sep  # olora_jax's own code
+
+
+def unexpected(e: BaseException, resume: str = "") -> str:
+  """The line of an unexpected error (exit 1): the exception and the file and line that raised
+  it (`code_origin`). Raised in olora_jax (or nowhere but in libraries): a bug to report. Raised
+  in code outside the package (a method or dataset of the user's): the place to fix. `resume`
+  ('from checkpoint 12', 'from the start'; '' before a run exists) says where a rerun starts."""
+  what, where = code_origin(e)
+  at = f" (raised at {where})" if where else ""
+  if where is None or os.path.realpath(where.rpartition(":")[0]).startswith(_PACKAGE_DIR):
+    return (f"unexpected {what}{at}; " + (f"the run can resume {resume}; " if resume else "")
+            + "please report it with the error log")
+  return (f"{what}{at}; fix the code there, then run the same command"
+          + (f" to resume {resume}" if resume else ""))

@@ -73,7 +73,6 @@ from olora_jax.models.vit import ViTSpec, init_head
 from olora_jax.protocol import EvaluationProtocol
 from olora_jax.run_control import NonFinitePolicy, Saver, StopSignal, make_guarded_step
 
-_PACKAGE_DIR = os.path.dirname(os.path.realpath(__file__)) + os.sep  # olora_jax's own code
 RUN_FILES = ("config.json", "stream_manifest.json", "metrics.jsonl", "results.json")
 EXPORT_FILENAME = online_lora_method.EXPORT_FILENAME  # export_online_lora=True
 
@@ -309,15 +308,8 @@ def _guarded(fn: Callable, workdir: str):
           f"another process of this {jax.process_count()}-process run died or lost contact"
           f" ({errors.first_line(e)[:160]}); its own error line (or the scheduler's log) says"
           f" why: fix that, then start every process again to resume {resume}") from e
-    what, where = errors.code_origin(e)  # a method's own error: its file, not a JAX frame
-    if where is None or os.path.realpath(where).startswith(_PACKAGE_DIR):
-      raise errors.InternalError(
-          f"unexpected {what}{f' (raised at {where})' if where else ''}; the run can resume"
-          f" {resume};"
-          " please report it with the error log") from e
-    raise errors.InternalError(
-        f"{what} (raised at {where}); fix the code there, then run the same command to"
-        f" resume {resume}") from e
+    # A method's own error names its file (not a JAX frame); olora_jax's asks to be reported.
+    raise errors.InternalError(errors.unexpected(e, resume)) from e
 
 
 def _train_and_evaluate(setup: Setup, params: dict, method_key: jax.Array, workdir: str,
