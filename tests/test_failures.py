@@ -89,7 +89,8 @@ def test_file_size_limit_then_read_only_workdir_exit_4_and_the_rerun_is_exact(
   done = tiny_run.run(workdir, compilation_cache, preexec_fn=_limit_file_size(limit))
   assert done.returncode == errors.EXIT_ENVIRONMENT, done.stderr[-3000:]
   line = last_line(done.stderr)
-  assert line.startswith(f"error: cannot write to workdir '{workdir}' (File too large); free"), line
+  assert line.startswith(f"error: cannot write to workdir '{workdir}' (File too large); lift the"
+                         " file-size limit (ulimit -f), then run the same command"), line
   assert f"resume from checkpoint {good[-1]}" in line
   log = re.search(r"\(traceback(?:, cut short,)? in (.+)\)$", line)  # the limit holds for it too
   assert log and "Traceback" in Path(log.group(1)).read_text()
@@ -103,6 +104,7 @@ def test_file_size_limit_then_read_only_workdir_exit_4_and_the_rerun_is_exact(
     assert done.returncode == errors.EXIT_ENVIRONMENT, done.stderr[-3000:]
     line = last_line(done.stderr)
     assert line.startswith(f"error: workdir '{workdir}' cannot be written ("), line
+    assert "make it writable" in line and "free space" not in line, line  # not a full disk
     assert snapshot(workdir) == before
 
   # 3. The fault removed, the same command resumes and ends exactly like an uninterrupted run.

@@ -456,15 +456,10 @@ def resized_images(pool: Pool, image_size: int, num_workers: int,
     try:
       images = _reserved_memmap(tmp, shape)
     except OSError as e:
-      with contextlib.suppress(OSError):
-        os.remove(tmp)
-      if made:
-        _remove_if_empty(target)
-      cause = errors.storage_cause(e) or errors.first_line(e)
-      raise errors.EnvironmentFailure(
-          f"{name}: cannot cache the {n} images resized to {image_size} px"
-          f" ({math.prod(shape) / 2**20:,.1f} MiB) in {target} ({cause}); free that much space"
-          " there, then run the same command") from e
+      raise _cache_failure(e, tmp, target if made else None,
+                           f"{name}: cannot cache the {n} images resized to {image_size} px"
+                           f" ({math.prod(shape) / 2**20:,.1f} MiB) in {target}",
+                           "free that much space there") from e
   sizes = np.empty((n, 2), np.int64)
 
   def load(i):
@@ -544,14 +539,22 @@ def _save_cache_file(tmp: str, path: str, array: np.ndarray, what: str,
     np.save(tmp, array)
     os.replace(tmp, path)
   except OSError as e:
-    with contextlib.suppress(OSError):
-      os.remove(tmp)
-    if made:
-      _remove_if_empty(made)
-    cause = errors.storage_cause(e) or errors.first_line(e)
-    raise errors.EnvironmentFailure(
-        f"{what} in {path} ({cause}); {errors.storage_advice(cause, '')}, then run the same"
-        " command") from e
+    raise _cache_failure(e, tmp, made, f"{what} in {path}") from e
+
+
+def _cache_failure(e: OSError, tmp: str, made: str | None, what: str,
+                   advice: str = "") -> errors.EnvironmentFailure:
+  """A cache file that could not be written: its temporary file `tmp` removed (and the cache
+  folder `made` when this run made it and it is left empty), and the one line (exit 4) of `what`
+  failed, its storage cause and `advice` (by default, the cause's: errors.storage_advice)."""
+  with contextlib.suppress(OSError):
+    os.remove(tmp)
+  if made:
+    _remove_if_empty(made)
+  cause = errors.storage_cause(e) or errors.first_line(e)
+  return errors.EnvironmentFailure(
+      f"{what} ({cause}); {advice or errors.storage_advice(cause, '')}, then run the same"
+      " command")
 
 
 # ----------------------------------------------------------------------------------------------
