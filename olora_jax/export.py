@@ -24,8 +24,9 @@ Each file holds (N test examples, C classes, in the test source's order):
     step, samples_seen, task  ()  int64  the stream step, samples seen, and the task that ended
                                  (-1 in final.npz)
     params/<path>  the method's trainable parameters (`trainable_params`: LoRA and head,
-                   prompts, the whole ViT, ... whatever the method trains), one array per leaf,
-                   named by its path in the method's tree ('/'-joined, as in trace.npz)
+                   prompts, the whole ViT, ... whatever the method trains) in the model the
+                   logits are of, one array per leaf, named by its path in the method's tree
+                   ('/'-joined, as in trace.npz)
 
 Each file is written whole or not at all (a temporary file, then a rename), before the
 checkpoint of its step: a resumed run finds the files of the points before the checkpoint it
@@ -71,10 +72,11 @@ _NOT_FITTED = ("frozen", "pretrained", "step", "key")
 
 
 def trainable_params(method, state: Any) -> Any:
-  """What `method` trains, from its state: its `trainable(state)` when it declares one, else the
-  `params` entry of the baselines' common state (olora_jax/methods/common.py), else (a method
-  that fits statistics, no weights by gradient: SLDA, RanPAC) every entry of its state but the
-  frozen backbone, the step and the PRNG key."""
+  """What `method` trains, from the state the evaluator reads (its `eval_state(state)` when it
+  has one: GDumb's model trained from the buffer, SLDA's and RanPAC's fitted heads): its
+  `trainable(state)` when it declares one, else the `params` entry of the baselines' common state
+  (olora_jax/methods/common.py), else (a method that fits statistics, no weights by gradient)
+  every entry but the frozen backbone, the step and the PRNG key."""
   if method.trainable is not None:
     return method.trainable(state)
   if isinstance(state, dict) and "params" in state:
@@ -150,8 +152,9 @@ class Export:
   def _export(self, name: str, step: int, samples_seen: int, task: int, state: Any) -> None:
     seen = np.asarray(self.seen_classes(), np.int64)
     # Every process computes (the predictions are sharded over them); process 0 writes.
-    logits = self.evaluator.logits(self.view(state), np.arange(len(self.labels)))
-    params = _flatten(sharding.to_host(trainable_params(self.method, state)), "params/")
+    evaluated = self.view(state)  # the model the predictions are of: its parameters too
+    logits = self.evaluator.logits(evaluated, np.arange(len(self.labels)))
+    params = _flatten(sharding.to_host(trainable_params(self.method, evaluated)), "params/")
     if not self.primary:
       return
     arrays = {"record_ids": self.record_ids, "labels": self.labels, "seen_classes": seen,

@@ -153,5 +153,7 @@ def test_every_method_has_trainable_parameters_to_export():
     params = jax.eval_shape(lambda k, s=setup: trainer.initial_params(s, s.config, k),
                             jax.random.key(0))
     state = jax.eval_shape(setup.method.init, jax.random.key(1), params)
+    if setup.method.eval_state is not None:  # the state the evaluator (and the export) reads
+      state = jax.eval_shape(setup.method.eval_state, state)
     leaves = jax.tree.leaves(export.trainable_params(setup.method, state))
     assert leaves, spec.name

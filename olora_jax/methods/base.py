@@ -33,9 +33,10 @@ replicates it over the mesh, and hands it to these functions:
     finish(state, workdir)                             optional, after the last step (Online-
                                                        LoRA: export_online_lora)
     trainable(state) -> pytree                         optional: what the method trains (its
-                                                       LoRA, head, prompts, ...), written by
-                                                       eval.export (olora_jax/export.py); None:
-                                                       the state's `params` entry
+                                                       LoRA, head, prompts, ...) in the state the
+                                                       evaluator reads, written by eval.export
+                                                       (olora_jax/export.py); None: the state's
+                                                       `params` entry
     at_boundary(state, host) -> (state, host)          optional: told that a task boundary was
                                                        passed, by the run's boundary switch
                                                        (`boundaries.rule`: 'oracle' at each true
