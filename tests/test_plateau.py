@@ -38,17 +38,17 @@ def test_rearms_only_after_a_peak():
 
 def test_the_armed_state_and_its_rearm_are_reported():
   """Armed at the start, disarmed by a plateau, re-armed by the peak (one `rearm`, with the bar
-  it passed), armed again when the settled window fires."""
+  it passed), armed when the settled window fires."""
   state, armed, rearmed = plateau.init(), [], []
-  for v in [0.5, 0.5, 0.5, 1.7, 0.5, 0.5, 0.5]:
+  for v in [0.5, 0.5, 0.5, 0.5, 1.7, 0.5, 0.5, 0.5]:
     before = state
     state, stats = plateau.update(state, v, CFG)
     armed.append(stats.armed)
     rearmed.append(stats.rearmed)
     if stats.rearmed:
       event = plateau.rearm_event(stats, before)
-  assert armed == [True, True, False, True, True, True, False]
-  assert rearmed == [False, False, False, True, False, False, False]
+  assert armed == [True, True, True, False, True, True, True, True]
+  assert rearmed == [False, False, False, False, True, False, False, False]
   assert event == ("rearm", {"window_mean": pytest.approx(0.9), "bar": pytest.approx(0.5),
                              "n_plateaus": 1})
 

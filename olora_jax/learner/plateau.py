@@ -16,7 +16,8 @@ plateau:
 
 The window is not cleared at a plateau: the peak rule alone keeps one plateau from firing twice.
 The detector is *armed* while a peak has been seen since the last plateau (`armed` in
-`WindowStats`): a plateau disarms it, a peak re-arms it (`rearmed`; the run log's `rearm` event).
+`WindowStats`, at the step's plateau check): a plateau disarms it, a peak re-arms it (`rearmed`;
+the run log's `rearm` event), possibly in the step that fires the next plateau.
 """
 
 from __future__ import annotations
@@ -61,8 +62,9 @@ class WindowStats(NamedTuple):
   mean: float
   var: float
   fired: bool
-  # The detector's armed state (`PlateauState.peak_seen`: a plateau may fire) after the step,
-  # and whether this step's peak re-armed it (disarmed since the last plateau until now).
+  # Whether the detector was armed at this step's plateau check (a peak seen since the last
+  # plateau, this step's included: a plateau could fire), and whether this step's peak re-armed
+  # it (disarmed since the last plateau until now). A plateau disarms it for the next steps.
   armed: bool = True
   rearmed: bool = False
 
@@ -94,7 +96,7 @@ def update(state: PlateauState, value: float,
     state = PlateauState(values, False, float(mean), float(var), state.n_plateaus + 1)
   else:
     state = state._replace(values=values, peak_seen=peak_seen)
-  return state, WindowStats(float(mean), float(var), fired, state.peak_seen, rearmed)
+  return state, WindowStats(float(mean), float(var), fired, peak_seen, rearmed)
 
 
 def to_json(state: PlateauState) -> dict:
