@@ -249,6 +249,12 @@ def get_config(method: str = "online_lora") -> ml_collections.ConfigDict:
           mask_unseen_logits=Key(False, "evaluate with the logits of not-yet-seen classes masked"
                                  " (the paper's Si-Blurry protocol)"),
           write_plots=Key(True, "draw WORKDIR/plots/*.png at the end of the run"),
+          export=Key("none", "'none' | 'logits' | 'top_k': at each task end and at the stream's"
+                     " end write WORKDIR/export/*.npz, every test example's logits (or its"
+                     " export_top_k best classes) with its record id, and the method's trainable"
+                     " parameters (docs/reference/outputs.md)"),
+          export_top_k=Key(5, "eval.export='top_k': the classes kept per test example, in"
+                           " 1..num_classes"),
       ),
 
       trace=block(

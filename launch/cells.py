@@ -128,8 +128,12 @@ def update_record(workdir: str, change) -> dict | None:
 
 
 def is_finished(workdir: str) -> bool:
-  """results.json written and no record of a non-zero exit after it."""
-  if not os.path.isfile(os.path.join(workdir, "results.json")):
+  """results.json written, whole (a damaged one is not a result: the cell runs again, and the
+  run's line says how to rebuild it), and no record of a non-zero exit after it."""
+  try:
+    with open(os.path.join(workdir, "results.json")) as f:
+      json.load(f)
+  except (OSError, ValueError):
     return False
   record = read_record(workdir)
   return record is None or (record.get("state") == "exited" and record.get("code") == 0)

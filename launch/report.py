@@ -6,7 +6,8 @@ r"""Aggregates finished runs into a paper-style table of mean ± std over seeds.
     .venv/bin/python launch/report.py --layout table1 --format latex ROOT > table1.tex
 
 A RUN_DIR may also be a directory of runs (e.g. the ROOT of launch/sweep.py): every run below it
-is read; unfinished ones are named on stderr and left out, and so are the validation runs of
+is read; unfinished ones (no results.json, or a damaged one) are named on stderr with the reason
+and left out, and so are the validation runs of
 `launch/sweep.py --tune` (ROOT/NAME/METHOD/tune/); a row whose runs `--tune` made with its
 picked point is labelled "(tuned: KEY=VALUE, ...)" and the table's last line says on what.
 `--layout table1` prints the paper's Table 1 (disjoint runs: A_final / Forgetting), `--layout
@@ -68,7 +69,7 @@ def main(argv):
     validation = []
     run_dirs, unfinished = reporting.find_runs(run_dirs, validation)
     for d in unfinished:
-      print(f"note: {d} is not finished (no results.json); left out", file=sys.stderr)
+      print(f"note: {d}: {reporting.unfinished_reason(d)}; left out", file=sys.stderr)
     for d in validation:
       print(f"note: {d} holds sweep --tune's validation runs (scored on held-out training data,"
             " not the test set); left out (give it by name to tabulate them)", file=sys.stderr)

@@ -115,10 +115,8 @@ class Run:
       raise FileNotFoundError(
           f"{run_dir!r} is not a finished run (missing {', '.join(missing)}); pass the --workdir"
           " of a completed launch/run.py")
-    with open(paths[0]) as f:
-      self.config = validation.flatten(json.load(f))
-    with open(paths[1]) as f:
-      self.results = json.load(f)
+    self.config = validation.flatten(_read_run_file(paths[0]))
+    self.results = _read_run_file(paths[1])
     for key in BUDGET_KEYS:  # the ledger's budget, as a metric (None where not recorded)
       self.results.setdefault(key, (self.results.get("compute") or {}).get(key))
     self.run_dir = run_dir
@@ -137,6 +135,38 @@ class Run:
   def group_key(self) -> str:
     """Runs of one group: the same comparable config, and tuned by --tune or not."""
     return json.dumps([comparable_config(self.config), tuned_suffix(self.tuning)], sort_keys=True)
+
+
+REBUILD_RESULTS = ("delete it and rerun the run's launch/run.py command: it rebuilds results.json"
+                   " from the final checkpoint")
+
+
+def _read_run_file(path: str) -> dict:
+  """A run's config.json or results.json; ValueError naming the file when it is damaged (cut
+  short by a full disk, a copy that stopped half way)."""
+  with open(path, "rb") as f:
+    data = f.read()
+  try:
+    record = json.loads(data)
+  except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
+    fix = (REBUILD_RESULTS if os.path.basename(path) == "results.json"
+           else "restore it from the run's checkpoints/ (its host record holds the config)")
+    raise ValueError(f"{path} is damaged ({type(e).__name__}: {e}); {fix}") from None
+  if not isinstance(record, dict):
+    raise ValueError(f"{path} holds a JSON {type(record).__name__}, not a run's record")
+  return record
+
+
+def unfinished_reason(run_dir: str) -> str:
+  """Why a run found by `find_runs` is left out: no results.json yet, or a damaged one."""
+  path = os.path.join(run_dir, "results.json")
+  if not os.path.isfile(path):
+    return "not finished (no results.json)"
+  try:
+    _read_run_file(path)
+  except (OSError, ValueError) as e:
+    return str(e)
+  return "finished"
 
 
 def tuning_record(run_dir: str, config: dict) -> dict | None:
@@ -676,10 +706,11 @@ def find_runs(paths: Sequence[str], validation: list | None = None
               ) -> tuple[list[str], list[str]]:
   """(finished, unfinished) run directories under `paths`: a path holding config.json is a run
   and must be finished (hold results.json); any other directory is searched below, e.g. the
-  ROOT/setting/method/seedN tree of launch/sweep.py, where a run still missing results.json is
-  returned as unfinished. A `tune` directory below a path (not itself a run) holds sweep --tune's
-  validation runs, scored on held-out training data, not the test set: it is not searched, and
-  appended to `validation` when given (name it as a path to tabulate its runs).
+  ROOT/setting/method/seedN tree of launch/sweep.py, where a run still missing results.json, or
+  whose results.json is damaged, is returned as unfinished (`unfinished_reason` says which). A
+  `tune` directory below a path (not itself a run) holds sweep --tune's validation runs, scored
+  on held-out training data, not the test set: it is not searched, and appended to `validation`
+  when given (name it as a path to tabulate its runs).
   FileNotFoundError for a missing path, an unfinished run given by name, or a tree with no
   run."""
   finished, unfinished = [], []
@@ -692,7 +723,8 @@ def find_runs(paths: Sequence[str], validation: list | None = None
     for here, dirs, files in os.walk(path):
       if "config.json" in files:
         found.append(here)
-        (finished if "results.json" in files else unfinished).append(here)
+        done = "results.json" in files and unfinished_reason(here) == "finished"
+        (finished if done else unfinished).append(here)
         dirs.clear()  # a run's own subdirectories (checkpoints, plots) hold no runs
       if TUNING_DIR in dirs and not os.path.isfile(os.path.join(here, TUNING_DIR, "config.json")):
         dirs.remove(TUNING_DIR)

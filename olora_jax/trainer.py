@@ -53,6 +53,7 @@ from olora_jax import (
   validation,
 )
 from olora_jax import compute as compute_lib
+from olora_jax import export as export_lib
 from olora_jax import fidelity as fidelity_lib
 from olora_jax import methods as methods_lib
 from olora_jax import plots as plots_lib
@@ -92,6 +93,7 @@ class Setup:
                                 + _fetch_hint(path))
     self.train_source, self.test_source = sources_lib.load_sources(c.data, self.spec.image_size)
     self.num_classes = self.train_source.num_classes
+    export_lib.check_config(c.eval.export, c.eval.export_top_k, self.num_classes)
     for source in (self.train_source, self.test_source):
       sample_images, _ = source.get(np.arange(min(len(source), 8)))
       validation.check_source(source.labels, sample_images, self.num_classes,
@@ -300,16 +302,15 @@ def _guarded(fn: Callable, workdir: str):
     cause = errors.storage_cause(e)
     if cause is not None:
       raise errors.EnvironmentFailure(
-          f"cannot write to workdir {workdir!r} ({cause}); free space, lift the limit or fix"
-          f" the permissions, then run the same command to resume {resume}") from e
+          f"cannot write to workdir {workdir!r} ({cause}); {errors.storage_advice(cause)},"
+          f" then run the same command to resume {resume}") from e
     if jax.process_count() > 1 and errors.peer_lost(e):  # a collective lost its peer
       raise errors.EnvironmentFailure(
           f"another process of this {jax.process_count()}-process run died or lost contact"
           f" ({errors.first_line(e)[:160]}); its own error line (or the scheduler's log) says"
           f" why: fix that, then start every process again to resume {resume}") from e
-    raise errors.InternalError(
-        f"unexpected {errors.first_line(e)}; the run can resume {resume}; please report it"
-        " with the error log") from e
+    # A method's own error names its file (not a JAX frame); olora_jax's asks to be reported.
+    raise errors.InternalError(errors.unexpected(e, resume)) from e
 
 
 def _train_and_evaluate(setup: Setup, params: dict, method_key: jax.Array, workdir: str,
@@ -322,7 +323,11 @@ def _train_and_evaluate(setup: Setup, params: dict, method_key: jax.Array, workd
   shardings = sharding.state_shardings(state, setup.mesh)  # where every leaf of the state lives
   train_step = make_guarded_step(method.train_step)
   nonfinite = NonFinitePolicy(c.learner.skip_nonfinite, c.learner.max_skipped_fraction,
-                              len(stream.steps), saver)
+                              len(stream.steps), saver, run_control.learning_rate_key(
+                                  c, methods_lib.resolve(c.method).block))
+  # eval.export: each task end's predictions and trained parameters (a no-op when off).
+  export = export_lib.make_export(c, workdir, method, protocol.evaluator, setup.test_source,
+                                  stream, lambda: protocol.log.seen_classes)
   run_control.stop_if_signalled("while the state was built and restored")
   bar = _progress_bar(len(stream.steps), p.cursor, progress)
   # The files are closed however the loop ends (finished, preempted, non-finite loss).
@@ -345,12 +350,14 @@ def _train_and_evaluate(setup: Setup, params: dict, method_key: jax.Array, workd
                                            scalars, extras, finite, saver.trace)  # 3. hooks
       _record_step(log, p, step, scalars, report, c.log_every)  # 4. its events, the train line
       protocol.evaluate_if_due(step, p.samples_seen, state)  # 5. anytime points, task ends
+      export.at_step(step, p.samples_seen, state)  # 5a. eval.export at a task end
       if crossed:  # 5b. the boundary's change, after the evaluations of the step that ended it
         state = _tell_boundary(setup, switch, shardings, state, p)
       p.cursor = step + 1
       saver.after_step(state, p, step, stop)  # 6. checkpoint cadence; a signal: save and stop
       _advance(bar, step, scalars, p)
     saver.save(state, p)  # the final state (a no-op if the last periodic save already wrote it)
+  export.at_end(len(stream.steps) - 1, p.samples_seen, state)  # eval.export: final.npz
   if method.finish is not None and sharding.is_primary():  # e.g. Online-LoRA's export
     method.finish(state, workdir)
   return _write_results(setup, workdir, protocol, switch, p, saver)

@@ -7,6 +7,7 @@ seed without a trace, and one replaying the first run's stream manifest with tra
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 
@@ -91,6 +92,13 @@ def test_trace_contents_agree_with_the_run(runs):
   np.testing.assert_array_equal(z["window_mean"], np.float32([e["window_mean"] for e in train]))
   assert z["plateau_step"].tolist() == results["plateau_steps"] == np.flatnonzero(
       z["plateau"]).tolist()
+  # The detector's armed state: armed at every plateau, disarmed by it, re-armed at the steps of
+  # the `rearm` events (here each in the step that fires the next plateau).
+  armed, fired, rearmed = z["armed"], z["plateau"], z["rearmed"]
+  assert armed[fired].all() and armed[0]
+  rearms = [e["step"] for e in events if e["event"] == "rearm"]
+  assert rearms and rearms == np.flatnonzero(rearmed).tolist() == [
+      t for t in range(1, n) if armed[t] and not (armed[t - 1] and not fired[t - 1])]
   assert z["buffer_ids"].shape == (n, k) and z["buffer_scores"].shape == (n, k)
   # Every buffered id is an example the stream had shown by then; scores are ranked.
   manifest = json.loads((replayed / "stream_manifest.json").read_text())
@@ -292,6 +300,21 @@ def authors_file(tmp_path_factory):
   path = tmp_path_factory.mktemp("authors") / "online_lora.safetensors"
   save_file(raw, str(path))
   return path, sd, current, frozen
+
+
+def test_the_ignored_proj_3d_is_a_warning_the_user_sees_once(authors_file, caplog, monkeypatch):
+  """docs/replay.md: the ignored keys are named where the user sees them (a warning: launch/run.py
+  shows WARNING and above), once, though a replay reads the file as pretrained.path and as
+  learner.initial_lora."""
+  path = str(authors_file[0])
+  monkeypatch.setattr(pretrained, "_WARNED", set())
+  with caplog.at_level(logging.WARNING):
+    pretrained.load_pretrained(path, SPEC, 10, require_head=True)
+    pretrained.load_online_lora(path, SPEC, 4)
+  warned = [r.getMessage() for r in caplog.records
+            if r.levelno == logging.WARNING and "proj_3d" in r.getMessage()]
+  assert warned == [f"{path}: ignored proj_3d.weight: the released code's proj_3d module is not"
+                    " part of the classifier"]
 
 
 def test_authors_layout_imports_with_the_numpy_reference_logits(authors_file, caplog):

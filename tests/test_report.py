@@ -203,6 +203,33 @@ def test_report_errors(tmp_path):
   assert proc.returncode != 0 and "run directories" in proc.stderr
 
 
+def test_a_damaged_results_json_is_named_and_left_out(tmp_path):
+  """A results.json cut short (a full disk, a copy stopped half way) is not a finished run: a
+  sweep tree's report names the file and leaves it out; given by name it is refused naming it;
+  the JSON parser's own message alone named no file."""
+  metrics = {"A_final": 0.5, "forgetting": 0.1, "A_auc": 0.5}
+  good = write_run(tmp_path / "root" / "good", 0, metrics)
+  cut = write_run(tmp_path / "root" / "cut", 1, metrics)
+  path = os.path.join(cut, "results.json")
+  with open(path, "r+") as f:
+    f.truncate(10)
+  finished, unfinished = reporting.find_runs([str(tmp_path / "root")])
+  assert (finished, unfinished) == ([good], [cut])
+  assert reporting.unfinished_reason(cut).startswith(f"{path} is damaged (JSONDecodeError: ")
+  assert "rerun the run's launch/run.py command" in reporting.unfinished_reason(cut)
+  with pytest.raises(ValueError, match=re.escape(f"{path} is damaged")):
+    reporting.find_runs([cut])
+  proc = subprocess.run([sys.executable, str(ROOT / "launch" / "report.py"),
+                         str(tmp_path / "root")], capture_output=True, text=True, timeout=60)
+  assert proc.returncode == 0, proc.stderr
+  assert f"note: {cut}: {path} is damaged (JSONDecodeError:" in proc.stderr
+  assert "left out" in proc.stderr and "| 50.00 |" in proc.stdout  # the good run's row
+  proc = subprocess.run([sys.executable, str(ROOT / "launch" / "report.py"), cut],
+                        capture_output=True, text=True, timeout=60)
+  assert proc.returncode == 2
+  assert proc.stderr.strip().splitlines()[-1].startswith(f"error: {path} is damaged")
+
+
 def test_report_groups_seeds_and_methods_and_draws_the_overlay(tmp_path):
   from test_plots import assert_png
 

@@ -73,6 +73,14 @@ def test_a_failed_run_is_recorded_reported_and_run_again(tmp_path, capsys):
   assert cells.cell_status(never) == ("not started", "")
 
 
+def test_a_cell_whose_results_json_is_damaged_is_not_finished(tmp_path):
+  (tmp_path / "results.json").write_text('{"A_final": 0.5, "forg')  # cut short
+  cells.write_record(str(tmp_path), {"state": "exited", "code": 0})
+  assert not cells.is_finished(str(tmp_path))
+  (tmp_path / "results.json").write_text('{"A_final": 0.5}')
+  assert cells.is_finished(str(tmp_path))
+
+
 def _checkpoints(workdir, *steps: int) -> None:
   for step in steps:
     (workdir / "checkpoints" / str(step)).mkdir(parents=True)

@@ -32,6 +32,11 @@ replicates it over the mesh, and hands it to these functions:
     init_host() -> dict                                the host hook's initial record
     finish(state, workdir)                             optional, after the last step (Online-
                                                        LoRA: export_online_lora)
+    trainable(state) -> pytree                         optional: what the method trains (its
+                                                       LoRA, head, prompts, ...) in the state the
+                                                       evaluator reads, written by eval.export
+                                                       (olora_jax/export.py); None: the state's
+                                                       `params` entry
     at_boundary(state, host) -> (state, host)          optional: told that a task boundary was
                                                        passed, by the run's boundary switch
                                                        (`boundaries.rule`: 'oracle' at each true
@@ -78,6 +83,7 @@ class Method:
   finish: Callable[[Any, str], None] | None = None
   at_boundary: Callable[[Any, dict], tuple[Any, dict]] | None = None
   anytime_eval: bool = True
+  trainable: Callable[[Any], Any] | None = None
   # The method trains on an i.i.d. shuffle of the stream's samples (the upper bound).
   iid_stream: bool = False
 

@@ -233,7 +233,9 @@ def build(ctx: base.Context) -> base.Method:
     return {**state, "adapting": jnp.zeros_like(state["adapting"])}, host
 
   return base.Method(name="simplecil", init=init, train_step=train_step, predict=predict,
-                     at_boundary=at_boundary if adapt else None)
+                     at_boundary=at_boundary if adapt else None,
+                     # the prototypes' sums and counts, and the adapted weights (first_phase)
+                     trainable=lambda s: {k: s[k] for k in ("params", "sums", "counts") if k in s})
 
 
 def config():
