@@ -341,7 +341,8 @@ def stream_overrides(size: str, n_train: int, n_test: int, n_classes: int,
   out = {"data.dataset": synthetic.name(n_train, n_test, n_classes), "data.n_tasks": n_tasks,
          "data.preprocess": "device", "eval.write_plots": False, "pretrained.path": ""}
   if size == "tiny":  # the demo's model (32 px)
-    out.update({f"model.{k}": v for k, v in demo.get_config().model.items()})
+    # (keys left unset, None: the fidelity's default, are left out)
+    out.update({f"model.{k}": v for k, v in demo.get_config().model.items() if v is not None})
   else:
     out["model.name"] = size
   return out

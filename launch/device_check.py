@@ -72,7 +72,7 @@ sys.path.insert(0, str(ROOT))
 # In the order they run: what is cut first when time runs short comes last (docs/performance.md).
 PARTS = ("demo", "stream", "steps", "torch")
 # Each part's share of the budget left when it starts, against the parts still to run.
-SHARES = {"demo": 0.2, "stream": 0.5, "steps": 0.25, "torch": 0.05}
+SHARES = {"demo": 0.25, "stream": 0.45, "steps": 0.25, "torch": 0.05}
 # The first stream dtype's share of the stream part (stopped and resumed: cold, then warm cache).
 FIRST_STREAM_SHARE = 0.6
 RESERVE_SECONDS = 8.0  # kept back for writing the report
