@@ -22,7 +22,8 @@ STREAM = ["--stream_train=640", "--stream_test=100", "--stream_classes=10", "--s
 def test_the_check_runs_every_part_on_the_cpu_and_reports_each(tmp_path, compilation_cache):
   out = tmp_path / "out"
   out.mkdir()
-  device_check.main([f"--out_dir={out}", "--allow_cpu", "--size=tiny", "--budget=500",
+  # The budget is a ceiling: on a quiet machine every part ends long before its share does.
+  device_check.main([f"--out_dir={out}", "--allow_cpu", "--size=tiny", "--budget=1200",
                      f"--demo_config={ROOT / 'configs' / 'tiny.py'}", "--demo_runs=paper",
                      "--steps=1", "--warmup=1", "--batch_size=16", "--peak_n=128",
                      f"--compilation_cache={compilation_cache}", *STREAM])
