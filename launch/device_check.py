@@ -528,7 +528,7 @@ def stream_text(stream: dict) -> list[str]:
   if "skipped" in stream:
     return [f"{stream['compute_dtype']}: skipped ({stream['skipped']})"]
   if "error" in stream and "whole_stream" not in stream:
-    lines.append(f"error: {stream['error']}")
+    lines.append(f"{stream.get('compute_dtype', '')} error: {stream['error']}")
   else:
     w = stream["whole_stream"]
     lines += [f"{stream['size']} {stream['fidelity']} {stream['compute_dtype']},"
@@ -602,11 +602,13 @@ def report_text(report: dict) -> str:
                  f" {DEMO_RTOL['loss']:g}, relative to the compared values' scale)")
   steps = report.get("steps")
   if steps:
+    steps = steps + report.get("steps_scanned", [])  # the scanned row below the unrolled ones
     done = [r for r in steps if "step_ms_median" in r]
     lines += ["", "## Train step", ""]
     if done:
       lines.append(bench.table(done))
-    lines += [f"- {r['size']} {r['fidelity']} {r['compute_dtype']}: "
+    lines += [f"- {r['size']} {r['fidelity']} {r['compute_dtype']}"
+              f"{' scanned' if r.get('scan_blocks') else ''}: "
               f"{r.get('error') or r.get('skipped')}" for r in steps if "step_ms_median" not in r]
   stream = report.get("stream")
   if stream:
