@@ -38,8 +38,8 @@ def get_config(method: str = "online_lora") -> ml_collections.ConfigDict:
       seed=Key(0, "root seed, an integer in [0, 2^32 - 1]: the stream order, the seeded class"
                " order, every initialisation and random draw of the run derive from it"),
       fidelity=Key("paper", "'paper' | 'reference' (the authors' released code): supplies every"
-                   " fidelity key left unset (learner.buffer_unit ... data.core50_order;"
-                   " docs/fidelity.md)"),
+                   " fidelity key left unset (learner.buffer_unit ... data.core50_order,"
+                   " model.matmul_precision; docs/fidelity.md)"),
       method=Key(method, "the continual-learning method: 'online_lora' (the paper's, configured"
                  " by `learner`), a packaged baseline (configured by the block of its name,"
                  " below) or your own, 'path/to/file.py:NAME' (docs/extending.md)"),
@@ -66,6 +66,16 @@ def get_config(method: str = "online_lora") -> ml_collections.ConfigDict:
           compute_dtype=Key("float32", "'float32' | 'bfloat16': the backbone's computation dtype"
                             " (mixed precision for GPU/TPU: parameters, optimizer state, Omega,"
                             " losses and the loss window stay float32)"),
+          # Fidelity key: docs/fidelity.md.
+          matmul_precision=Key(config_dict.placeholder(str), "the precision of the model's"
+                               " matmuls and convolutions, forward and backward: 'default'"
+                               " (JAX's: TF32 for float32 on NVIDIA GPUs; paper) | 'highest'"
+                               " (full float32, as PyTorch's CUDA matmuls; reference); the same"
+                               " on a CPU; " + _FROM_FIDELITY),
+          scan_blocks=Key(False, "run the ViT's encoder blocks as one jax.lax.scan (same"
+                          " parameters and checkpoints, results equal up to float rounding;"
+                          " not the Swin, not InfLoRA; off: measured slower to compile on a CPU,"
+                          " docs/performance.md)"),
       ),
 
       sharding=block(
