@@ -2,11 +2,15 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
+import types
 
 import numpy as np
 import pytest
+
+from olora_jax import trainer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -51,6 +55,41 @@ def test_writes_config_metrics_and_results(tiny_run):
           " A_auc % | plateaus |\n|---|---|---|---|---|\n| Online-LoRA (`paper` fidelity) |"
           f" {pct(results['A_final'])} | {pct(results['forgetting'])} | {pct(results['A_auc'])}"
           f" | {results['n_plateaus']} |") in proc.stdout
+
+
+BAR_FRAME = re.compile(r"(\d+)/(\d+) \[([^<\]]*)<([^,\]]*)")  # n/total [elapsed<remaining
+
+
+def _frames(stderr: str) -> list[tuple[str, int, str]]:
+  """The progress bar's frames (tqdm redraws with carriage returns): (text, n, remaining)."""
+  return [(f, int(m[1]), m[4]) for f in re.split(r"[\r\n]", stderr)
+          if (m := BAR_FRAME.search(f))]
+
+
+def test_progress_bar_says_compiling_until_the_first_step_ends(tiny_run):
+  frames = _frames(tiny_run[1].stderr)
+  assert frames and frames[0][0].startswith(f"{trainer.COMPILING}:") and frames[0][1] == 0
+  assert not any(f.startswith(trainer.COMPILING) for f, n, _ in frames if n > 0)
+  # Step 1 compiled: no estimate from it ("?"), one from the steps after it.
+  assert [r for _, n, r in frames if n == 1] == ["?"]
+
+
+def test_progress_estimate_excludes_the_compile(capsys):
+  """A first step that compiled for an hour, then steps of 0.1 s: the estimate is the steady
+  steps' (about 99 s for 989 to go), never the compile's (which would be 90 hours)."""
+  bar = trainer._progress_bar(1000, 0, True)
+  bar.start_t -= 3600.0  # the first step's compile, since the bar was last drawn
+  bar.last_print_t -= 3600.0
+  progress = types.SimpleNamespace(plateau_steps=[])
+  trainer._advance(bar, 0, {"loss": 1.0}, progress)
+  for step in range(1, 11):
+    trainer._advance(bar, step, {"loss": 1.0}, progress)
+  bar.start_t -= 1.0  # the 10 steady steps took 1 s
+  bar.refresh()
+  bar.close()
+  frames = _frames(capsys.readouterr().err)
+  assert [r for _, n, r in frames if n == 1] == ["?"]
+  assert frames[-1][1] == 11 and re.fullmatch(r"0[01]:[0-5]\d", frames[-1][2]), frames[-1]
 
 
 def test_misspelt_key_is_an_error_and_writes_nothing(tmp_path):
