@@ -410,7 +410,15 @@ def format_half_up(value: float | None, decimals: int = 1) -> str:
     return "n/a"
   # repr(round(., 9)) drops float noise (87.24999999999999 is printed as 87.25).
   exact = decimal.Decimal(repr(round(float(value), 9)))
-  return str(exact.quantize(decimal.Decimal(1).scaleb(-decimals), rounding=decimal.ROUND_HALF_UP))
+  rounded = exact.quantize(decimal.Decimal(1).scaleb(-decimals), rounding=decimal.ROUND_HALF_UP)
+  return str(abs(rounded) if rounded.is_zero() else rounded)  # "0.0", never "-0.0"
+
+
+def format_fixed(value: float, decimals: int = 2) -> str:
+  """`value` with `decimals` decimals as Python formats it, except that a value rounding to zero
+  is "0.00", never "-0.00" (a forgetting of -0.001 % is no forgetting, not a gain)."""
+  text = f"{value:.{decimals}f}"
+  return text[1:] if text.startswith("-") and float(text) == 0 else text
 
 
 def _row_order(label: str) -> float:
@@ -488,8 +496,8 @@ def _cell(stat: dict) -> str:
   if stat["n"] == 0:
     return "n/a"
   if stat["n"] == 1:
-    return f"{stat['mean']:.2f}"
-  return f"{stat['mean']:.2f} ± {stat['std']:.2f}"
+    return format_fixed(stat["mean"])
+  return f"{format_fixed(stat['mean'])} ± {format_fixed(stat['std'])}"
 
 
 def _paper_cell(value) -> str:

@@ -499,10 +499,14 @@ def _write_results(setup: Setup, workdir: str, protocol: EvaluationProtocol,
   return results
 
 
+COMPILING = "compiling"  # the progress bar's description until the first step ends
+
+
 def _progress_bar(n_steps: int, cursor: int, progress: bool) -> tqdm.tqdm:
-  """One progress bar per run: process 0's. smoothing=0: the rate is the average over the
+  """One progress bar per run: process 0's. It says "compiling" until this process's first step
+  ends (that step compiles the loop's programs); smoothing=0: the rate is the average over the
   steps since `_steady_eta` restarted it."""
-  return tqdm.tqdm(total=n_steps, initial=cursor,
+  return tqdm.tqdm(total=n_steps, initial=cursor, desc=COMPILING,
                    disable=not (progress and sharding.is_primary()), unit="step",
                    dynamic_ncols=True, mininterval=0.5, smoothing=0)
 
@@ -510,10 +514,17 @@ def _progress_bar(n_steps: int, cursor: int, progress: bool) -> tqdm.tqdm:
 def _advance(bar: tqdm.tqdm, step: int, scalars: dict, p) -> None:
   # Shown with the next redraw, which `update` makes at most every 0.5 s.
   bar.set_postfix(loss=f"{scalars['loss']:.3f}", plateaus=len(p.plateau_steps), refresh=False)
-  bar.update(1)
-  if not getattr(bar, "steady", False):  # after this process's first step, which compiles
-    _steady_eta(bar)
-    bar.steady = True
+  if getattr(bar, "steady", False):
+    bar.update(1)
+    return
+  # This process's first step, which compiled: counted without the redraw `update` would make
+  # (its rate, and so its estimate, would be the compile's: hours for a long stream), the clock
+  # restarted, and shown with no estimate until a steady step has run.
+  bar.n += 1
+  _steady_eta(bar)
+  bar.steady = True
+  bar.set_description_str("", refresh=False)
+  bar.refresh()
 
 
 def _steady_eta(bar: tqdm.tqdm) -> None:
@@ -522,6 +533,7 @@ def _steady_eta(bar: tqdm.tqdm) -> None:
   compilation (the elapsed time shown counts from here too)."""
   bar.initial = bar.n
   bar.start_t = bar.last_print_t = time.time()
+  bar.last_print_n = bar.n
 
 
 def forward_flops_per_image(setup: Setup, params: dict) -> float | None:
@@ -544,7 +556,7 @@ def format_results_table(results: dict, config: dict | ml_collections.ConfigDict
   the headline says 'this run'."""
 
   def pct(v):
-    return "n/a" if v is None else f"{100 * v:.2f}"
+    return "n/a" if v is None else reporting.format_fixed(100 * v)
 
   detects_plateaus = True  # Online-LoRA's plateau rule, or the plateau boundary switch
   if config is not None:
@@ -557,10 +569,11 @@ def format_results_table(results: dict, config: dict | ml_collections.ConfigDict
     setting = f"{reporting.setting_title(flat)}, seed {flat.get('seed')}"
   else:
     setting, method = "this run", "method"
+  plateaus = results["n_plateaus"] if detects_plateaus else "none"  # as the detail row says
   lines = [f"| {setting} | A_final % | Forgetting % | A_auc % | plateaus |",
            "|---|---|---|---|---|",
            f"| {method} | {pct(results['A_final'])} | {pct(results['forgetting'])}"
-           f" | {pct(results['A_auc'])} | {results['n_plateaus']} |", ""]
+           f" | {pct(results['A_auc'])} | {plateaus} |", ""]
   detection = results["plateau_detection"]
   rows = [("A_last, Si-Blurry sample-weighted (%)", pct(results["A_last"])),
           ("F_last, class-wise (%)", pct(results["F_last"])),

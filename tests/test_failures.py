@@ -490,6 +490,11 @@ def test_the_closing_table_lists_skipped_steps(tiny_reference):
   table = trainer.format_results_table(results, config)
   assert "| plateau detection | none: this method has no plateau rule |" in table
   assert "precision" not in table
+  assert table.splitlines()[2].endswith(" | none |")  # the headline row says so too, not "0"
+  # A forgetting that rounds to zero is 0.00, with no sign that reads as a gain.
+  results["forgetting"] = -1e-7
+  headline = trainer.format_results_table(results, config).splitlines()[2]
+  assert headline.split(" | ")[2] == "0.00", headline
 
 
 # --- what each failure becomes -------------------------------------------------------------------

@@ -168,7 +168,7 @@ def test_grouping_methods_settings_and_variants(tmp_path):
       write_run(tmp_path / "a1", 1, r(0.52, 0.42), eval__write_plots=False),  # same group
       write_run(tmp_path / "b0", 0, r(0.30, None), learner__hard_loss=False,
                 learner__incremental_lora=False),
-      write_run(tmp_path / "c0", 0, r(0.45, 0.30), learner__learning_rate=1e-3),
+      write_run(tmp_path / "c0", 0, r(0.45, -1e-5), learner__learning_rate=1e-3),
       write_run(tmp_path / "d0", 0, r(0.60, 0.10), data__dataset="imagenet_r"),
   ]
   rows = reporting.aggregate(dirs)
@@ -186,6 +186,9 @@ def test_grouping_methods_settings_and_variants(tmp_path):
       "| method | cifar100 disjoint/10 vit_b16 ||| imagenet_r disjoint/10 vit_b16 |||",
       "|---|---|---|---|---|---|---|",
       "| | A_final ↑ | Forgetting ↓ | A_auc ↑ | A_final ↑ | Forgetting ↓ | A_auc ↑ |"]
+  # A forgetting of -0.001 % is 0.00, not "-0.00" (read as a gain).
+  assert "| Online-LoRA [learner.learning_rate=0.001] | 45.00 | 0.00 | 50.00 |" in table
+  assert "-0.00" not in table
   assert "| Online-LoRA | " in table
 
 
@@ -332,6 +335,9 @@ def test_matrix_cells_round_half_up():
   assert [reporting.format_half_up(v) for v in (87.25, 88.25, 87.35, 100 * 0.8725)] == [
       "87.3", "88.3", "87.4", "87.3"]
   assert reporting.format_half_up(float("nan")) == "n/a"
+  # Rounded to zero, a negative value loses its sign; rounded away from zero, it keeps it.
+  assert [reporting.format_half_up(v) for v in (-0.04, -0.05)] == ["0.0", "-0.1"]
+  assert [reporting.format_fixed(v) for v in (-0.004, -0.006, 0.0)] == ["0.00", "-0.01", "0.00"]
 
 
 def write_method_run(path, seed, method, manifest, a_final, trainable="all", wall=10.0,
