@@ -51,6 +51,11 @@ Keys that matter:
   learner.max_skipped_fraction  with skip_nonfinite: stop (exit 3) once more than this fraction of
                                 the stream's steps has been skipped
   eval.eval_every               anytime evaluation period, in samples
+  eval.batch_size               test images per evaluation batch (the last one padded, its
+                                padding rows masked): one compiled program for every
+                                evaluation; halved at the first evaluation while its program
+                                does not fit the device's free memory (GPU/TPU). Predictions do
+                                not depend on it
   eval.predict_chunk            the evaluator's forward passes take this many images per device
                                 at a time (the pieces of a test batch run one after another in
                                 one program); 0 = the whole batch in one pass (best on GPU/TPU);
@@ -231,7 +236,7 @@ def get_config(method: str = "online_lora") -> ml_collections.ConfigDict:
 
   config.eval = ml_collections.ConfigDict()
   config.eval.eval_every = 1000
-  config.eval.batch_size = 256
+  config.eval.batch_size = 1024  # lowered at the first evaluation when it does not fit
   config.eval.predict_chunk = -1  # by the backend: 64 on a CPU, 0 on GPUs/TPUs
   config.eval.mask_unseen_logits = False
   config.eval.write_plots = True

@@ -86,7 +86,7 @@ CORRUPT_DIR = "corrupt_checkpoints"
 # policy (a run stopped with exit 3 resumes with learner.skip_nonfinite=True) and the logging
 # cadence. A resume with any of them changed records it (results.json `config_changes`).
 OPERATIONAL_KEYS = ("checkpoint_every", "max_to_keep", "eval.write_plots", "data.preprocess",
-                    "eval.predict_chunk", "sharding.fsdp",
+                    "eval.predict_chunk", "eval.batch_size", "sharding.fsdp",
                     "distributed.initialize", "distributed.coordinator_address",
                     "distributed.num_processes", "distributed.process_id",
                     "distributed.initialization_timeout",
