@@ -187,11 +187,14 @@ def seeded_init(setup: Setup, config: ml_collections.ConfigDict) -> Callable:
   """`(seed, loaded) -> state`: the run's whole initial state from its seed (uint32) and
   `load_params`' result, traceable. The seed's key is split into the params' and the method's
   keys inside it, so the run's state initialisation is one compiled program (`initial_state`):
-  no eager PRNG or head-init programs. The values are those of the same steps run one by one."""
+  no eager PRNG or head-init programs. The values are those of the same steps run one by one:
+  the params pass an optimisation barrier, so XLA cannot fuse their initialisation into the
+  method's arithmetic on them (which would round last bits differently)."""
 
   def init(seed, loaded):
     init_key, method_key = jax.random.split(jax.random.key(seed))
-    return setup.method.init(method_key, complete_params(setup, config, init_key, loaded))
+    params = jax.lax.optimization_barrier(complete_params(setup, config, init_key, loaded))
+    return setup.method.init(method_key, params)
 
   return init
 
