@@ -130,7 +130,8 @@ def group_accuracies(counts: ClassCounts, groups: EvaluationGroups,
 
 
 def predict_in_pieces(predict_fn: Callable[..., jax.Array], state: Any, images: jax.Array,
-                      chunk: int, n_shards: int = 1) -> jax.Array:
+                      chunk: int, n_shards: int = 1, mask: jax.Array | None = None
+                      ) -> jax.Array:
   """`predict_fn(state, images)` (B, C), computed `chunk` images per shard at a time.
 
   The batch's rows are split in `n_shards` equal blocks (one per device, as the batch is
@@ -139,15 +140,28 @@ def predict_in_pieces(predict_fn: Callable[..., jax.Array], state: Any, images: 
   logits depend on that example alone, so the pieces give the whole batch's predictions (up to
   float rounding: XLA may round a logit's last bit differently for another pass size); the
   smaller passes keep a large batch's activations closer to the CPU caches. `chunk=0`, or a chunk
-  holding a whole block, is one pass."""
+  holding a whole block, is one pass. With `mask` (B,), a piece of padding rows alone skips the
+  model (its logits are zeros): a padded last batch costs the passes of its real rows, rounded up
+  to a piece."""
   b = images.shape[0]
   if not chunk or b // n_shards <= chunk:
     return predict_fn(state, images)
   pieces = b // n_shards // chunk
   rest = images.shape[1:]
   x = images.reshape(n_shards, pieces, chunk, *rest).swapaxes(0, 1)
-  logits = jax.lax.map(lambda piece: predict_fn(state, piece),
-                       x.reshape(pieces, n_shards * chunk, *rest))  # (pieces, shards*chunk, C)
+  x = x.reshape(pieces, n_shards * chunk, *rest)
+  if mask is None:
+    logits = jax.lax.map(lambda piece: predict_fn(state, piece), x)  # (pieces, shards*chunk, C)
+  else:
+    valid = mask.reshape(n_shards, pieces, chunk).swapaxes(0, 1).reshape(pieces, -1)
+    out = jax.eval_shape(predict_fn, state, x[0])
+
+    def piece_logits(piece_and_valid):
+      piece, any_valid = piece_and_valid
+      return jax.lax.cond(any_valid, lambda p: predict_fn(state, p),
+                          lambda p: jnp.zeros(out.shape, out.dtype), piece)
+
+    logits = jax.lax.map(piece_logits, (x, valid.any(axis=1)))
   logits = logits.reshape(pieces, n_shards, chunk, -1).swapaxes(0, 1)
   return logits.reshape(b, -1)
 
@@ -169,7 +183,8 @@ def make_count_fn(predict_fn: Callable[..., jax.Array], num_classes: int,
       images = cache[images]
     if preprocess_fn is not None:
       images = preprocess_fn(images, mask)
-    logits = predict_in_pieces(predict_fn, state, images, predict_chunk, n_shards)  # (B, C)
+    logits = predict_in_pieces(predict_fn, state, images, predict_chunk, n_shards,
+                               mask)  # (B, C)
     logits = jnp.where(class_mask[None, :], logits, -jnp.inf)
     hits = (jnp.argmax(logits, axis=-1) == labels) & mask  # (B,)
     cells = jnp.zeros((num_domains, num_classes), jnp.int32)

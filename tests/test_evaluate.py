@@ -196,7 +196,7 @@ def test_predictions_in_pieces_give_the_same_counts(setup, monkeypatch):
   calls = []  # what the evaluator's count function asks for when traced
   original = evaluate.predict_in_pieces
   monkeypatch.setattr(evaluate, "predict_in_pieces",
-                      lambda *a: calls.append(a[3:]) or original(*a))
+                      lambda *a: calls.append(a[3:5]) or original(*a))
   pieces = evaluate.Evaluator(source, 16, 8, C, _predict(learner), predict_chunk=2)
   counts = pieces.all_counts((state, frozen), [0])
   assert calls == [(2, 1)]
@@ -229,16 +229,18 @@ def test_predict_chunk_minus_one_is_picked_by_the_backend():
 def test_a_padded_last_batch_gives_the_counts_of_unpadded_batches(setup):
   """37 test images in one unpadded batch, and in batches of 8 and 16 whose last is padded (3
   and 11 masked rows): the same counts (the padding rows never count, and no image's prediction
-  depends on the batch it is in)."""
+  depends on the batch it is in). In pieces of 4, the last batch of 16 holds 5 images: its last
+  two pieces are padding alone and skip the model."""
   source, learner, state, frozen, _ = setup
   seen = np.array([0, 1, 3])
   whole = evaluate.Evaluator(source, 16, 37, C, _predict(learner), mask_unseen_logits=True)
   assert whole.cached == "device"  # the test set's uint8 levels on the device, gathered there
   unpadded = whole.all_counts((state, frozen), seen)
   assert unpadded.total.sum() == 37
-  for batch_size in (8, 16):
+  for batch_size, chunk in ((8, 0), (16, 0), (16, 4)):
     padded = evaluate.Evaluator(source, 16, batch_size, C, _predict(learner),
-                                mask_unseen_logits=True).all_counts((state, frozen), seen)
+                                mask_unseen_logits=True,
+                                predict_chunk=chunk).all_counts((state, frozen), seen)
     np.testing.assert_array_equal(padded.correct, unpadded.correct)
     np.testing.assert_array_equal(padded.total, unpadded.total)
 
