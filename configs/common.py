@@ -249,8 +249,11 @@ def get_config(method: str = "online_lora") -> ml_collections.ConfigDict:
           "the evaluator (docs/metrics.md)",
           eval_every=Key(1000, "anytime-evaluation period, in training samples seen (>= 1);"
                          " paper: 1000 (Si-Blurry)"),
-          batch_size=Key(256, "test images per evaluation batch, over all devices (>= 1; a"
-                         " multiple of the device count)"),
+          batch_size=Key(1024, "test images per evaluation batch, over all devices (>= 1; a"
+                         " multiple of the device count): one compiled program for every"
+                         " evaluation, the last batch padded and its padding rows masked;"
+                         " halved at the first evaluation while its program does not fit the"
+                         " device's free memory (GPU/TPU); predictions do not depend on it"),
           predict_chunk=Key(-1, "test images per device in one forward pass: N > 0 (a divisor"
                             " of a device's rows of a test batch) | 0 = the whole batch in one"
                             " pass (best on GPU/TPU) | -1 = by the backend: 64 on a CPU when it"

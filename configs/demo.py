@@ -54,9 +54,9 @@ def get_config(method: str = "online_lora"):
   config.learner.mean_threshold = 3.5
   config.learner.var_threshold = 0.05
   config.eval.eval_every = 400
-  # Test batches of 256 pass the model 64 images at a time: on a CPU the smaller passes stay
-  # closer to the caches (a whole-test-set evaluation 15% faster on 2 cores) and give the same
-  # results (docs/performance.md).
+  # Test batches (eval.batch_size) pass the model 64 images at a time: on a CPU the smaller
+  # passes stay closer to the caches (a whole-test-set evaluation 15% faster on 2 cores) and give
+  # the same results (docs/performance.md).
   config.eval.predict_chunk = 64
   buffer = round(REPLAY_SHARE * STREAM_SAMPLES)  # 40
   for block in REPLAY_BLOCKS:

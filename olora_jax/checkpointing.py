@@ -88,7 +88,7 @@ TMP_SUFFIX = ".orbax-checkpoint-tmp"  # orbax's folder of a save in progress (`<
 # policy (a run stopped with exit 3 resumes with learner.skip_nonfinite=True) and the logging
 # cadence. A resume with any of them changed records it (results.json `config_changes`).
 OPERATIONAL_KEYS = ("checkpoint_every", "max_to_keep", "eval.write_plots", "data.preprocess",
-                    "eval.predict_chunk", "sharding.fsdp",
+                    "eval.predict_chunk", "eval.batch_size", "sharding.fsdp",
                     "distributed.initialize", "distributed.coordinator_address",
                     "distributed.num_processes", "distributed.process_id",
                     "distributed.initialization_timeout",
@@ -267,17 +267,21 @@ def _leaf_digests(x: jax.Array) -> jax.Array:
 
 
 @jax.jit
-def _tree_digests(leaves: list) -> jax.Array:
-  """uint32[len(leaves), lanes]. Leaves of one shape and dtype (the like-shaped layers of a
-  ViT, their optimizer moments) are digested together, one reduction over their stack per group:
-  the demo's 84 leaves in 17 groups trace in 0.16 s on 2 CPU cores (0.29 s with the reduction
-  vmapped over the stack, 0.39 s with one reduction per leaf)."""
+def _tree_checks(leaves: list) -> tuple[jax.Array, jax.Array]:
+  """(uint32[len(leaves), lanes] digests, bool[len(leaves)] finite flags): both checks of a
+  checkpoint in one program, so a run compiles one for its state. Leaves of one shape and dtype
+  (the like-shaped layers of a ViT, their optimizer moments) are digested together, one
+  reduction over their stack per group: the demo's 84 leaves in 17 groups trace in 0.16 s on 2
+  CPU cores (0.29 s with the reduction vmapped over the stack, 0.39 s with one reduction per
+  leaf). A leaf that is not floating point is finite."""
   groups: dict = {}
   for i, x in enumerate(leaves):
     groups.setdefault((x.shape, x.dtype), []).append(i)
   sums = [_leaf_digests(jnp.stack([leaves[i] for i in members])) for members in groups.values()]
   order = np.argsort(np.concatenate([np.asarray(m) for m in groups.values()]))
-  return jnp.concatenate(sums)[order]
+  finite = jnp.stack([jnp.all(jnp.isfinite(x)) if jnp.issubdtype(x.dtype, jnp.inexact)
+                      else jnp.ones((), bool) for x in leaves])
+  return jnp.concatenate(sums)[order], finite
 
 
 def _stored_shape(x: Any) -> jax.ShapeDtypeStruct:
@@ -287,41 +291,39 @@ def _stored_shape(x: Any) -> jax.ShapeDtypeStruct:
   return jax.ShapeDtypeStruct(np.shape(x), x.dtype if hasattr(x, "dtype") else np.asarray(x).dtype)
 
 
+def tree_checks(tree: Any) -> tuple[dict[str, str], list[str]]:
+  """(`array_checksums(tree)`, `nonfinite_leaves(tree)`) from one compiled program over the
+  whole tree, run where the arrays live; only the digests and flags come to the host."""
+  leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
+  if not leaves:
+    return {}, []
+  sums, finite = sharding.to_host(_tree_checks([x for _, x in leaves]))
+  digests, bad = {}, []
+  for (path, x), row, ok in zip(leaves, np.asarray(sums), np.asarray(finite), strict=True):
+    s = _stored_shape(x)
+    name = jax.tree_util.keystr(path)
+    digests[name] = (f"{np.dtype(s.dtype).name}[{','.join(map(str, s.shape))}]:"
+                     + "".join(f"{int(v):08x}" for v in row))
+    if not ok:
+      bad.append(name)
+  return digests, bad
+
+
 def array_checksums(tree: Any) -> dict[str, str]:
   """A digest of every leaf of `tree` (jax or numpy arrays; typed PRNG keys by their key data),
   keyed by its tree path: `"<dtype>[<shape>]:<32 hex digits>"`.
 
   The digest is computed where the arrays live, by one compiled reduction over the whole tree
-  (`_leaf_digests`); only the digests come to the host. It is the same for any sharding, mesh
-  and process count. It is a check against damage (flipped bits, truncated or mixed-up files),
-  not a cryptographic hash: it does not resist deliberate forgery."""
-  leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
-  if not leaves:
-    return {}
-  sums = np.asarray(sharding.to_host(_tree_digests([x for _, x in leaves])))
-  out = {}
-  for (path, x), row in zip(leaves, sums, strict=True):
-    s = _stored_shape(x)
-    out[jax.tree_util.keystr(path)] = (f"{np.dtype(s.dtype).name}[{','.join(map(str, s.shape))}]:"
-                                       + "".join(f"{int(v):08x}" for v in row))
-  return out
-
-
-@jax.jit
-def _all_finite(leaves: list) -> jax.Array:
-  return jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves])
+  (`_leaf_digests`, in `_tree_checks`); only the digests come to the host. It is the same for
+  any sharding, mesh and process count. It is a check against damage (flipped bits, truncated or
+  mixed-up files), not a cryptographic hash: it does not resist deliberate forgery."""
+  return tree_checks(tree)[0]
 
 
 def nonfinite_leaves(tree: Any) -> list[str]:
-  """The tree paths of the floating-point leaves that hold a NaN or an Inf (one compiled
-  reduction where the arrays live; only the flags come to the host)."""
-  leaves = [(path, x) for path, x in jax.tree_util.tree_flatten_with_path(tree)[0]
-            if x is not None and jnp.issubdtype(x.dtype, jnp.inexact)]
-  if not leaves:
-    return []
-  flags = np.asarray(sharding.to_host(_all_finite([x for _, x in leaves])))
-  return [jax.tree_util.keystr(path) for (path, _), ok in zip(leaves, flags, strict=True)
-          if not ok]
+  """The tree paths of the floating-point leaves that hold a NaN or an Inf (the program of
+  `tree_checks`, where the arrays live; only the flags come to the host)."""
+  return tree_checks(tree)[1]
 
 
 def _sha256(x: np.ndarray) -> str:
@@ -371,14 +373,13 @@ class Checkpointer:
     if step in self._manager.all_steps():
       return  # this exact state is already saved (e.g. a periodic save at the last step)
     arrays = _raw(arrays)
-    bad = nonfinite_leaves(arrays)
+    digests, bad = tree_checks(arrays)  # one program: digests and finite flags
     if bad:
       raise errors.NonFiniteLoss(
           f"the state to checkpoint at step {step} holds NaN/Inf ({len(bad)} array(s), e.g."
           f" {bad[0]}) though every loss was finite; it was not saved, the newest checkpoint"
           f" in {self.directory} is the last good state; lower the learning rate or check the"
           " data")
-    digests = array_checksums(arrays)
     from_initial = {k: v for k, v in digests.items() if self._initial.get(k) == v}
     arrays = _drop_empty(arrays, frozenset(from_initial))
     stored = [jax.tree_util.keystr(path) for path, _ in  # tree order; None leaves left out
@@ -430,9 +431,8 @@ class Checkpointer:
     # whole tree is digested at once, like at a save (the same compiled program).
     arrays = jax.tree.map(lambda r, t: t if r is None else r, out["arrays"], raw,
                           is_leaf=lambda x: x is None)
-    found = array_checksums(arrays)
+    found, bad = tree_checks(arrays)
     self._verify(step, out["host"], checksums, found, lambda: found)
-    bad = nonfinite_leaves(arrays)
     if bad:  # saved before saves were checked: treated as damage, like a bad checksum
       raise ValueError(f"{len(bad)} array(s) hold NaN/Inf, e.g. {bad[0]}")
     arrays = jax.tree.map(

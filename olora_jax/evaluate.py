@@ -6,7 +6,11 @@ nothing is written back).
 Counting runs inside one jitted function that takes a padded batch, its validity mask and a
 boolean class mask, and adds the batch's per-class counts to running (C,) accumulators on the
 device; the host fetches the two count vectors once per evaluation. Batches are padded to
-`batch_size`, so the function compiles once per run whatever the number of test examples.
+`batch_size` (eval.batch_size, 1024 by default: large passes keep a GPU busy), their padding rows
+masked, so the function compiles once per run whatever the number of test examples. Where the
+device reports its memory (GPUs, TPUs), the first evaluation compiles that program ahead of time
+and halves the batch while its working memory exceeds the device's free memory (`fit_batch`);
+the program that fits is the one every evaluation then runs.
 The test set is decoded once, when the evaluator is built, at the model's input resolution as
 uint8 levels: on the devices when it fits there (a quarter of one device's memory, a
 single-process run), else in host memory (a quarter of it), so an anytime evaluation never
@@ -40,6 +44,7 @@ domains, and forgetting per domain. Class counts are the sums over domains.
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -125,7 +130,8 @@ def group_accuracies(counts: ClassCounts, groups: EvaluationGroups,
 
 
 def predict_in_pieces(predict_fn: Callable[..., jax.Array], state: Any, images: jax.Array,
-                      chunk: int, n_shards: int = 1) -> jax.Array:
+                      chunk: int, n_shards: int = 1, mask: jax.Array | None = None
+                      ) -> jax.Array:
   """`predict_fn(state, images)` (B, C), computed `chunk` images per shard at a time.
 
   The batch's rows are split in `n_shards` equal blocks (one per device, as the batch is
@@ -134,15 +140,28 @@ def predict_in_pieces(predict_fn: Callable[..., jax.Array], state: Any, images: 
   logits depend on that example alone, so the pieces give the whole batch's predictions (up to
   float rounding: XLA may round a logit's last bit differently for another pass size); the
   smaller passes keep a large batch's activations closer to the CPU caches. `chunk=0`, or a chunk
-  holding a whole block, is one pass."""
+  holding a whole block, is one pass. With `mask` (B,), a piece of padding rows alone skips the
+  model (its logits are zeros): a padded last batch costs the passes of its real rows, rounded up
+  to a piece."""
   b = images.shape[0]
   if not chunk or b // n_shards <= chunk:
     return predict_fn(state, images)
   pieces = b // n_shards // chunk
   rest = images.shape[1:]
   x = images.reshape(n_shards, pieces, chunk, *rest).swapaxes(0, 1)
-  logits = jax.lax.map(lambda piece: predict_fn(state, piece),
-                       x.reshape(pieces, n_shards * chunk, *rest))  # (pieces, shards*chunk, C)
+  x = x.reshape(pieces, n_shards * chunk, *rest)
+  if mask is None:
+    logits = jax.lax.map(lambda piece: predict_fn(state, piece), x)  # (pieces, shards*chunk, C)
+  else:
+    valid = mask.reshape(n_shards, pieces, chunk).swapaxes(0, 1).reshape(pieces, -1)
+    out = jax.eval_shape(predict_fn, state, x[0])
+
+    def piece_logits(piece_and_valid):
+      piece, any_valid = piece_and_valid
+      return jax.lax.cond(any_valid, lambda p: predict_fn(state, p),
+                          lambda p: jnp.zeros(out.shape, out.dtype), piece)
+
+    logits = jax.lax.map(piece_logits, (x, valid.any(axis=1)))
   logits = logits.reshape(pieces, n_shards, chunk, -1).swapaxes(0, 1)
   return logits.reshape(b, -1)
 
@@ -164,7 +183,8 @@ def make_count_fn(predict_fn: Callable[..., jax.Array], num_classes: int,
       images = cache[images]
     if preprocess_fn is not None:
       images = preprocess_fn(images, mask)
-    logits = predict_in_pieces(predict_fn, state, images, predict_chunk, n_shards)  # (B, C)
+    logits = predict_in_pieces(predict_fn, state, images, predict_chunk, n_shards,
+                               mask)  # (B, C)
     logits = jnp.where(class_mask[None, :], logits, -jnp.inf)
     hits = (jnp.argmax(logits, axis=-1) == labels) & mask  # (B,)
     cells = jnp.zeros((num_domains, num_classes), jnp.int32)
@@ -185,9 +205,36 @@ def make_logits_fn(predict_fn: Callable[..., jax.Array], preprocess_fn: Callable
       images = cache[images]
     if preprocess_fn is not None:
       images = preprocess_fn(images, mask)
-    return predict_in_pieces(predict_fn, state, images, predict_chunk, n_shards)
+    return predict_in_pieces(predict_fn, state, images, predict_chunk, n_shards, mask)
 
   return jax.jit(logits)
+
+
+# The share of a device's free memory one evaluation batch's program may take beyond the arrays
+# it reads (the state, the cached test set): `fit_batch`.
+EVAL_MEMORY_FRACTION = 0.9
+
+
+def free_device_bytes() -> int | None:
+  """The free memory of the least free local device (allocator limit minus bytes in use), or
+  None where the backend does not report it (a CPU: there it is the host's)."""
+  free = []
+  for device in jax.local_devices():
+    stats = device.memory_stats() or {}
+    if "bytes_limit" not in stats:
+      return None
+    free.append(int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0)))
+  return min(free) if free else None
+
+
+def fit_batch(batch_size: int, needed: Callable[[int], int], free: int, step: int) -> int:
+  """The largest of `batch_size`, batch_size / 2, ... (multiples of `step`, at least `step`)
+  whose program's working memory `needed(b)` fits EVAL_MEMORY_FRACTION of `free` bytes;
+  `step` when none does (the run then fails as it would have, out of memory, with its advice)."""
+  b = batch_size
+  while b > step and needed(b) > EVAL_MEMORY_FRACTION * free:
+    b = max(step, b // 2 // step * step)
+  return b
 
 
 # eval.predict_chunk=-1 (the default): picked by the backend (`resolve_predict_chunk`).
@@ -391,6 +438,11 @@ class Evaluator:
                                           predict_chunk, self.mesh.devices.size)
     self._logits = None  # built on first use (`logits`)
 
+
+    # A test batch's rows: each device's a multiple of the chunk (`fit_batch`'s step).
+    self._batch_step = self.mesh.devices.size * max(predict_chunk, 1)
+    self._fitted = False  # `_fit_batch` runs at the first evaluation (it needs the state)
+
   def _batch(self, ids: np.ndarray) -> dict:
     """This process's rows of the padded test batch of `ids`."""
     ids = ids[self.rows]
@@ -430,15 +482,47 @@ class Evaluator:
     class_mask, correct, total = sharding.replicate(
         (self.class_mask(seen_classes), np.zeros(shape, np.int32), np.zeros(shape, np.int32)),
         self.mesh)
+    if not self._fitted:
+      self._fit_batch(state, class_mask, correct, total)
     for start in range(0, len(ids), self.batch_size):
-      batch = sharding.shard_batch(self._batch(ids[start:start + self.batch_size]), self.mesh)
-      correct, total = self._count(state, batch["images"], batch["labels"], batch["domains"],
-                                   batch["mask"], class_mask, correct, total,
-                                   self._levels if self.cached == "device" else None)
+      correct, total = self._count(*self._args(state, ids[start:start + self.batch_size],
+                                               class_mask, correct, total))
     # One transfer per evaluation (the counts are replicated: no communication either).
     correct, total = sharding.to_host((correct, total))
     correct, total = correct.astype(np.int64), total.astype(np.int64)
     return ClassCounts(correct.sum(0), total.sum(0), correct, total, self.domain_ids)
+
+  def _args(self, state: Any, ids: np.ndarray, class_mask, correct, total) -> tuple:
+    """The counting program's arguments for the test batch of `ids` (padded, placed)."""
+    batch = sharding.shard_batch(self._batch(ids), self.mesh)
+    return (state, batch["images"], batch["labels"], batch["domains"], batch["mask"],
+            class_mask, correct, total, self._levels if self.cached == "device" else None)
+
+  def _fit_batch(self, state: Any, class_mask, correct, total) -> None:
+    """Where the device reports its free memory: eval.batch_size halved (`fit_batch`) until
+    the counting program's working memory (XLA's temporaries and outputs; the state and test
+    set it reads are already there) fits it. Each try is compiled ahead of time; JAX keeps the
+    one that fits for every later call, so a batch that fits at once costs no extra compile.
+    The predictions do not depend on the batch size (each example's logits are its own)."""
+    self._fitted = True
+    free = free_device_bytes()
+    if free is None or not len(self.source):
+      return
+
+    def needed(b: int) -> int:
+      self.batch_size, self.rows = b, sharding.local_rows(b, self.mesh)
+      args = self._args(state, np.arange(min(b, len(self.source))), class_mask, correct, total)
+      memory = self._count.lower(*args).compile().memory_analysis()
+      return 0 if memory is None else memory.temp_size_in_bytes + memory.output_size_in_bytes
+
+    asked = self.batch_size
+    fitted = -sharding.process_max(-fit_batch(asked, needed, free, self._batch_step))
+    if fitted != self.batch_size:  # the last try was another size (or another process's)
+      self.batch_size, self.rows = fitted, sharding.local_rows(fitted, self.mesh)
+    if fitted < asked:
+      logging.warning("eval.batch_size=%d does not fit the device's %.1f GiB of free memory:"
+                      " evaluating in batches of %d (the same predictions)", asked,
+                      free / 2**30, fitted)
 
   def seen_counts(self, state: Any, seen_classes: np.ndarray,
                   seen_domains: np.ndarray | None = None) -> ClassCounts:

@@ -575,7 +575,7 @@ def load_online_lora(path: str, spec: ViTSpec, rank: int) -> tuple[dict, dict]:
                           f" is {rank}; set learner.rank={got}")
   for note in notes:
     logger.info("load_online_lora(%s): %s", path, note)
-  return jax.tree.map(jnp.asarray, lora), jax.tree.map(jnp.asarray, frozen)
+  return jax.device_put((lora, frozen))  # one transfer per array, no program per shape
 
 
 # --------------------------------------------------------------------------------------------
@@ -730,10 +730,11 @@ def param_shapes(spec: ViTSpec | SwinSpec, num_classes: int,
                  key: jax.Array | None = None) -> dict:
   """Shapes of the model's params (`VisionTransformer` or `SwinTransformer` of `spec`, with a
   `num_classes` head; via `jax.eval_shape`, no FLOPs)."""
-  key = jax.random.PRNGKey(0) if key is None else key
   model = (SwinTransformer if is_swin(spec) else VisionTransformer)(spec, num_classes)
   images = jax.ShapeDtypeStruct((1, spec.image_size, spec.image_size, 3), jnp.float32)
-  variables = jax.eval_shape(model.init, key, images)
+  # The default key is made inside the trace: an eager one would compile programs of its own.
+  variables = jax.eval_shape(
+      lambda images: model.init(jax.random.PRNGKey(0) if key is None else key, images), images)
   return jax.tree.map(lambda s: tuple(s.shape), variables["params"])
 
 
@@ -860,7 +861,9 @@ def load_pretrained(path: str, spec: ViTSpec | SwinSpec, num_classes: int, fmt: 
   raw, fmt = read_checkpoint(path, fmt)
   params, _ = convert_checkpoint(raw, spec, num_classes, fmt, source=path, key=key,
                                  require_head=require_head)
-  return jax.tree.map(jnp.asarray, params)
+  # Placed by one transfer per array: `jnp.asarray` of a NumPy array compiles a placement
+  # program per array shape (11 for the demo's ViT).
+  return jax.device_put(params)
 
 
 def save_timm_safetensors(params: dict, path: str) -> None:

@@ -153,22 +153,53 @@ def _fetch_hint(path: str) -> str:
   return ""
 
 
+def load_params(setup: Setup, config: ml_collections.ConfigDict) -> dict | None:
+  """The checkpoint of pretrained.path read and placed on the device (a bad file fails here,
+  before any compute), or None when the backbone is randomly initialised."""
+  if not config.pretrained.path:
+    logging.warning("pretrained.path is empty: the backbone is randomly initialised")
+    return None
+  return pretrained_lib.load_pretrained(config.pretrained.path, setup.spec, setup.num_classes,
+                                        config.pretrained.format,
+                                        require_head=config.pretrained.keep_head)
+
+
+def complete_params(setup: Setup, config: ml_collections.ConfigDict, key: jax.Array,
+                    loaded: dict | None) -> dict:
+  """The model's params (traceable): the loaded checkpoint with a fresh head from `key`, or a
+  random init from `key` when nothing was loaded."""
+  if loaded is None:
+    size = setup.spec.image_size
+    return setup.model.init(key, jnp.zeros((1, size, size, 3), jnp.float32))["params"]
+  # The C-way head is created fresh for the benchmark (docs/method.md), even when the
+  # checkpoint's head happens to have C outputs: the stream must teach every class. Replaying
+  # another codebase's run keeps the checkpoint's head instead (pretrained.keep_head).
+  if config.pretrained.keep_head:
+    return loaded
+  return {**loaded, "head": init_head(key, setup.spec.width, setup.num_classes)}
+
+
 def initial_params(setup: Setup, config: ml_collections.ConfigDict, key: jax.Array) -> dict:
-  if config.pretrained.path:
-    keep_head = config.pretrained.keep_head
-    params = pretrained_lib.load_pretrained(config.pretrained.path, setup.spec,
-                                            setup.num_classes, config.pretrained.format,
-                                            require_head=keep_head)
-    # The C-way head is created fresh for the benchmark (docs/method.md), even when the
-    # checkpoint's head happens to have C outputs: the stream must teach every class. Replaying
-    # another codebase's run keeps the checkpoint's head instead (pretrained.keep_head).
-    if not keep_head:
-      params["head"] = init_head(key, setup.spec.width, setup.num_classes)
-    return params
-  logging.warning("pretrained.path is empty: the backbone is randomly initialised")
-  size = setup.spec.image_size
-  # Jitted: an eager Flax init runs every op on its own and takes seconds even for a tiny model.
-  return jax.jit(setup.model.init)(key, np.zeros((1, size, size, 3), np.float32))["params"]
+  """`complete_params` as one compiled program (an eager Flax init or head init runs every op on
+  its own, each op a program)."""
+  return jax.jit(functools.partial(complete_params, setup, config))(
+      key, load_params(setup, config))
+
+
+def seeded_init(setup: Setup, config: ml_collections.ConfigDict) -> Callable:
+  """`(seed, loaded) -> state`: the run's whole initial state from its seed (uint32) and
+  `load_params`' result, traceable. The seed's key is split into the params' and the method's
+  keys inside it, so the run's state initialisation is one compiled program (`initial_state`):
+  no eager PRNG or head-init programs. The values are those of the same steps run one by one:
+  the params pass an optimisation barrier, so XLA cannot fuse their initialisation into the
+  method's arithmetic on them (which would round last bits differently)."""
+
+  def init(seed, loaded):
+    init_key, method_key = jax.random.split(jax.random.key(seed))
+    params = jax.lax.optimization_barrier(complete_params(setup, config, init_key, loaded))
+    return setup.method.init(method_key, params)
+
+  return init
 
 
 def initial_state(method: methods_base.Method, key: jax.Array, params: dict,
@@ -177,20 +208,26 @@ def initial_state(method: methods_base.Method, key: jax.Array, params: dict,
   by op (fewer, larger compilations; the same values). With a mesh of several devices it is
   built where it lives (`sharding.state_shardings`): a backbone split FSDP style is never whole
   on one device."""
-  check_state_fits(method, key, params, mesh)
+  return build_state(method, method.init, (key, params), mesh)
+
+
+def build_state(method: methods_base.Method, init: Callable, args: tuple,
+                mesh: jax.sharding.Mesh | None = None):
+  """`init(*args)`, a method's state (`method.init` or `seeded_init`), by one compiled program,
+  refused first when it does not fit the devices (`check_state_fits`)."""
+  shapes = jax.eval_shape(init, *args)
+  check_state_fits(method, shapes, mesh)
   if mesh is None or mesh.devices.size == 1:
-    return jax.jit(method.init)(key, params)
-  key, params = sharding.replicate((key, params), mesh)
-  shardings = sharding.state_shardings(jax.eval_shape(method.init, key, params), mesh)
-  return jax.jit(method.init, out_shardings=shardings)(key, params)
+    return jax.jit(init)(*args)
+  args = sharding.replicate(args, mesh)
+  return jax.jit(init, out_shardings=sharding.state_shardings(shapes, mesh))(*args)
 
 
-def check_state_fits(method: methods_base.Method, key: jax.Array, params: dict,
+def check_state_fits(method: methods_base.Method, shapes,
                      mesh: jax.sharding.Mesh | None = None) -> None:
-  """Refuses (exit 2, before anything is computed or written) a method state larger than the
-  memory of the devices that hold it, naming its largest part: a replay buffer of a billion
-  images is a config error, not a crash an hour later."""
-  shapes = jax.eval_shape(method.init, key, params)
+  """Refuses (exit 2, before anything is computed or written) a method state (`shapes`, from
+  `jax.eval_shape`) larger than the memory of the devices that hold it, naming its largest part:
+  a replay buffer of a billion images is a config error, not a crash an hour later."""
   leaves = jax.tree_util.tree_flatten_with_path(shapes)[0]
   sizes = [(jax.tree_util.keystr(path), x.size * x.dtype.itemsize, x) for path, x in leaves]
   total = sum(size for _, size, _ in sizes)
@@ -245,10 +282,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   setup = Setup(config)  # every config or data error surfaces here, before any compute or file
   run_control.stop_if_signalled("while the run was set up")
   config = setup.config  # fidelity keys resolved: config.json records what actually ran
-  init_key, method_key = jax.random.split(jax.random.key(config.seed))
-  params = initial_params(setup, config, init_key)  # a bad pretrained file fails before any file
+  # The state's initialisation: one program of the seed and the loaded checkpoint.
+  init = (seeded_init(setup, config),
+          (np.uint32(config.seed), load_params(setup, config)))  # a bad file fails here
   # A state larger than the devices is refused before the workdir (and its lock) exists.
-  check_state_fits(setup.method, method_key, params, setup.mesh)
+  check_state_fits(setup.method, jax.eval_shape(init[0], *init[1]), setup.mesh)
   _check_workdir(workdir, config)  # a different config is refused before anything is written
   primary = sharding.is_primary()  # the process that writes the files (process 0)
   # One run per workdir, from here to the end; in a multi-process run process 0 holds the lock.
@@ -264,8 +302,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
                         ", ".join(missing), workdir)
         _guarded(lambda: plots_lib.write_run_plots(workdir), workdir)
       return {**finished, "already_finished": workdir_lib.finished_at(workdir)}
-    return _guarded(lambda: _train_and_evaluate(setup, params, method_key, workdir, progress,
-                                                compile_start), workdir)
+    return _guarded(lambda: _train_and_evaluate(setup, init, workdir, progress, compile_start),
+                    workdir)
 
 
 def _restore_finished_log(workdir: str) -> None:
@@ -313,12 +351,12 @@ def _guarded(fn: Callable, workdir: str):
     raise errors.InternalError(errors.unexpected(e, resume)) from e
 
 
-def _train_and_evaluate(setup: Setup, params: dict, method_key: jax.Array, workdir: str,
+def _train_and_evaluate(setup: Setup, init: tuple[Callable, tuple], workdir: str,
                         progress: bool, compile_start: tuple[float, int]) -> dict:
   """The run itself, in a locked workdir whose config has been checked: the paper's protocol,
   one stream step at a time (olora_jax/protocol.py says when evaluations fall)."""
   c, method, stream = setup.config, setup.method, setup.stream
-  state, p, saver, protocol, switch = _start(setup, params, method_key, workdir, compile_start)
+  state, p, saver, protocol, switch = _start(setup, init, workdir, compile_start)
   log, ledger = saver.log, saver.ledger
   shardings = sharding.state_shardings(state, setup.mesh)  # where every leaf of the state lives
   train_step = make_guarded_step(method.train_step)
@@ -340,7 +378,7 @@ def _train_and_evaluate(setup: Setup, params: dict, method_key: jax.Array, workd
       ledger.timed_step(len(labels), step_time.seconds)
       if ledger.needs_flops:  # XLA's estimate; the trace is reused
         ledger.set_flops(compute_lib.flops(train_step.lower(state, batch)),
-                         forward_flops_per_image(setup, params))
+                         forward_flops_per_image(setup))
       finite = nonfinite.check(step, scalars, state, p)  # 2. NaN/Inf: stop (exit 3) or skip
       p.samples_seen += len(labels)
       protocol.observe(labels)  # the classes the stream has shown (evaluator only)
@@ -363,7 +401,7 @@ def _train_and_evaluate(setup: Setup, params: dict, method_key: jax.Array, workd
   return _write_results(setup, workdir, protocol, switch, p, saver)
 
 
-def _start(setup: Setup, params: dict, method_key: jax.Array, workdir: str,
+def _start(setup: Setup, init: tuple[Callable, tuple], workdir: str,
            compile_start: tuple[float, int]):
   """The run's state and progress, resumed from the newest checkpoint that verifies or fresh;
   config.json and the stream manifest written; the run log, compute ledger, trace, saver and
@@ -371,7 +409,7 @@ def _start(setup: Setup, params: dict, method_key: jax.Array, workdir: str,
   protocol, switch)."""
   c, method, stream = setup.config, setup.method, setup.stream
   primary = sharding.is_primary()  # writes the run's files; every process computes
-  state = initial_state(method, method_key, params, setup.mesh)
+  state = build_state(method, *init, setup.mesh)
   # One device: jit's single-device shardings.
   state = sharding.place_state(state, sharding.state_shardings(state, setup.mesh))
   if c.eval.write_plots and primary:
@@ -536,11 +574,14 @@ def _steady_eta(bar: tqdm.tqdm) -> None:
   bar.last_print_n = bar.n
 
 
-def forward_flops_per_image(setup: Setup, params: dict) -> float | None:
+def forward_flops_per_image(setup: Setup, params: dict | None = None) -> float | None:
   """XLA's estimate of the backbone's forward pass on one image (lowered, and compiled only where
-  the backend estimates compiled programs alone: compute.flops)."""
+  the backend estimates compiled programs alone: compute.flops). `params` may be shapes; None:
+  the model's, from `jax.eval_shape`."""
   size = setup.spec.image_size
   image = jax.ShapeDtypeStruct((1, size, size, 3), jnp.float32)
+  if params is None:
+    params = jax.eval_shape(lambda x: setup.model.init(jax.random.key(0), x), image)["params"]
   return compute_lib.flops(jax.jit(setup.model.apply).lower({"params": params}, image))
 
 

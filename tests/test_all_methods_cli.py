@@ -7,11 +7,19 @@ what is tested: its exit code, its end-of-run figures and table); the stream is 
 (same shapes), so the session's compilation cache serves the programs either test compiled first.
 Before issue 39's fix, SLDA, RanPAC and SimpleCIL exited 1 here after writing results.json, and
 every report over them ended in a traceback.
+
+The same runs hold each method to its budget of compiled programs: the compute ledger's
+`n_compilations` must be the number docs/performance.md states for it ("Programs a run
+compiles"), Online-LoRA's at most ONLINE_LORA_PROGRAMS, so a new program (an eager op, a
+placement per shape, another jitted helper) cannot creep in unnoticed. The runs share the
+session's persistent compilation cache: the ledger counts a program loaded from it as one compiled
+(test_compute checks that), so the counts are those of runs with the cache off.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -27,6 +35,17 @@ STREAM = {"data.test_fraction": 0.7, "eval.eval_every": 200, "checkpoint_every":
 # given an override of a block it does not read, which changes nothing but a warning line.
 SI_BLURRY = ("slda", {"data.scenario": "si_blurry"})
 UNREAD = "--config.er.buffer_size=7"
+# The issue's budget for the paper's method: train step, consolidation, evaluation, state
+# initialisation and the few small programs beside them.
+ONLINE_LORA_PROGRAMS = 8
+PERFORMANCE_DOC = tiny_run.ROOT / "docs" / "performance.md"
+
+
+def documented_programs() -> dict[str, int]:
+  """{method: programs} from the table of docs/performance.md's "Programs a run compiles"."""
+  section = PERFORMANCE_DOC.read_text().split("\n## Programs a run compiles", 1)[1]
+  section = section.split("\n## ", 1)[0]
+  return {name: int(n) for name, n in re.findall(r"^\| `(\w+)` \| (\d+) \|", section, re.M)}
 
 
 def _overrides(method: str, extra: dict) -> list[str]:
@@ -54,7 +73,7 @@ def test_every_registered_method_runs_from_the_command_line_and_reports(tmp_path
                                                                         compilation_cache):
   runs = [(spec.name, spec.name, {}) for spec in methods.specs()]
   runs.append((f"{SI_BLURRY[0]}_si_blurry", *SI_BLURRY))
-  failed = []
+  failed, programs = [], {}
   for name, method, extra in runs:
     workdir = tmp_path / name
     unread = (UNREAD,) if extra else ()
@@ -70,7 +89,16 @@ def test_every_registered_method_runs_from_the_command_line_and_reports(tmp_path
     if done.returncode != 0 or missing:
       failed.append(f"{name}: exit {done.returncode}, missing plots {missing}:"
                     f" {tiny_run.last_line(done.stderr)}")
+    elif not extra:
+      programs[name] = json.loads((workdir / "results.json").read_text())["compute"][
+          "n_compilations"]
   assert not failed, "\n".join(failed)
+  budget = documented_programs()
+  assert budget["online_lora"] <= ONLINE_LORA_PROGRAMS, budget
+  wrong = {name: (n, budget.get(name)) for name, n in programs.items() if n != budget.get(name)}
+  assert not wrong, (f"programs compiled (method: (this run, docs/performance.md)): {wrong};"
+                     " run with JAX_LOG_COMPILES=1 to see each program, remove a new one at its"
+                     " cause or state the new count in the docs' table")
 
   table = _cli("report.py", tmp_path, cache=compilation_cache)
   assert table.returncode == 0, table.stderr[-2000:]

@@ -75,6 +75,23 @@ def test_results_carry_the_ledger_and_run_py_fills_the_compilation_cache(
   assert any(Path(compilation_cache).iterdir())
 
 
+def test_a_program_loaded_from_the_persistent_cache_counts_as_compiled():
+  """test_all_methods_cli holds each method to its number of programs on runs that share the
+  session's persistent cache: a program the cache serves is counted as one compiled, so those
+  counts are the ones with the cache off."""
+  hits = []
+  jax.monitoring.register_event_listener(
+      lambda event, **kwargs: hits.append(event) if event.endswith("cache_hits") else None)
+  fn = jax.jit(lambda x: jnp.cumsum(x * 3.0 + 1.0))
+  x = np.arange(7, dtype=np.float32)
+  counts = [compute.COMPILE_CLOCK.count]
+  for _ in range(2):
+    jax.clear_caches()  # the in-memory caches: the second call reads the persistent one
+    fn(x).block_until_ready()
+    counts.append(compute.COMPILE_CLOCK.count)
+  assert np.diff(counts).tolist() == [1, 1] and hits, (counts, hits)
+
+
 def test_keep_host_memory_applies_on_glibc_and_can_be_turned_off(monkeypatch):
   monkeypatch.setenv(compute.KEEP_HOST_MEMORY_ENV, "0")
   assert compute.keep_host_memory() is False

@@ -196,7 +196,7 @@ def test_predictions_in_pieces_give_the_same_counts(setup, monkeypatch):
   calls = []  # what the evaluator's count function asks for when traced
   original = evaluate.predict_in_pieces
   monkeypatch.setattr(evaluate, "predict_in_pieces",
-                      lambda *a: calls.append(a[3:]) or original(*a))
+                      lambda *a: calls.append(a[3:5]) or original(*a))
   pieces = evaluate.Evaluator(source, 16, 8, C, _predict(learner), predict_chunk=2)
   counts = pieces.all_counts((state, frozen), [0])
   assert calls == [(2, 1)]
@@ -224,3 +224,49 @@ def test_predict_chunk_minus_one_is_picked_by_the_backend():
   evaluate.check_predict_chunk(-1, 96, 1)
   with pytest.raises(ValueError, match=r"eval.predict_chunk=-2 must be 0 .*-1 \(picked by"):
     evaluate.check_predict_chunk(-2, 96, 1)
+
+
+def test_a_padded_last_batch_gives_the_counts_of_unpadded_batches(setup):
+  """37 test images in one unpadded batch, and in batches of 8 and 16 whose last is padded (3
+  and 11 masked rows): the same counts (the padding rows never count, and no image's prediction
+  depends on the batch it is in). In pieces of 4, the last batch of 16 holds 5 images: its last
+  two pieces are padding alone and skip the model."""
+  source, learner, state, frozen, _ = setup
+  seen = np.array([0, 1, 3])
+  whole = evaluate.Evaluator(source, 16, 37, C, _predict(learner), mask_unseen_logits=True)
+  assert whole.cached == "device"  # the test set's uint8 levels on the device, gathered there
+  unpadded = whole.all_counts((state, frozen), seen)
+  assert unpadded.total.sum() == 37
+  for batch_size, chunk in ((8, 0), (16, 0), (16, 4)):
+    padded = evaluate.Evaluator(source, 16, batch_size, C, _predict(learner),
+                                mask_unseen_logits=True,
+                                predict_chunk=chunk).all_counts((state, frozen), seen)
+    np.testing.assert_array_equal(padded.correct, unpadded.correct)
+    np.testing.assert_array_equal(padded.total, unpadded.total)
+
+
+def test_fit_batch_halves_until_the_program_fits():
+  needed = {1024: 900, 512: 450, 256: 225, 128: 112}.__getitem__  # bytes for a batch
+  assert evaluate.fit_batch(1024, needed, 1000, 64) == 1024  # fits 90% of 1000
+  assert evaluate.fit_batch(1024, needed, 600, 64) == 512
+  assert evaluate.fit_batch(1024, needed, 200, 64) == 128
+  assert evaluate.fit_batch(1024, needed, 10, 128) == 128  # never below a device's chunk
+  assert evaluate.fit_batch(192, lambda b: b, 100, 64) == 64  # multiples of the step
+
+
+def test_an_evaluation_batch_too_large_for_the_device_is_lowered(setup, monkeypatch, caplog):
+  """Where the device reports too little free memory for eval.batch_size's program, the first
+  evaluation halves the batch (each size compiled ahead of time, the last one kept for every
+  later evaluation) and says so; the counts are those of the batch asked for."""
+  source, learner, state, frozen, _ = setup
+  want = evaluate.Evaluator(source, 16, 16, C, _predict(learner)).all_counts((state, frozen), [0])
+  monkeypatch.setattr(evaluate, "free_device_bytes", lambda: 1)  # nothing fits
+  ev = evaluate.Evaluator(source, 16, 16, C, _predict(learner), predict_chunk=8)
+  traces = evaluate.TRACE_COUNTS["count"]
+  with caplog.at_level("WARNING"):
+    got = ev.all_counts((state, frozen), [0])
+  assert ev.batch_size == 8 and "evaluating in batches of 8" in caplog.text
+  np.testing.assert_array_equal(got.correct, want.correct)
+  np.testing.assert_array_equal(got.total, want.total)
+  ev.all_counts((state, frozen), [0, 1])
+  assert evaluate.TRACE_COUNTS["count"] == traces + 2  # batches of 16 and of 8, each once

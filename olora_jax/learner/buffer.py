@@ -32,10 +32,15 @@ class HardBuffer:
     return self.labels.shape[0]
 
 
-def init_buffer(size: int, image_shape: tuple[int, ...]) -> HardBuffer:
-  """An empty sample buffer: images (K, *image_shape) float32, labels (K,), valid (K,) False."""
+def check_size(size: int) -> None:
+  """learner.buffer_size: K >= 0 (checked when the method is built, before any array exists)."""
   if size < 0:
     raise ValueError(f"learner.buffer_size={size} must be >= 0")
+
+
+def init_buffer(size: int, image_shape: tuple[int, ...]) -> HardBuffer:
+  """An empty sample buffer: images (K, *image_shape) float32, labels (K,), valid (K,) False."""
+  check_size(size)
   return HardBuffer(images=jnp.zeros((size, *image_shape), jnp.float32),
                     labels=jnp.zeros((size,), jnp.int32),
                     valid=jnp.zeros((size,), bool))

@@ -43,7 +43,7 @@ def build(ctx: base.Context) -> base.Method:
       reset_opt_state_at_merge=c.reset_opt_state_at_merge, buffer_unit=c.buffer_unit,
       window_value=c.window_value, importance=c.importance, merge=c.merge,
       new_lora_init=c.new_lora_init)
-  buffer_lib.init_buffer(c.buffer_size, (1,))  # validates the size
+  buffer_lib.check_size(c.buffer_size)
   learner = online_lora.make_learner(ctx.model, tx, learner_config)
   spec, incremental = ctx.spec, c.incremental_lora
   # learner.initial_lora: (first LoRA, frozen pair) in the authors' layout, else (None, None).

@@ -76,6 +76,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from olora_jax import config_keys
@@ -230,7 +231,9 @@ def build(ctx: base.Context) -> base.Method:
     """APER's end of the first phase: the first boundary freezes the adapted model for good."""
     if "adapted_until_step" not in host:
       host = {**host, "adapted_until_step": int(state["step"])}
-    return {**state, "adapting": jnp.zeros_like(state["adapting"])}, host
+    # Placed from the host where the flag lives: an eager jnp.zeros_like compiles a program.
+    stopped = jax.device_put(np.zeros((), bool), state["adapting"].sharding)
+    return {**state, "adapting": stopped}, host
 
   return base.Method(name="simplecil", init=init, train_step=train_step, predict=predict,
                      at_boundary=at_boundary if adapt else None,

@@ -210,12 +210,18 @@ class EncoderBlock(nn.Module):
 # A fresh classifier head as timm creates it for a new class count (the released code's model):
 # kernel ~ N(0, 0.02^2) (timm's trunc_normal_(std=.02) truncates at an absolute +-2, never reached),
 # bias 0. A non-zero head matters: with a zero head every LoRA gradient is exactly 0 at step 0.
-HEAD_KERNEL_INIT = nn.initializers.normal(0.02)
+HEAD_STDDEV = 0.02
+HEAD_KERNEL_INIT = nn.initializers.normal(HEAD_STDDEV)
 
 
 def init_head(key, width: int, num_classes: int) -> dict:
-  """A fresh head's parameters {"kernel" (D, C), "bias" (C,)}, as `VisionTransformer` inits it."""
-  return {"kernel": HEAD_KERNEL_INIT(key, (width, num_classes), jnp.float32),
+  """A fresh head's parameters {"kernel" (D, C), "bias" (C,)}, as `VisionTransformer` inits it
+  (`HEAD_KERNEL_INIT`: a standard normal sample times HEAD_STDDEV). The same bits alone or
+  traced into a larger program (a run's state initialisation): the optimisation barrier keeps
+  XLA from folding the scale into the sample's own constants, which rounds last bits apart."""
+  sample = jax.lax.optimization_barrier(
+      jax.random.normal(key, (width, num_classes), jnp.float32))
+  return {"kernel": sample * jnp.array(HEAD_STDDEV, jnp.float32),
           "bias": jnp.zeros((num_classes,), jnp.float32)}
 
 
