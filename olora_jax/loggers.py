@@ -32,7 +32,6 @@ logger the config names whose package is not installed is bad input, refused bef
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import logging
 import math
@@ -41,39 +40,11 @@ import os
 import time
 import uuid
 
-from olora_jax import tb_writer
+# The `loggers` key's vocabulary lives with the config checks (validation imports no logger).
+from olora_jax import plots, tb_writer, validation
+from olora_jax.validation import LOGGERS, PACKAGES, check_loggers, parse_loggers  # noqa: F401
 
-LOGGERS = ("tensorboard", "wandb", "mlflow")
-# The package each logger needs, and the extra of olora-jax that installs it.
-PACKAGES = {"tensorboard": "tensorboardX", "wandb": "wandb", "mlflow": "mlflow"}
 IDS_FILE = "loggers.json"  # the W&B and MLflow run ids, for a resume to log into the same runs
-
-
-def parse_loggers(value) -> tuple[str, ...]:
-  """The `loggers` config value ('tensorboard,wandb', a list, or '' / 'none') as names."""
-  if isinstance(value, str):
-    names = [n.strip() for n in value.split(",")]
-  else:
-    names = [str(n).strip() for n in value]
-  return tuple(dict.fromkeys(n for n in names if n and n != "none"))
-
-
-def check_loggers(value) -> str | None:
-  """None when every logger in `value` is known and, except TensorBoard (optional by default),
-  installed; else the one line that says what is wrong and how to fix it."""
-  try:
-    names = parse_loggers(value)
-  except TypeError:
-    names = (value,)
-  unknown = [n for n in names if n not in LOGGERS]
-  if unknown:
-    return (f"loggers={value!r} names unknown logger(s) {unknown}; use a comma-separated subset"
-            f" of {','.join(LOGGERS)}, or '' for metrics.jsonl alone")
-  for name in names:
-    if name != "tensorboard" and importlib.util.find_spec(PACKAGES[name]) is None:
-      return (f"loggers={value!r} names {name}, but {PACKAGES[name]} is not installed: pip"
-              f" install 'olora-jax[{name}]' (or leave {name} out of --config.loggers)")
-  return None
 
 
 def scalars(values: dict) -> dict[str, float]:
@@ -255,8 +226,6 @@ class Mirrors:
 def make_mirrors(workdir: str, config: dict | None = None) -> Mirrors | None:
   """The loggers `config` (the run's flattened config; None: TensorBoard alone, as before the
   `loggers` key) names, writing into `workdir`; None when it names none."""
-  from olora_jax import plots, validation
-
   config = validation.flatten(config or {})
   names = parse_loggers(config.get("loggers", "tensorboard"))
   writers = []

@@ -742,11 +742,11 @@ def _backbone_kind(raw: dict[str, np.ndarray], fmt: str) -> str | None:
   """'ViT' or 'Swin' when the file's keys say which backbone it holds (timm's names: a ViT's
   `blocks.N.` under a class token and position embedding, a Swin's `layers.N.blocks.M.`; the
   npz layouts are ViTs), else None (the checks that follow name what is wrong)."""
-  if fmt not in ("timm", "online_lora"):
-    return "ViT"
   keys = [k.removeprefix(ONLINE_LORA_SWIN_PREFIX).removeprefix(ONLINE_LORA_PREFIX) for k in raw]
   if any(k.startswith("layers.") and ".blocks." in k for k in keys):
-    return "Swin"
+    return "Swin"  # whatever fmt says: a Swin file given as fmt='augreg' is told its layout
+  if fmt not in ("timm", "online_lora"):
+    return "ViT"
   if any(k.split(".")[-1] in ("cls_token", "pos_embed") for k in keys) and any(
       ".blocks." in f".{k}" for k in keys):
     return "ViT"

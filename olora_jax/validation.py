@@ -23,13 +23,14 @@ missing or malformed pretrained checkpoints by `olora_jax.pretrained`, both befo
 
 from __future__ import annotations
 
+import importlib.util
 import math
 from collections.abc import Mapping
 
 import ml_collections
 import numpy as np
 
-from olora_jax import errors, loggers
+from olora_jax import errors
 from olora_jax.data.preprocess import PREPROCESS_MODES
 from olora_jax.data.streams import SCENARIOS
 from olora_jax.models.vit import COMPUTE_DTYPES, spec_from_config
@@ -128,7 +129,7 @@ def check_config(config: ml_collections.ConfigDict, width: int) -> None:
   _require(c.eval.eval_every >= 1, f"eval.eval_every={c.eval.eval_every} must be >= 1")
   _require(c.eval.batch_size >= 1, f"eval.batch_size={c.eval.batch_size} must be >= 1")
   _require(c.log_every >= 1, f"log_every={c.log_every} must be >= 1")
-  problem = loggers.check_loggers(c.loggers)
+  problem = check_loggers(c.loggers)
   _require(problem is None, problem)
   _require(isinstance(c.logger_project, str) and c.logger_project.strip() != "",
            f"logger_project={c.logger_project!r} must name a W&B project / MLflow experiment,"
@@ -370,3 +371,36 @@ def check_source(labels: np.ndarray, images: np.ndarray, num_classes: int, what:
     _require(0 <= lo and hi < num_classes,
              f"{what}: labels span [{lo}, {hi}] but must lie in [0, {num_classes}); relabel"
              " the classes as 0..C-1")
+
+
+# The `loggers` key (olora_jax/loggers.py writes what it names).
+LOGGERS = ("tensorboard", "wandb", "mlflow")
+# The package each logger needs (olora_jax/loggers.py), and the extra of olora-jax that installs it.
+PACKAGES = {"tensorboard": "tensorboardX", "wandb": "wandb", "mlflow": "mlflow"}
+
+
+def parse_loggers(value) -> tuple[str, ...]:
+  """The `loggers` config value ('tensorboard,wandb', a list, or '' / 'none') as names."""
+  if isinstance(value, str):
+    names = [n.strip() for n in value.split(",")]
+  else:
+    names = [str(n).strip() for n in value]
+  return tuple(dict.fromkeys(n for n in names if n and n != "none"))
+
+
+def check_loggers(value) -> str | None:
+  """None when every logger in `value` is known and, except TensorBoard (optional by default),
+  installed; else the one line that says what is wrong and how to fix it."""
+  try:
+    names = parse_loggers(value)
+  except TypeError:
+    names = (value,)
+  unknown = [n for n in names if n not in LOGGERS]
+  if unknown:
+    return (f"loggers={value!r} names unknown logger(s) {unknown}; use a comma-separated subset"
+            f" of {','.join(LOGGERS)}, or '' for metrics.jsonl alone")
+  for name in names:
+    if name != "tensorboard" and importlib.util.find_spec(PACKAGES[name]) is None:
+      return (f"loggers={value!r} names {name}, but {PACKAGES[name]} is not installed: pip"
+              f" install 'olora-jax[{name}]' (or leave {name} out of --config.loggers)")
+  return None

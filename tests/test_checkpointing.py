@@ -196,7 +196,8 @@ def test_nonfinite_loss_is_skipped_when_configured(tmp_path):
 def test_the_advice_of_exit_3_works_on_the_same_workdir(tmp_path):
   """Stopped for a non-finite loss, the run resumes in the same workdir with
   learner.skip_nonfinite=True (a key that may change on resume), and says it changed."""
-  with pytest.raises(errors_lib.NonFiniteLoss, match="set learner.skip_nonfinite=True"):
+  with pytest.raises(errors_lib.NonFiniteLoss,
+                     match=r"rerun the same command with --config.learner.skip_nonfinite=True"):
     trainer.train_and_evaluate(_nan_config(False), str(tmp_path), progress=False)
   config = _nan_config(True)
   config.learner.max_skipped_fraction = 1.0

@@ -44,8 +44,8 @@ def test_the_loggers_key_is_checked_before_any_compute(monkeypatch):
   assert loggers.parse_loggers("") == loggers.parse_loggers("none") == ()
   assert loggers.check_loggers("tensorboard") is None and loggers.check_loggers("") is None
   assert "unknown logger(s) ['neptune']" in loggers.check_loggers("tensorboard,neptune")
-  real = loggers.importlib.util.find_spec
-  monkeypatch.setattr(loggers.importlib.util, "find_spec",
+  real = validation.importlib.util.find_spec
+  monkeypatch.setattr(validation.importlib.util, "find_spec",
                       lambda name: None if name in ("wandb", "tensorboardX") else real(name))
   # Asked for and absent: one line with the install command; TensorBoard stays optional.
   assert loggers.check_loggers("tensorboard,wandb") == (

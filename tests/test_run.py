@@ -29,7 +29,7 @@ def test_writes_config_metrics_and_results(tiny_reference):
   events = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
   assert all({"step", "samples_seen", "event"} <= set(e) for e in events)
   kinds = {e["event"] for e in events}
-  assert kinds == {"train", "plateau", "eval", "task_end"}
+  assert kinds == {"train", "plateau", "rearm", "eval", "task_end"}
   results = json.loads((workdir / "results.json").read_text())
   for key in ("A_final", "forgetting", "A_auc", "acc_matrix", "n_plateaus", "wall_seconds"):
     assert key in results

@@ -313,13 +313,15 @@ def test_prompts_are_refused():
 def test_swin_t_variants_of_the_appendix_settings():
   """`:swin_t` of Split ImageNet-S and CORe50: Swin-T at 224 px, Online-LoRA lr 3e-4, and the
   setting labels under which the report layout holds the appendix's numbers."""
-  for module, label in ((split_imagenet_s, "imagenet_sketch disjoint/10 swin_t"),
-                        (core50, "core50 domain/8 swin_t")):
+  for module, label, order in (
+      (split_imagenet_s, "imagenet_sketch disjoint/10 swin_t", ", seeded order"),
+      (core50, "core50 domain/8 swin_t", "")):
     config = module.get_config("swin_t")
     assert config.learner.learning_rate == 3e-4 and config.pretrained.format == "timm"
     assert models.spec_from_config(config.model) == swin.SwinSpec(image_size=224,
                                                                   **swin.PRESETS["swin_t"])
-    assert reporting.setting_label(validation.flatten(config)) == label
+    assert reporting.setting_label(validation.flatten(config)) == label + order
+    assert reporting.paper_setting(validation.flatten(config)) == label
     assert reporting.PAPER_RESULTS["swin"][label]["Online-LoRA"][0][0] in (53.75, 95.29)
   assert reporting.LAYOUTS["swin"].backbones == ("swin_t",)
 
