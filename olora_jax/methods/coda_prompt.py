@@ -32,7 +32,7 @@ before it and normalised; for P the (Lp, D) prompt flattened), and the optimizer
 T - 1 boundaries the last block keeps training (the authors' code has no block past its task
 count).
 
-Readings (docs/methods.md "CODA-Prompt" lists them with the paper and the authors' code):
+Readings (docs/methods/coda_prompt.md lists them with the paper and the authors' code):
 - Initialisation as the authors' released code: block 0 by Gram-Schmidt at the start, each later
   block at its boundary (the paper: the whole pool orthogonal at the start); earlier components
   keep their trained values and the new block is orthogonal to their span. Ours is exactly
@@ -227,10 +227,10 @@ def build(ctx: base.Context) -> base.Method:
 
 def config():
   """The `coda_prompt` block: the authors' ViT-B/16 ImageNet-R setting (their released script:
-  100 components, prompt length 8, orthogonality weight 0, Adam at 1e-3; docs/methods.md
-  "CODA-Prompt"). trainable 'prompts': the components (keys, attention vectors, prompts) and the
-  head, on the frozen backbone. pool_size M: components per layer, in n_tasks blocks of
-  M // n_tasks (one block per task, as the authors' code); n_tasks: 0 = data.n_tasks, the
+  100 components, prompt length 8, orthogonality weight 0, Adam at 1e-3;
+  docs/methods/coda_prompt.md). trainable 'prompts': the components (keys, attention vectors,
+  prompts) and the head, on the frozen backbone. pool_size M: components per layer, in n_tasks
+  blocks of M // n_tasks (one block per task, as the authors' code); n_tasks: 0 = data.n_tasks, the
   setting's task count, read from the config (never from a batch); past n_tasks boundaries the
   last block keeps training; prompt_length Lp: tokens of a component
   (even: Lp/2 key and Lp/2 value prefix tokens); layers: the blocks that take a prefix (indices

@@ -31,7 +31,7 @@ never a candidate). A stream with more boundaries than the pool holds tasks (M /
 as the authors' code does once its task's prompt mask would run past the pool, to free key
 selection in training.
 
-Readings (docs/methods.md "DualPrompt" lists them with the paper and the authors' code):
+Readings (docs/methods/dualprompt.md lists them with the paper and the authors' code):
 - Only the E-prompts and keys used in the step move (their rows of the pool;
   `prompt_pool.freeze_rows` zeroes the updates of the others, so neither weight decay nor Adam's
   moments move an earlier E-prompt); the G-prompt and the head train always.
@@ -171,7 +171,7 @@ def build(ctx: base.Context) -> base.Method:
 
 def config():
   """The `dualprompt` block: the authors' ViT-B/16 Split ImageNet-R setting (their code's config;
-  docs/methods.md "DualPrompt"). trainable 'prompts': G-prompt, E-prompt pool with its keys, and
+  docs/methods/dualprompt.md). trainable 'prompts': G-prompt, E-prompt pool with its keys, and
   the head, on the frozen backbone. g_layers / e_layers: the blocks that take the G- / E-prefix
   (indices < model.depth; the paper's 0-1 and 2-4 of ViT-B's 12); g_prompt_length Lg and
   prompt_length Le: prefix tokens per block (each for keys and for values); pool_size M: the
