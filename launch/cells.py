@@ -1,43 +1,79 @@
-"""A sweep's cells: one run each, its exit recorded in its workdir, its state read back from there.
+"""A sweep's cells: one run each, its exit recorded in its workdir, its state read back from there
+and, for a SLURM sweep, from the scheduler.
 
 A cell is one `launch/run.py` command and its workdir. `run_cell` runs it (locally or as one
 task of a SLURM array: the same function) and keeps, in WORKDIR/exit.json, what happened:
 
-    {"state": "running", "pid": ..., "host": ..., "since": ..., "slurm_task": ...}   while it runs
-    {"state": "exited", "code": 0, "line": "", "seconds": ..., ...}                  when it ends
+    {"state": "running", "pid": ..., "host": ..., "since": ..., "heartbeat": ...,
+     "slurm_task": ..., "seconds": ..., "allocations": ...}                        while it runs
+    {"state": "exited", "code": 0, "line": "", "seconds": ..., "allocations": ...}   when it ends
 
 `line` is the run's last `error: ...` line (launch/run.py ends stderr with one on every non-zero
-exit). A cell is finished when its workdir holds results.json and its record, if it has one,
-says exit 0: a run that wrote results.json and then failed (exit 1 while drawing its figures, say)
-is not finished and runs again. `cell_status` reads only the workdir (no scheduler, no
-accounting), so `launch/sweep.py --status ROOT` works for local and SLURM sweeps alike.
+exit). `seconds` is the cell's wall time summed over every allocation (every start of the cell:
+a requeue, a resume), `allocations` their count. While the run goes, the runner rewrites the
+`heartbeat` (and `seconds`) every HEARTBEAT_SECONDS; a running record whose heartbeat is older
+than STALE_SECONDS belongs to a runner that is gone (its node died, it was killed): the cell is
+`lost`. The record is written whole (a temporary file renamed over it) under a lock; it is kept
+RECORD_BYTES long or more, so that when the disk is full the exit record still overwrites it in
+place, without a new block.
+
+A cell is finished when its workdir holds results.json and its record, if it has one, says exit
+0: a run that wrote results.json and then failed (exit 1 while drawing its figures, say) is not
+finished and runs again. A second runner of a cell already finished, or one refused because
+another process holds the workdir, leaves the record alone.
 
 The sweep's plan, ROOT/sweep.json, lists every cell any invocation on ROOT asked for, in the
-order first asked (a cell keeps its index: it is the SLURM array index).
+order first asked (a cell keeps its index: it is the SLURM array index), with its workdir
+relative to ROOT (a moved root keeps working) and, for a SLURM sweep, the array task that runs
+it. It is read and changed under ROOT/sweep.json.lock and written whole, so submissions into one
+root at once, the tuning seeds and `--status` never lose or corrupt a cell.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
+import fcntl
 import json
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+import uuid
 
 EXIT_RECORD = "exit.json"
 PLAN = "sweep.json"
+CHECKPOINTS = "checkpoints"  # olora_jax/checkpointing.py's CHECKPOINT_DIR
 EXIT_SIGNAL_BASE = 128  # olora_jax/errors.py: 128 + signal number
+HEARTBEAT_SECONDS = 30
+STALE_SECONDS = 120  # four heartbeats missed
+RECORD_BYTES = 8192
+REPEAT_SECONDS = 2  # a signal again within this is the same stop, not a second one
+STATES = ("finished", "running", "queued", "stopped", "lost", "failed", "not started")
 
 
 def now() -> str:
   return datetime.datetime.now().astimezone().isoformat(timespec="seconds")
 
 
+@contextlib.contextmanager
+def locked(path: str):
+  """Holds an exclusive lock on `path`.lock while the block runs (flock: released when the
+  process ends, whatever way)."""
+  os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+  fd = os.open(f"{path}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+  try:
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    yield
+  finally:
+    os.close(fd)
+
+
 def read_record(workdir: str) -> dict | None:
-  """The cell's exit record, or None (none written, or unreadable: a half-written one)."""
+  """The cell's exit record, or None (none written, or unreadable)."""
   try:
     with open(os.path.join(workdir, EXIT_RECORD)) as f:
       record = json.load(f)
@@ -46,19 +82,58 @@ def read_record(workdir: str) -> dict | None:
     return None
 
 
+def _padded(record: dict, size: int) -> bytes:
+  data = json.dumps(record, indent=1).encode()
+  return data + b" " * (max(size, len(data) + 1) - len(data) - 1) + b"\n"
+
+
 def write_record(workdir: str, record: dict) -> None:
-  """Writes the record whole or not at all (a reader never sees half of it)."""
+  """Writes the record whole (a reader never sees half of it). When the disk is full, it
+  overwrites the record in place instead, within the bytes the earlier one held."""
   os.makedirs(workdir, exist_ok=True)
   path = os.path.join(workdir, EXIT_RECORD)
   tmp = f"{path}.{os.getpid()}.tmp"
-  with open(tmp, "w") as f:
-    json.dump(record, f, indent=1)
-  os.replace(tmp, path)
+  data = _padded(record, RECORD_BYTES)
+  try:
+    with open(tmp, "wb") as f:
+      f.write(data)
+    os.replace(tmp, path)
+  except OSError:
+    with contextlib.suppress(OSError):
+      os.remove(tmp)
+    size = os.path.getsize(path) if os.path.exists(path) else 0
+    data = _padded(record, size)
+    if len(data) > size:
+      raise
+    fd = os.open(path, os.O_WRONLY)
+    try:
+      os.pwrite(fd, data, 0)
+    finally:
+      os.close(fd)
+
+
+def update_record(workdir: str, change) -> dict | None:
+  """Under the record's lock: `change(current record or None)` -> the record to write, or None
+  to leave it. Returns what was written (None: nothing). A workdir that cannot be written fails
+  the run itself (exit 4, with its line): the record is then left out, not a second error."""
+  path = os.path.join(workdir, EXIT_RECORD)
+  try:
+    with locked(path):
+      new = change(read_record(workdir))
+      if new is not None:
+        write_record(workdir, new)
+      return new
+  except OSError:
+    return None
 
 
 def is_finished(workdir: str) -> bool:
-  """results.json written and no record of a non-zero exit after it."""
-  if not os.path.isfile(os.path.join(workdir, "results.json")):
+  """results.json written, whole (a damaged one is not a result: the cell runs again, and the
+  run's line says how to rebuild it), and no record of a non-zero exit after it."""
+  try:
+    with open(os.path.join(workdir, "results.json")) as f:
+      json.load(f)
+  except (OSError, ValueError):
     return False
   record = read_record(workdir)
   return record is None or (record.get("state") == "exited" and record.get("code") == 0)
@@ -73,6 +148,14 @@ def is_signal(code: int) -> bool:
   return code > EXIT_SIGNAL_BASE
 
 
+def signal_name(code: int) -> str:
+  """143 -> 'SIGTERM'."""
+  try:
+    return signal.Signals(code - EXIT_SIGNAL_BASE).name
+  except ValueError:
+    return f"signal {code - EXIT_SIGNAL_BASE}"
+
+
 def _error_line(tail: bytes) -> str:
   """The last `error: ...` line of the run's stderr (its one-line reason), '' if none."""
   for line in reversed(tail.decode(errors="replace").replace("\r", "\n").splitlines()):
@@ -81,22 +164,70 @@ def _error_line(tail: bytes) -> str:
   return ""
 
 
-def run_cell(workdir: str, command: list[str]) -> tuple[int, str]:
+def newest_checkpoint(workdir: str) -> int | None:
+  """The step of the newest checkpoint in `workdir` (a resume starts there), None before one."""
+  try:
+    steps = [int(d) for d in os.listdir(os.path.join(workdir, CHECKPOINTS)) if d.isdigit()]
+  except OSError:
+    return None
+  return max(steps) if steps else None
+
+
+def run_cell(workdir: str, command: list[str], *, forward=None) -> tuple[int, str, bool]:
   """Runs `command` to its end, passing its stderr through, and records its exit in `workdir`;
-  (exit code, one-line reason). SIGINT and SIGTERM sent to this process are passed on to the run
-  once (it is in its own session, so a terminal's Ctrl-C reaches this process alone), which
-  checkpoints its current step and exits 128 + signal. A run refused because another process
-  holds the workdir leaves that process's record alone."""
+  (exit code, one-line reason, whether this process was signalled). SIGINT and SIGTERM sent to
+  this process are passed on to the run once (it is in its own session, so a terminal's Ctrl-C
+  reaches this process alone) by `forward(proc, signum)` (default: the same signal to the run),
+  and the run checkpoints its current step and exits 128 + signal. A cell found finished is not
+  run: (0, 'finished earlier', False)."""
   job = os.environ.get("SLURM_ARRAY_JOB_ID")
   task = f"{job}_{os.environ.get('SLURM_ARRAY_TASK_ID')}" if job else None
-  before = read_record(workdir)
+  me = uuid.uuid4().hex
   start, since = time.monotonic(), now()
+  state = {"before": None, "skip": False}
+
+  def begin(current):
+    state["before"] = current
+    if is_finished(workdir):
+      state["skip"] = True
+      return None
+    earlier = current or {}
+    return {"state": "running", "run": me, "pid": None, "host": socket.gethostname(),
+            "since": since, "heartbeat": since, "slurm_task": task,
+            "slurm_job": os.environ.get("SLURM_JOB_ID"), "command": command,
+            "seconds_before": float(earlier.get("seconds", 0.0) or 0.0),
+            "seconds": float(earlier.get("seconds", 0.0) or 0.0),
+            "allocations": int(earlier.get("allocations", 0) or 0) + 1}
+
+  running = update_record(workdir, begin)
+  if state["skip"]:
+    return 0, "finished earlier", False
   proc = subprocess.Popen(command, start_new_session=True, stderr=subprocess.PIPE)
-  running = {"state": "running", "pid": proc.pid, "host": socket.gethostname(), "since": since,
-             "slurm_task": task, "command": command}
-  _try_write(workdir, running)
-  forward = lambda signum, frame: proc.send_signal(signum)  # noqa: E731
-  handlers = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+  if running is not None:
+    running = {**running, "pid": proc.pid}
+    update_record(workdir, lambda current: running if _mine(current, me) else None)
+  signalled = []
+
+  def on_signal(signum, frame):
+    # One stop reaches the runner twice under SLURM (the scheduler's own SIGTERM and the batch
+    # script's): the run gets it once; a second signal later on stops it at once, as it asks.
+    if signalled and time.monotonic() - signalled[-1] < REPEAT_SECONDS:
+      return
+    signalled.append(time.monotonic())
+    (forward or (lambda p, s: p.send_signal(s)))(proc, signum)
+
+  handlers = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+  done = threading.Event()
+
+  def heartbeat():
+    while not done.wait(HEARTBEAT_SECONDS):
+      beat = {"heartbeat": now(),
+              "seconds": round(running["seconds_before"] + time.monotonic() - start, 1)}
+      update_record(workdir, lambda current, beat=beat: {**current, **beat}
+                    if _mine(current, me) else None)
+
+  if running is not None:
+    threading.Thread(target=heartbeat, daemon=True).start()
   tail = b""
   try:
     fd = proc.stderr.fileno()
@@ -106,29 +237,35 @@ def run_cell(workdir: str, command: list[str]) -> tuple[int, str]:
       tail = (tail + chunk)[-8192:]
     code = signal_code(proc.wait())
   finally:
+    done.set()
     for s, handler in handlers.items():
       signal.signal(s, handler)
+  if tail and not tail.endswith(b"\n"):  # a progress bar's line: what follows starts a new one
+    sys.stderr.buffer.write(b"\n")
+    sys.stderr.buffer.flush()
   line = _error_line(tail)
   if not line and is_signal(code):
-    line = f"killed by signal {code - EXIT_SIGNAL_BASE} before it could checkpoint"
+    line = f"killed by {signal_name(code)} before it could checkpoint"
   elif not line and code:
     line = f"exited {code} without an error line; see its output"
-  if " is in use by " in line:  # WorkdirBusy: the record belongs to the run holding the workdir
-    if before is not None:
-      _try_write(workdir, before)
-    return code, line
-  _try_write(workdir, {**running, "state": "exited", "code": code, "line": line, "ended": now(),
-                       "seconds": round(time.monotonic() - start, 1)})
-  return code, line
+  busy = " is in use by " in line  # WorkdirBusy: the record belongs to the run holding it
+
+  def end(current):
+    if not _mine(current, me):
+      return None  # another runner's record (finished, or running): not ours to change
+    if busy:
+      return state["before"] or {}
+    return {**running, "state": "exited", "code": code, "line": line, "ended": now(),
+            "heartbeat": None,
+            "seconds": round(running["seconds_before"] + time.monotonic() - start, 1)}
+
+  if running is not None:
+    update_record(workdir, end)
+  return code, line, bool(signalled)
 
 
-def _try_write(workdir: str, record: dict) -> None:
-  """A workdir that cannot be written fails the run itself (exit 4, with its line): the record
-  is then left out, not a second error."""
-  try:
-    write_record(workdir, record)
-  except OSError:
-    pass
+def _mine(record: dict | None, me: str) -> bool:
+  return record is not None and record.get("run") == me
 
 
 def _pid_alive(pid: int) -> bool:
@@ -141,102 +278,242 @@ def _pid_alive(pid: int) -> bool:
   return True
 
 
-def _progress(workdir: str) -> str:
-  """'step N of M' from the run log's last line and the stream manifest ('' before either)."""
+def _age(stamp: str | None) -> float | None:
+  """Seconds since an ISO time `stamp` (None when missing or unreadable)."""
+  try:
+    return (datetime.datetime.now().astimezone()
+            - datetime.datetime.fromisoformat(stamp)).total_seconds()
+  except (TypeError, ValueError):
+    return None
+
+
+def _total_steps(workdir: str) -> int | None:
   try:
     with open(os.path.join(workdir, "stream_manifest.json")) as f:
-      total = len(json.load(f)["steps"])
+      return len(json.load(f)["steps"])
   except (OSError, ValueError, KeyError, TypeError):
+    return None
+
+
+def checkpoint_progress(workdir: str) -> str:
+  """'checkpoint at step N of M' (the newest checkpoint: where a resume starts), 'no checkpoint
+  yet' before one, '' before the stream is known."""
+  total, step = _total_steps(workdir), newest_checkpoint(workdir)
+  if step is None:
+    return "no checkpoint yet" if total is not None else ""
+  return f"checkpoint at step {step}" + (f" of {total}" if total is not None else "")
+
+
+def _lost(detail: str, workdir: str) -> tuple[str, str]:
+  progress = checkpoint_progress(workdir) or "no checkpoint yet"
+  return "lost", f"{detail}; resumes from its {progress}" if progress.startswith(
+      "checkpoint") else f"{detail}; {progress}, it starts over"
+
+
+def _seconds(record: dict) -> str:
+  seconds, allocations = record.get("seconds"), record.get("allocations") or 1
+  if seconds is None:
     return ""
-  step = 0
-  try:
-    with open(os.path.join(workdir, "metrics.jsonl"), "rb") as f:
-      f.seek(0, os.SEEK_END)
-      f.seek(max(0, f.tell() - 4096))
-      for line in reversed(f.read().splitlines()):
-        try:
-          step = int(json.loads(line)["step"]) + 1
-          break
-        except (ValueError, KeyError, TypeError):
-          continue
-  except OSError:
-    pass
-  return f"step {step} of {total}"
+  return f"{seconds:.0f} s" + (f" over {allocations} allocations" if allocations > 1 else "")
 
 
-def cell_status(workdir: str) -> tuple[str, str]:
-  """(state, detail) of a cell from its workdir alone: state is one of 'finished', 'running',
-  'failed', 'stopped', 'not started'."""
+def cell_status(workdir: str, task: dict | None = None, log: str | None = None
+                ) -> tuple[str, str]:
+  """(state, detail) of a cell, one of STATES. `task`: what the scheduler says of the cell's
+  array task ({"state", "reason", "exit", "restarts"}; {} when it no longer knows it), None
+  when there is no scheduler to ask (a local sweep, or none reachable): then a running record is
+  judged by its heartbeat (and, on its own host, by its pid). `log`: the task's log file, whose
+  last line is shown for a task that never started its run."""
   record = read_record(workdir)
   if is_finished(workdir):
-    seconds = record.get("seconds") if record else None
-    return "finished", f"{seconds:.0f} s" if seconds is not None else ""
+    return "finished", _seconds(record) if record else ""
+  where = ""
+  if record is not None:
+    where = f"pid {record.get('pid')} on {record.get('host')}"
+    if record.get("slurm_task"):
+      where += f", SLURM task {record['slurm_task']}"
+  sched = (task or {}).get("state")
+  if sched in ("PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIGURING"):
+    reason = (task or {}).get("reason") or "none"
+    what = "requeued, waiting" if (task or {}).get("restarts") else "waiting"
+    progress = checkpoint_progress(workdir) if record is not None else ""
+    return "queued", f"{what} (scheduler: {sched}, reason {reason})" + (
+        f", {progress}" if progress else "")
+  if record is not None and record.get("state") == "running":
+    if task is not None and sched not in ("RUNNING", "COMPLETING", "SUSPENDED", "STOPPED"):
+      said = (f"the scheduler says {sched}" + (f" ({task['reason']})" if task.get("reason")
+                                               not in (None, "None") else "")
+              if sched else "the scheduler no longer runs its task")
+      return _lost(f"its record says running ({where}) but {said}", workdir)
+    if task is None:
+      pid, host = record.get("pid"), record.get("host")
+      if host == socket.gethostname() and pid and not _pid_alive(int(pid)):
+        return _lost(f"{where} is gone without an exit record", workdir)
+      age = _age(record.get("heartbeat") or record.get("since"))
+      if age is not None and age > STALE_SECONDS:
+        return _lost(f"no heartbeat from {where} for {age:.0f} s (stale after"
+                     f" {STALE_SECONDS} s)", workdir)
+    progress = checkpoint_progress(workdir) or "setting up"
+    return "running", f"{progress} ({where}, since {record.get('since')})"
   if record is None:
+    if sched in ("RUNNING", "COMPLETING"):
+      return "running", f"setting up (scheduler: {sched})"
+    if sched == "CANCELLED" and not _last_line(log):
+      return "not started", "cancelled before it started (scheduler: CANCELLED)"
+    if sched:  # ended without ever recording a run
+      code = task.get("exit")
+      why = f"the scheduler says {sched}" + (f", exit {code}" if code else "") + (
+          f" ({task['reason']})" if task.get("reason") not in (None, "None") else "")
+      last = _last_line(log)
+      return "failed", f"its run never started: {why}" + (f"; its log ends: {last}" if last
+                                                          else "")
+    if task is not None or (log and os.path.exists(log)):
+      last = _last_line(log)
+      if last:
+        return "failed", f"its run never started; its log ends: {last}"
     if not any(os.path.exists(os.path.join(workdir, f))
-               for f in ("config.json", "metrics.jsonl", "checkpoints")):
+               for f in ("config.json", "metrics.jsonl", CHECKPOINTS)):
       return "not started", ""
-    progress = _progress(workdir)
+    progress = checkpoint_progress(workdir)
     return "stopped", "no exit recorded (a run started outside a sweep?)" + (
         f", {progress}" if progress else "")
-  where = f"pid {record.get('pid')} on {record.get('host')}"
-  if record.get("slurm_task"):
-    where += f", SLURM task {record['slurm_task']}"
-  if record.get("state") == "running":
-    progress = _progress(workdir) or "setting up"
-    if record.get("host") == socket.gethostname() and not _pid_alive(int(record.get("pid", 0))):
-      return "stopped", f"killed ({where} is gone, no exit recorded), {progress}"
-    return "running", f"{progress} ({where}, since {record.get('since')})"
   code, line = record.get("code"), record.get("line") or "(no error line)"
-  progress = _progress(workdir)
-  if is_signal(int(code)):
-    return "stopped", (f"exit {code}: {line}" + (f"; checkpointed at {progress}" if progress
-                                                  else ""))
-  return "failed", f"exit {code}: {line}"
+  note = f"; {record['note']}" if record.get("note") else ""
+  if code is not None and is_signal(int(code)):
+    progress = checkpoint_progress(workdir)
+    spent = _seconds(record)
+    return "stopped", (f"exit {code}: {line}" + (f"; {progress}" if progress else "")
+                       + (f" ({spent} so far)" if spent else "") + note)
+  return "failed", f"exit {code}: {line}" + note
 
 
-def load_plan(root: str) -> list[dict]:
-  """The cells of ROOT/sweep.json ([] when there is none)."""
+def _last_line(log: str | None) -> str:
+  """The last non-empty line of a task's log ('' when there is none)."""
+  if not log:
+    return ""
+  try:
+    with open(log, "rb") as f:
+      f.seek(0, os.SEEK_END)
+      f.seek(max(0, f.tell() - 4096))
+      lines = [x.strip() for x in f.read().decode(errors="replace").replace("\r", "\n")
+               .splitlines() if x.strip()]
+  except OSError:
+    return ""
+  return lines[-1] if lines else ""
+
+
+def _resolve(root: str, path: str) -> str:
+  return path if os.path.isabs(path) else os.path.join(os.path.abspath(root), path)
+
+
+def _relative(root: str, path: str) -> str:
+  rel = os.path.relpath(os.path.abspath(path), os.path.abspath(root))
+  return path if rel.startswith("..") else rel
+
+
+def _with_workdir(command: list[str], workdir: str) -> list[str]:
+  return [a for a in command if not a.startswith("--workdir=")] + [f"--workdir={workdir}"]
+
+
+def _load(root: str) -> dict:
   try:
     with open(os.path.join(root, PLAN)) as f:
-      return json.load(f)["cells"]
+      plan = json.load(f)
   except FileNotFoundError:
-    return []
+    return {"cells": []}
+  plan.setdefault("cells", [])
+  return plan
+
+
+def load_plan(root: str, with_submissions: bool = False):
+  """The cells of ROOT/sweep.json ([] when there is none), workdirs (and a tuning plan's) made
+  absolute under ROOT wherever it is now; with `with_submissions`, also the submissions
+  ({"jobs": [...], "fail_fast": ...})."""
+  plan = _load(root)
+  cells = []
+  for cell in plan["cells"]:
+    workdir = _resolve(root, cell["workdir"])
+    cell = {**cell, "workdir": workdir}
+    if cell.get("command"):
+      cell["command"] = _with_workdir(cell["command"], workdir)
+    if cell.get("tuning"):
+      tuning = dict(cell["tuning"])
+      tuning["method_dir"] = _resolve(root, tuning["method_dir"])
+      tuning["workdirs"] = [_resolve(root, w) for w in tuning["workdirs"]]
+      cell["tuning"] = tuning
+    cells.append(cell)
+  return (cells, plan.get("submissions", [])) if with_submissions else cells
+
+
+def _stored(root: str, cell: dict) -> dict:
+  stored = {**cell, "workdir": _relative(root, cell["workdir"])}
+  if cell.get("command"):
+    stored["command"] = [a for a in cell["command"] if not a.startswith("--workdir=")]
+  if cell.get("tuning"):
+    tuning = dict(cell["tuning"])
+    tuning["method_dir"] = _relative(root, tuning["method_dir"])
+    tuning["workdirs"] = [_relative(root, w) for w in tuning["workdirs"]]
+    stored["tuning"] = tuning
+  return stored
 
 
 def merged_plan(root: str, new: list[dict]) -> list[dict]:
   """ROOT/sweep.json's cells plus those of `new` not in it (by workdir, appended in order; a
-  cell already there takes the new command): a cell keeps its index."""
+  cell already there takes the new command and keeps its scheduler record): a cell keeps its
+  index. Call it under `plan_lock(root)` with the `write_plan` that follows."""
   merged = load_plan(root)
-  index = {c["workdir"]: i for i, c in enumerate(merged)}
+  index = {os.path.abspath(c["workdir"]): i for i, c in enumerate(merged)}
   for cell in new:
-    if cell["workdir"] in index:
-      merged[index[cell["workdir"]]] = cell
+    key = os.path.abspath(cell["workdir"])
+    if key in index:
+      merged[index[key]] = {**merged[index[key]], **cell}
     else:
-      index[cell["workdir"]] = len(merged)
+      index[key] = len(merged)
       merged.append(cell)
   return merged
 
 
-def write_plan(root: str, plan: list[dict]) -> None:
+def plan_lock(root: str):
+  """The lock every change of ROOT/sweep.json is made under (read, change, write)."""
+  os.makedirs(root, exist_ok=True)
+  return locked(os.path.join(root, PLAN))
+
+
+def write_plan(root: str, plan: list[dict], submission: dict | None = None) -> None:
+  """Writes ROOT/sweep.json whole (call under `plan_lock`), appending `submission` to its
+  record of submissions."""
   os.makedirs(root, exist_ok=True)
   path = os.path.join(root, PLAN)
+  submissions = _load(root).get("submissions", []) + ([submission] if submission else [])
   tmp = f"{path}.{os.getpid()}.tmp"
   with open(tmp, "w") as f:
-    json.dump({"cells": plan}, f, indent=1)
+    json.dump({"cells": [_stored(root, c) for c in plan], "submissions": submissions}, f,
+              indent=1)
   os.replace(tmp, path)
 
 
-def status_lines(root: str) -> tuple[list[str], dict]:
+def status_lines(root: str, scheduler=None) -> tuple[list[str], dict]:
   """One line per cell of ROOT's plan (plus workdirs under ROOT holding an exit record that the
-  plan lacks), and the count of each state."""
-  workdirs = [c["workdir"] for c in load_plan(root)]
-  known = {os.path.abspath(w) for w in workdirs}
+  plan lacks), and the count of each state. `scheduler(task ids) -> {task id: task} or None`
+  answers for the cells a SLURM array runs (launch/slurm.py's `tasks`)."""
+  plan = load_plan(root)
+  known = {os.path.abspath(c["workdir"]) for c in plan}
+  entries = [(c["workdir"], c.get("slurm")) for c in plan]
   for folder, _, files in sorted(os.walk(root)):
     if EXIT_RECORD in files and os.path.abspath(folder) not in known:
-      workdirs.append(folder)
+      entries.append((folder, None))
+  ids = [s["task"] for w, s in entries if s and s.get("task") and not is_finished(w)]
+  answers = scheduler(ids) if scheduler and ids else None
   lines, counts = [], {}
-  for workdir in workdirs:
-    state, detail = cell_status(workdir)
+  for workdir, slurm in entries:
+    task = log = None
+    if slurm and slurm.get("task"):
+      task = None if answers is None else answers.get(slurm["task"], {})
+      log = os.path.join(os.path.abspath(root), "slurm", "logs", f"{slurm['task']}.out")
+    state, detail = cell_status(workdir, task, log)
     counts[state] = counts.get(state, 0) + 1
-    lines.append(f"{workdir}: {state}" + (f", {detail}" if detail else ""))
+    line = f"{workdir}: {state}" + (f", {detail}" if detail else "")
+    if log and state != "finished":
+      line += f"; log {log}"
+    lines.append(line)
   return lines, counts

@@ -6,35 +6,42 @@ results agree with the CPU's?
 scripts/device_check.sh installs the wheels carried in `.whl/` (scripts/device_wheels.sh fetches
 them) into a temporary directory, puts it and the repository on PYTHONPATH and runs this file
 with the machine's python3; with the project installed, `python launch/device_check.py` runs it
-directly. Everything happens inside a wall-time budget (`--budget`, 420 s by default, so that a
-rerun still fits a 15-minute lease): the parts share what is left in fixed proportions, a part
-that outlasts its share is stopped and says so, and the next parts get the rest. It prints, and
-writes as DIR/device_check.json and DIR/device_check.md:
+directly. Everything happens inside a wall-time budget (`--budget`, 540 s by default: one
+command of a 15-minute lease, which leaves about 10 minutes of commands): the parts share what is
+left in fixed proportions, in the order below, so that what is cut first when time runs short is
+last (docs/performance.md lists it); a part that outlasts its share is stopped and says so, and
+the next parts get the rest. It prints, and writes as DIR/device_check.json and
+DIR/device_check.md:
 
   versions  Python, jax, jaxlib, flax, optax, orbax-checkpoint, numpy, torch and the device; with
             no GPU visible to JAX it stops at once with one `error:` line (exit 2), unless
             --allow_cpu (a rehearsal on a CPU)
   peaks     the measured matmul peak in float32 and bfloat16 (launch/bench.py, best of 10)
-  demo      configs/demo.py end to end through launch/run.py on the device in both fidelities,
-            and in `paper` fidelity once more with jax_default_matmul_precision=highest (JAX's
-            default float32 matmul on a recent NVIDIA GPU rounds its inputs to TF32), each beside
-            the same run on this machine's CPU (JAX_PLATFORMS=cpu, run alongside), compared as
-            docs/performance.md compares device layouts: the same plateau steps and task ends,
-            accuracies equal within 1e-6 relative, train losses within 1e-5 relative
-  steps     launch/bench.py's step table for `--size` (ViT-B/16 at 224 px) in both fidelities
-            and both compute dtypes, at the paper's batch of 64, with % of the measured peak
+  demo      configs/demo.py end to end through launch/run.py on the device in `reference`
+            fidelity (full float32 matmuls: model.matmul_precision=highest), then in `paper`
+            fidelity (JAX's default precision: TF32 on a recent NVIDIA GPU), and with
+            --demo_runs=...,paper_highest in `paper` with model.matmul_precision=highest, each
+            beside the same run on this machine's CPU (JAX_PLATFORMS=cpu, run alongside),
+            compared as docs/performance.md compares device layouts: the same plateau steps and
+            task ends, accuracies equal within 1e-6 relative, train losses within 1e-5 relative
   stream    Split CIFAR-100's shape (launch/bench.py --suite accelerator's stream: 100 classes in
             10 tasks, 50,000 synthetic 32 px images resized on the device, a random frozen
             backbone of `--size`'s shape, configs/split_cifar100.py's batch, evaluation and
-            checkpoint cadence) through launch/run.py. The run is stopped with SIGTERM (it
-            checkpoints and exits 143) once half the stream's checkpoints are written or 60% of
-            its share is spent, then the same command resumes it (the time to the restored state
-            is measured) and runs on to the end or to the end of its share. The wall time is
-            split into set-up, steps, evaluations, host wait, checkpoints and the rest, with the
-            compilation inside them; a stream that did not finish is extrapolated to its whole
-            length from the measured rates (steps by the steady step time, evaluations by the
-            test images the protocol evaluates, `protocol.evaluation_points`) and set beside the
-            paper's 864.6 s on an A100 (the authors' code, real data and weights)
+            checkpoint cadence) through launch/run.py in each of --stream_dtypes (float32, then
+            bfloat16). The first is stopped with SIGTERM (it checkpoints and exits 143) once half
+            the stream's checkpoints are written or 60% of its share is spent, then the same
+            command resumes it (the time to the restored state is measured) and runs on to the
+            end or to the end of its share: its first process compiles with a cold persistent
+            cache, the resumed one with a warm one. The others run in one process each. Each
+            run's wall time is split into set-up, steps, evaluations, host wait, checkpoints and
+            the rest, with the compilation inside them, and evaluation images/s; a stream that
+            did not finish is extrapolated to its whole length from the measured rates (steps by
+            the steady step time, evaluations by the test images the protocol evaluates,
+            `protocol.evaluation_points`) and set beside the paper's 864.6 s on an A100 (the
+            authors' code, real data and weights)
+  steps     launch/bench.py's step table for `--size` (ViT-B/16 at 224 px) in both fidelities
+            and both compute dtypes, at the paper's batch of 64, with % of the measured peak;
+            then (--scanned_steps) `paper` float32 with model.scan_blocks
   torch     scripts/torch_step.py on the same device for the same step (`reference`, float32)
 
 `--parts` picks parts; the flags below shrink each (the test suite rehearses the whole check on a
@@ -62,19 +69,27 @@ import numpy as np
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-PARTS = ("demo", "steps", "stream", "torch")
+# In the order they run: what is cut first when time runs short comes last (docs/performance.md).
+PARTS = ("demo", "stream", "steps", "torch")
 # Each part's share of the budget left when it starts, against the parts still to run.
-SHARES = {"demo": 0.3, "steps": 0.3, "stream": 0.3, "torch": 0.1}
+SHARES = {"demo": 0.25, "stream": 0.45, "steps": 0.25, "torch": 0.05}
+# The first stream dtype's share of the stream part (stopped and resumed: cold, then warm cache).
+FIRST_STREAM_SHARE = 0.6
 RESERVE_SECONDS = 8.0  # kept back for writing the report
 GRACE_SECONDS = 30.0  # after a SIGTERM, before SIGKILL
 PAPER_SECONDS = 864.6  # the paper's Split CIFAR-100 run on an A100 (the authors' code)
 VERSIONS = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "numpy", "ml-collections",
             "torch")
-# The demo runs compared: (name, fidelity, jax_default_matmul_precision or None).
-DEMO_RUNS = (("paper", "paper", None), ("reference", "reference", None),
+# The demo runs compared, the default's first: (name, fidelity, model.matmul_precision or None
+# for the fidelity's: 'highest' under `reference`, 'default' under `paper`).
+DEMO_RUNS = (("reference", "reference", None), ("paper", "paper", None),
              ("paper_highest", "paper", "highest"))
+DEFAULT_DEMO_RUNS = "reference,paper"
 STEP_CASES = (("paper", "float32"), ("paper", "bfloat16"), ("reference", "float32"),
               ("reference", "bfloat16"))
+# After them, if the part's share allows: the same step with model.scan_blocks (compile and step
+# time beside the unrolled row of the same case).
+SCANNED_STEP_CASES = (("paper", "float32"),)
 DEMO_RTOL = {"accuracy": 1e-6, "loss": 1e-5}  # docs/performance.md's comparison
 
 
@@ -165,9 +180,11 @@ def last_line(done: dict) -> str:
 # ----------------------------------------------------------------------------------------------
 # demo: the embedded stream on the device and on this machine's CPU.
 
-def _demo_command(config: str, workdir: str, fidelity: str, cache: str) -> list[str]:
+def _demo_command(config: str, workdir: str, fidelity: str, cache: str,
+                  precision: str | None = None) -> list[str]:
   return [sys.executable, str(ROOT / "launch" / "run.py"), "--config", config, "--workdir",
-          workdir, f"--compilation_cache={cache}", f"--config.fidelity={fidelity}"]
+          workdir, f"--compilation_cache={cache}", f"--config.fidelity={fidelity}",
+          *([f"--config.model.matmul_precision={precision}"] if precision else [])]
 
 
 def _train_losses(workdir: str) -> np.ndarray:
@@ -228,10 +245,12 @@ def run_demo(args: argparse.Namespace, seconds: float, work: str) -> dict:
       out[name] = {"skipped": f"the demo's share of the budget was spent ({seconds:.0f} s)"}
       continue
     workdir = os.path.join(work, f"demo_{name}")
-    env = {**os.environ, **({"JAX_DEFAULT_MATMUL_PRECISION": precision} if precision else {})}
     done = run_process(_demo_command(args.demo_config, workdir, fidelity,
-                                     _cache(args, work, "device")), left, env)
-    row = {"fidelity": fidelity, "matmul_precision": precision or "default",
+                                     _cache(args, work, "device"), precision), left)
+    from olora_jax import fidelity as fidelity_lib
+
+    row = {"fidelity": fidelity, "matmul_precision": precision or fidelity_lib.FIDELITY_DEFAULTS[
+        ("model", "matmul_precision")][fidelity],
            "seconds": done["seconds"], "rc": done["rc"]}
     if done["rc"] != 0:
       row["error"] = last_line(done)
@@ -262,9 +281,11 @@ def run_steps(args: argparse.Namespace, seconds: float, peaks: dict) -> list[dic
   deadline = time.monotonic() + seconds
   dataset = synthetic.name(max(1000, args.batch_size * (args.warmup + args.steps + 2)), 100, 10)
   rows = []
-  for fidelity, dtype in STEP_CASES:
+  cases = [(f, d, False) for f, d in STEP_CASES]
+  cases += [(f, d, True) for f, d in SCANNED_STEP_CASES] if args.scanned_steps else []
+  for fidelity, dtype, scan in cases:
     left = deadline - time.monotonic()
-    case = {"size": args.size, "fidelity": fidelity, "compute_dtype": dtype}
+    case = {"size": args.size, "fidelity": fidelity, "compute_dtype": dtype, "scan_blocks": scan}
     if left < 5:
       rows.append({**case, "skipped": "budget spent"})
       continue
@@ -276,14 +297,14 @@ def run_steps(args: argparse.Namespace, seconds: float, peaks: dict) -> list[dic
                           f"--steps={args.steps}", f"--warmup={args.warmup}",
                           f"--peak_gflops={peaks[dtype] / 1e9!r}", f"--dataset={dataset}",
                           f"--compilation_cache={args.compilation_cache or 'off'}",
-                          f"--out={out}"], left)
+                          *(["--scan_blocks"] if scan else []), f"--out={out}"], left)
       if done["rc"] == 0:
         with open(out) as f:
           (row,) = json.load(f)
         rows.append(row)
       else:
         rows.append({**case, "error": f"exit {done['rc']}: {last_line(done)}"})
-    print(f"steps {args.size} {fidelity} {dtype}: "
+    print(f"steps {args.size} {fidelity} {dtype}{' scanned' if scan else ''}: "
           + (f"{rows[-1]['step_ms_median']:.1f} ms" if "step_ms_median" in rows[-1]
              else rows[-1].get("error") or rows[-1].get("skipped")), flush=True)
   return rows
@@ -292,14 +313,15 @@ def run_steps(args: argparse.Namespace, seconds: float, peaks: dict) -> list[dic
 # ----------------------------------------------------------------------------------------------
 # stream: Split CIFAR-100's shape, stopped, resumed, measured and extrapolated.
 
-def stream_overrides(args: argparse.Namespace) -> dict:
+def stream_overrides(args: argparse.Namespace, dtype: str = "float32") -> dict:
   """configs/split_cifar100.py's keys changed for the stream: bench.py's stream (synthetic
-  CIFAR-shaped images resized on the device, a random backbone of `--size`'s shape), with this
-  check's cadence flags."""
+  CIFAR-shaped images resized on the device, a random backbone of `--size`'s shape) in
+  model.compute_dtype `dtype`, with this check's cadence flags."""
   from launch import bench
 
   out = bench.stream_overrides(args.size, args.stream_train, args.stream_test,
                                args.stream_classes, args.stream_tasks)
+  out["model.compute_dtype"] = dtype
   if args.stream_eval_every:
     out["eval.eval_every"] = args.stream_eval_every
   if args.stream_checkpoint_every:
@@ -307,18 +329,19 @@ def stream_overrides(args: argparse.Namespace) -> dict:
   return out
 
 
-def stream_config(args: argparse.Namespace):
+def stream_config(args: argparse.Namespace, dtype: str = "float32"):
   from configs import split_cifar100
   from launch import bench
 
-  return bench.apply_overrides(split_cifar100.get_config(), stream_overrides(args))
+  return bench.apply_overrides(split_cifar100.get_config(), stream_overrides(args, dtype))
 
 
-def _stream_command(args: argparse.Namespace, workdir: str, cache: str) -> list[str]:
+def _stream_command(args: argparse.Namespace, workdir: str, cache: str,
+                    dtype: str) -> list[str]:
   return [sys.executable, str(ROOT / "launch" / "run.py"), "--config",
           str(ROOT / "configs" / "split_cifar100.py"), "--workdir", workdir,
           f"--compilation_cache={cache}",
-          *(f"--config.{k}={v}" for k, v in stream_overrides(args).items())]
+          *(f"--config.{k}={v}" for k, v in stream_overrides(args, dtype).items())]
 
 
 def _checkpoint_steps(workdir: str) -> list[int]:
@@ -389,14 +412,35 @@ def extrapolate(plan: dict, cursor: int, loop_seconds: float, setup_seconds: flo
           "eval_images_total": all_images, "steady_step_seconds": steady}
 
 
-def run_stream(args: argparse.Namespace, seconds: float, work: str) -> dict:
-  """The stream in two processes: stopped (SIGTERM) half-way or at 60% of `seconds`, resumed
-  and run to its end or to the end of `seconds`; measured, and extrapolated if unfinished."""
+def run_streams(args: argparse.Namespace, seconds: float, work: str) -> tuple[dict, dict]:
+  """The stream in each of --stream_dtypes, one after another: the first stopped half-way and
+  resumed (its first process compiles with a cold persistent cache, the resumed one with a warm
+  one) in FIRST_STREAM_SHARE of `seconds`, the others in one process each in the rest. Returns
+  (the first's report, {dtype: report} of the others)."""
   deadline = time.monotonic() + seconds
-  workdir, cache = os.path.join(work, "stream"), _cache(args, work, "stream")
-  plan = _stream_plan(stream_config(args))
+  dtypes = args.stream_dtypes.split(",")
+  first = run_stream(args, seconds * (FIRST_STREAM_SHARE if len(dtypes) > 1 else 1.0), work,
+                     dtypes[0], resume=True)
+  others = {}
+  for i, dtype in enumerate(dtypes[1:]):
+    left = (deadline - time.monotonic()) / (len(dtypes) - 1 - i)
+    if left < 10:
+      others[dtype] = {"compute_dtype": dtype, "skipped": "the stream's share was spent"}
+      continue
+    others[dtype] = run_stream(args, left, work, dtype, resume=False)
+  return first, others
+
+
+def run_stream(args: argparse.Namespace, seconds: float, work: str, dtype: str = "float32",
+               resume: bool = True) -> dict:
+  """The stream in `dtype` in two processes (`resume`): stopped (SIGTERM) half-way or at 60% of
+  `seconds`, resumed and run to its end or to the end of `seconds`; or in one process to its end
+  or to the end of `seconds`. Measured, and extrapolated if unfinished."""
+  deadline = time.monotonic() + seconds
+  workdir, cache = os.path.join(work, f"stream_{dtype}"), _cache(args, work, "stream")
+  plan = _stream_plan(stream_config(args, dtype))
   half = plan["n_steps"] // 2
-  command = _stream_command(args, workdir, cache)
+  command = _stream_command(args, workdir, cache, dtype)
   out = {"size": args.size, "train_images": args.stream_train, "test_images": args.stream_test,
          "classes": args.stream_classes, "tasks": args.stream_tasks,
          **{k: v for k, v in plan.items() if k != "eval_images"},
@@ -406,7 +450,8 @@ def run_stream(args: argparse.Namespace, seconds: float, work: str) -> dict:
     steps = _checkpoint_steps(workdir)
     return bool(steps) and steps[-1] >= half
 
-  first = run_process(command, 0.6 * seconds, stop_when=half_saved)
+  first = run_process(command, 0.6 * seconds if resume else seconds,
+                      stop_when=half_saved if resume else None)
   out["segments"].append({"rc": first["rc"], "seconds": first["seconds"],
                           "stopped": first["stopped"], "last_line": last_line(first)})
   if first["rc"] not in (0, 143) or not _checkpoint_steps(workdir):
@@ -418,7 +463,9 @@ def run_stream(args: argparse.Namespace, seconds: float, work: str) -> dict:
     if "resuming" in line and not resumed_at:
       resumed_at.append(elapsed)
 
-  if first["rc"] == 143:
+  if first["rc"] == 143 and resume:
+    _, _, cold = _ledger_at(workdir)  # the first process's ledger, at its SIGTERM checkpoint
+    out["cold_compile_seconds"] = cold.get("compile_seconds")
     second = run_process(command, deadline - time.monotonic(), watch=on_resume)
     out["segments"].append({"rc": second["rc"], "seconds": second["seconds"],
                             "stopped": second["stopped"], "last_line": last_line(second)})
@@ -445,6 +492,13 @@ def run_stream(args: argparse.Namespace, seconds: float, work: str) -> dict:
   out["setup_seconds"] = setup_seconds
   out["whole_stream"] = extrapolate(plan, cursor, loop_seconds, setup_seconds, ledger)
   out["whole_stream"]["measured"] = out["finished"]
+  evaluated = (out["whole_stream"]["eval_images_done"] if not out["finished"]
+               else sum(i for _, i in plan["eval_images"]))
+  out["eval_images"] = evaluated
+  if out.get("cold_compile_seconds") is not None and ledger.get("compile_seconds") is not None:
+    out["warm_compile_seconds"] = ledger["compile_seconds"] - out["cold_compile_seconds"]
+  out["eval_images_per_s"] = (evaluated / ledger["eval_seconds"] if ledger.get("eval_seconds")
+                              else None)
   total = out["whole_stream"]["total_seconds"]
   out["vs_paper"] = total / PAPER_SECONDS if total else None
   return out
@@ -466,6 +520,51 @@ def _cache(args: argparse.Namespace, work: str, name: str) -> str:
 
 def _fmt(v, spec: str = ".1f") -> str:
   return "-" if v is None else format(v, spec)
+
+
+def stream_text(stream: dict) -> list[str]:
+  """One stream's lines of the report."""
+  lines = []
+  if "skipped" in stream:
+    return [f"{stream['compute_dtype']}: skipped ({stream['skipped']})"]
+  if "error" in stream and "whole_stream" not in stream:
+    lines.append(f"{stream.get('compute_dtype', '')} error: {stream['error']}")
+  else:
+    w = stream["whole_stream"]
+    lines += [f"{stream['size']} {stream['fidelity']} {stream['compute_dtype']},"
+              f" {stream['train_images']} train / {stream['test_images']} test images,"
+              f" {stream['classes']} classes in {stream['tasks']} tasks, batch"
+              f" {stream['batch_size']}, {stream['n_steps']} steps,"
+              f" {stream['n_evaluations']} evaluations; ran {stream['steps_done']} steps in"
+              f" {len(stream['segments'])} processes (exits "
+              f"{', '.join(str(s['rc']) for s in stream['segments'])})", "",
+              "| part | measured s | whole stream s |", "|---|---|---|"]
+    for key in ("setup_seconds", "step_seconds", "eval_seconds", "host_wait_seconds",
+                "checkpoint_seconds"):
+      lines.append(f"| {key.removesuffix('_seconds')} | {_fmt(stream[key])} |"
+                   f" {_fmt(w[key])} |")
+    other = stream["loop_seconds"] - sum(stream[k] or 0 for k in (
+        "step_seconds", "eval_seconds", "host_wait_seconds", "checkpoint_seconds"))
+    lines += [f"| other (host hooks, logging) | {other:.1f} | {_fmt(w['other_seconds'])} |",
+              f"| compile (inside the above) | {_fmt(stream['compile_seconds'])} | |",
+              f"| total | {stream['process_seconds']:.1f} ({len(stream['segments'])} processes) |"
+              f" {_fmt(w['total_seconds'])} ({'measured' if w['measured'] else 'extrapolated'})"
+              " |", "",
+              f"steady samples/s {_fmt(stream['steady_samples_per_second'])}; resume: process"
+              f" start to the restored state {_fmt(stream.get('resume_seconds'))} s; checkpoint"
+              f" {stream['checkpoint_bytes'] / 1e6:.1f} MB, {stream['n_checkpoints']} saves in"
+              f" {_fmt(stream['checkpoint_seconds'])} s; peak device memory"
+              f" {_fmt(stream['peak_device_bytes'], '.3g')} B",
+              f"whole stream / the paper's {PAPER_SECONDS} s on an A100 (their code):"
+              f" {_fmt(stream['vs_paper'], '.2f')}"]
+  if stream.get("eval_images_per_s") is not None:
+    lines.append(f"evaluation: {stream['eval_images']} test images at"
+                 f" {stream['eval_images_per_s']:.0f} images/s (compile included)")
+  if stream.get("warm_compile_seconds") is not None:
+    lines.append(f"compilation: {stream['cold_compile_seconds']:.1f} s in the first process"
+                 f" (cold persistent cache), {stream['warm_compile_seconds']:.1f} s in the"
+                 " resumed one (warm)")
+  return lines
 
 
 def report_text(report: dict) -> str:
@@ -503,45 +602,19 @@ def report_text(report: dict) -> str:
                  f" {DEMO_RTOL['loss']:g}, relative to the compared values' scale)")
   steps = report.get("steps")
   if steps:
+    steps = steps + report.get("steps_scanned", [])  # the scanned row below the unrolled ones
     done = [r for r in steps if "step_ms_median" in r]
     lines += ["", "## Train step", ""]
     if done:
       lines.append(bench.table(done))
-    lines += [f"- {r['size']} {r['fidelity']} {r['compute_dtype']}: "
+    lines += [f"- {r['size']} {r['fidelity']} {r['compute_dtype']}"
+              f"{' scanned' if r.get('scan_blocks') else ''}: "
               f"{r.get('error') or r.get('skipped')}" for r in steps if "step_ms_median" not in r]
   stream = report.get("stream")
   if stream:
     lines += ["", "## Split CIFAR-100's shape end to end", ""]
-    if "error" in stream and "whole_stream" not in stream:
-      lines.append(f"error: {stream['error']}")
-    else:
-      w = stream["whole_stream"]
-      lines += [f"{stream['size']} {stream['fidelity']} {stream['compute_dtype']},"
-                f" {stream['train_images']} train / {stream['test_images']} test images,"
-                f" {stream['classes']} classes in {stream['tasks']} tasks, batch"
-                f" {stream['batch_size']}, {stream['n_steps']} steps,"
-                f" {stream['n_evaluations']} evaluations; ran {stream['steps_done']} steps in"
-                f" {len(stream['segments'])} processes (exits "
-                f"{', '.join(str(s['rc']) for s in stream['segments'])})", "",
-                "| part | measured s | whole stream s |", "|---|---|---|"]
-      for key in ("setup_seconds", "step_seconds", "eval_seconds", "host_wait_seconds",
-                  "checkpoint_seconds"):
-        lines.append(f"| {key.removesuffix('_seconds')} | {_fmt(stream[key])} |"
-                     f" {_fmt(w[key])} |")
-      other = stream["loop_seconds"] - sum(stream[k] or 0 for k in (
-          "step_seconds", "eval_seconds", "host_wait_seconds", "checkpoint_seconds"))
-      lines += [f"| other (host hooks, logging) | {other:.1f} | {_fmt(w['other_seconds'])} |",
-                f"| compile (inside the above) | {_fmt(stream['compile_seconds'])} | |",
-                f"| total | {stream['process_seconds']:.1f} (two processes) |"
-                f" {_fmt(w['total_seconds'])} ({'measured' if w['measured'] else 'extrapolated'})"
-                " |", "",
-                f"steady samples/s {_fmt(stream['steady_samples_per_second'])}; resume: process"
-                f" start to the restored state {_fmt(stream.get('resume_seconds'))} s; checkpoint"
-                f" {stream['checkpoint_bytes'] / 1e6:.1f} MB, {stream['n_checkpoints']} saves in"
-                f" {_fmt(stream['checkpoint_seconds'])} s; peak device memory"
-                f" {_fmt(stream['peak_device_bytes'], '.3g')} B",
-                f"whole stream / the paper's {PAPER_SECONDS} s on an A100 (their code):"
-                f" {_fmt(stream['vs_paper'], '.2f')}"]
+    for one in (stream, *report.get("stream_other_dtypes", {}).values()):
+      lines += stream_text(one) + [""]
   torch_rows = report.get("torch_steps")
   if torch_rows is not None:
     lines.append("")
@@ -571,13 +644,14 @@ def main(argv: list[str] | None = None) -> dict:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--out_dir", default=os.environ.get("OUT", ""),
                       help="where device_check.json and .md go (default: $OUT)")
-  parser.add_argument("--budget", type=float, default=420.0, help="wall seconds for the check")
+  parser.add_argument("--budget", type=float, default=540.0,
+                      help="wall seconds for the check (default 540: one command of a lease)")
   parser.add_argument("--parts", default=",".join(PARTS), help=f"of {','.join(PARTS)}")
   parser.add_argument("--allow_cpu", action="store_true",
                       help="run on a CPU too (a rehearsal); without it, no GPU stops the check")
   parser.add_argument("--demo_config", default=str(ROOT / "configs" / "demo.py"),
                       help="the stream compared on the device and the CPU")
-  parser.add_argument("--demo_runs", default=",".join(r[0] for r in DEMO_RUNS),
+  parser.add_argument("--demo_runs", default=DEFAULT_DEMO_RUNS,
                       help=f"of {','.join(r[0] for r in DEMO_RUNS)}")
   parser.add_argument("--compilation_cache", default="",
                       help="a persistent compilation cache for every run (default: fresh ones,"
@@ -588,6 +662,12 @@ def main(argv: list[str] | None = None) -> dict:
   parser.add_argument("--warmup", type=int, default=3, help="untimed steps first")
   parser.add_argument("--peak_n", type=int, default=0,
                       help="the matmul peak's matrices' side (default: bench.py's)")
+  parser.add_argument("--scanned_steps", type=int, default=1,
+                      help="1: after the step table, the step once more with model.scan_blocks"
+                      " (0: not)")
+  parser.add_argument("--stream_dtypes", default="float32,bfloat16",
+                      help="the stream's model.compute_dtype, one run each in this order; the"
+                      " first is stopped half-way and resumed")
   parser.add_argument("--stream_train", type=int, default=50_000)
   parser.add_argument("--stream_test", type=int, default=10_000)
   parser.add_argument("--stream_classes", type=int, default=100)
@@ -609,6 +689,11 @@ def main(argv: list[str] | None = None) -> dict:
   if not demo_runs or any(r not in [d[0] for d in DEMO_RUNS] for r in demo_runs):
     raise SystemExit(f"error: --demo_runs={args.demo_runs!r}: use a comma-separated list of"
                      f" {[d[0] for d in DEMO_RUNS]}")
+  dtypes = args.stream_dtypes.split(",")
+  if not dtypes or any(d not in ("float32", "bfloat16") for d in dtypes) or len(set(dtypes)) < len(
+      dtypes):
+    raise SystemExit(f"error: --stream_dtypes={args.stream_dtypes!r}: use float32, bfloat16 or"
+                     " both, comma-separated")
   if args.budget < 30:
     raise SystemExit(f"error: --budget={args.budget:g}: give at least 30 seconds")
   if min(args.stream_train, args.stream_test) < args.stream_classes or args.stream_tasks < 1:
@@ -647,9 +732,11 @@ def main(argv: list[str] | None = None) -> dict:
       if part == "demo":
         report["demo"] = run_demo(args, seconds, work)
       elif part == "steps":
-        report["steps"] = run_steps(args, seconds, peaks)
+        rows = run_steps(args, seconds, peaks)
+        report["steps"] = [r for r in rows if not r["scan_blocks"]]
+        report["steps_scanned"] = [r for r in rows if r["scan_blocks"]]
       elif part == "stream":
-        report["stream"] = run_stream(args, seconds, work)
+        report["stream"], report["stream_other_dtypes"] = run_streams(args, seconds, work)
       else:
         report["torch_steps"] = bench.torch_steps([{"size": args.size}], args.batch_size,
                                                   args.warmup, args.steps, timeout=seconds)

@@ -1,11 +1,13 @@
-"""Aggregates finished runs into a paper-style table of mean ± std over seeds.
+r"""Aggregates finished runs into a paper-style table of mean ± std over seeds.
 
     .venv/bin/python launch/report.py RUN_DIR [RUN_DIR ...] [--csv report.csv] \
-        [--metrics A_final,forgetting] [--plots DIR]
+        [--metrics A_final,forgetting] [--plots DIR [--no_titles]] [--format latex]
     .venv/bin/python launch/report.py --layout table1 ROOT   # the paper's Table 1 (table2: 2)
+    .venv/bin/python launch/report.py --layout table1 --format latex ROOT > table1.tex
 
 A RUN_DIR may also be a directory of runs (e.g. the ROOT of launch/sweep.py): every run below it
-is read; unfinished ones are named on stderr and left out, and so are the validation runs of
+is read; unfinished ones (no results.json, or a damaged one) are named on stderr with the reason
+and left out, and so are the validation runs of
 `launch/sweep.py --tune` (ROOT/NAME/METHOD/tune/); a row whose runs `--tune` made with its
 picked point is labelled "(tuned: KEY=VALUE, ...)" and the table's last line says on what.
 `--layout table1` prints the paper's Table 1 (disjoint runs: A_final / Forgetting), `--layout
@@ -17,14 +19,25 @@ setting matches (olora_jax/reporting.py: PAPER_RESULTS).
 Runs are grouped by their whole config.json except `seed` (give seeds with `--config.seed=N` to
 launch/run.py). Rows are methods in the order of the paper's Table 1 (`--config.method=NAME`
 runs: AGEM, ER, EWC++, MIR, GDumb, DER++, fine-tuning, Online-LoRA, the i.i.d. upper bound),
-column groups are settings (dataset, scenario/tasks, backbone), each with its metrics, mean ± std
-over seeds. Runs of one setting and seed made on different streams (their stream manifests
-differ) are refused with exit code 2. Add `wall_seconds` to --metrics for the wall time per
-method. Prints Markdown; writes nothing unless asked: `--csv PATH` writes the same numbers as
-CSV, `--plots DIR` draws DIR/anytime_overlay.png and .pdf (every run's anytime-accuracy curve,
-with the mean and a +-1 std band per (method, setting) group, and the true task boundaries).
+column groups are settings (dataset, scenario/tasks, backbone, and the class order when it is
+not the labels', e.g. "reversed order"), each named once over its metrics, mean ± std over
+seeds. Runs of one setting and seed made on different streams (their stream manifests differ)
+are refused with exit code 2, naming the stream keys their configs differ in (data.class_order,
+...). Add `wall_seconds` to --metrics for the wall time per method.
+
+Prints the table as `--format`: markdown (the default), latex (a booktabs table: \toprule,
+\multicolumn setting headers over a \cmidrule, mean $\pm$ std, each metric column's best mean
+in bold, the upper bound excluded; needs \usepackage{booktabs}) or csv. Writes nothing unless
+asked (stdout holds the table alone, for `> table.tex`; what was written is said on stderr):
+`--csv PATH` writes the numbers as CSV, `--plots DIR` draws a paper's figures into DIR
+(PNG and PDF each, olora_jax/plots.py): anytime_overlay (every run's anytime-accuracy curve, the
+mean and a +-1 std band per (method, setting) group, the true task boundaries),
+accuracy_matrices_<setting> (each method's final accuracy matrix, mean over seeds) and
+forgetting_per_task (each earlier task's forgetting per method); `--no_titles` leaves their
+titles out, for a caption to say what they show.
 """
 
+import os
 import pathlib
 import sys
 
@@ -37,7 +50,12 @@ from olora_jax import plots, reporting  # noqa: E402
 _CSV = flags.DEFINE_string("csv", "", "Where to write the table as CSV ('' = no CSV file).")
 _METRICS = flags.DEFINE_list("metrics", list(reporting.DEFAULT_METRICS),
                              "results.json metrics to tabulate, comma separated.")
-_PLOTS = flags.DEFINE_string("plots", "", "Directory for the overlay figure ('' = no figure).")
+_PLOTS = flags.DEFINE_string("plots", "", "Directory for the figures: anytime overlay, accuracy"
+                             " matrices, forgetting per task ('' = no figure).")
+_NO_TITLES = flags.DEFINE_bool("no_titles", False, "Draw the --plots figures without titles (a"
+                               " paper's caption says what they show).")
+_FORMAT = flags.DEFINE_enum("format", "markdown", list(reporting.FORMATS),
+                            "How the table is printed: markdown, latex (booktabs) or csv.")
 _LAYOUT = flags.DEFINE_enum("layout", None, list(reporting.LAYOUTS),
                             "Print one of the paper's tables (its metrics; --metrics is ignored).")
 
@@ -51,25 +69,31 @@ def main(argv):
     validation = []
     run_dirs, unfinished = reporting.find_runs(run_dirs, validation)
     for d in unfinished:
-      print(f"note: {d} is not finished (no results.json); left out", file=sys.stderr)
+      print(f"note: {d}: {reporting.unfinished_reason(d)}; left out", file=sys.stderr)
     for d in validation:
       print(f"note: {d} holds sweep --tune's validation runs (scored on held-out training data,"
             " not the test set); left out (give it by name to tabulate them)", file=sys.stderr)
     if _LAYOUT.value:
-      rows, table = reporting.layout_table(run_dirs, _LAYOUT.value)
+      rows, table = reporting.layout_table(run_dirs, _LAYOUT.value, _FORMAT.value)
     else:
       rows = reporting.aggregate(run_dirs, metrics)
-      table = reporting.markdown_table(rows, metrics)
+      table = reporting.render(rows, metrics, _FORMAT.value)
   except (ValueError, FileNotFoundError) as e:
     print(f"error: {e}", file=sys.stderr)
     sys.exit(2)
   print(table)
   if _CSV.value:
     reporting.write_csv(rows, _CSV.value, metrics)
-    print(f"\nCSV written to {_CSV.value}")
+    print(f"CSV written to {_CSV.value}", file=sys.stderr)
   if _PLOTS.value:
-    path = plots.write_overlay_plot(rows, _PLOTS.value)
-    print(f"overlay figure written to {path} (and .pdf)")
+    try:
+      paths = plots.write_report_plots(rows, _PLOTS.value, titles=not _NO_TITLES.value)
+    except ValueError as e:
+      print(f"error: {e}", file=sys.stderr)
+      sys.exit(2)
+    print(f"figures written to {_PLOTS.value}: "
+          + ", ".join(os.path.basename(p) for p in paths) + " (and a .pdf of each)",
+          file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -334,7 +334,7 @@ def main(argv):
       code, message, write_log = errors.EXIT_BAD_INPUT, str(e), False
     else:
       code = errors.EXIT_INTERNAL
-      message = f"unexpected {errors.first_line(e)}; please report it with the error log"
+      message = errors.unexpected(e)  # olora_jax's bug, or the file of the user's own code
     if write_log:
       where = _write_error_log(workdir)
       if where:

@@ -20,14 +20,18 @@ results.json) runs again. The exit code of each run (olora_jax/errors.py) decide
 At the end a summary lists every run with its status and wall time; the exit code is 0 when all
 finished, else the first failed run's code.
 
-    python launch/sweep.py --status ROOT   every cell: finished, running (step N of M), failed or
-                                           stopped (exit code and one-line reason), not started;
-                                           read from the workdirs alone (local or SLURM sweeps)
+    python launch/sweep.py --status ROOT   every cell: finished, running, queued, stopped, lost,
+                                           failed (exit code and one-line reason), not started,
+                                           with its newest checkpoint's step; from the workdirs
+                                           and, for a SLURM sweep, the scheduler (docs/cluster.md)
 
 --launcher slurm (docs/cluster.md): the same cells as one SLURM job array, one task per cell
 (tuning points included), from one batch script written to ROOT/slurm/sweep.sbatch and submitted
 with sbatch (--dry_run prints it and the sbatch command, writing nothing); resubmitting the same
-command submits only the cells not finished. launch/slurm.py has the script's logic.
+command submits only the cells not finished. launch/slurm.py has the script's logic: only the
+scheduler's signals requeue a cell (--requeue_on adds exit codes), --ntasks N runs each cell
+over N processes under srun, --setup adds the batch script's set-up lines, and every cell shares
+one compilation cache (ROOT/jax_cache unless --compilation_cache says otherwise).
 
 --tune: the paper's tuning protocol (its appendix, after the online continual-learning survey of
 Mai et al.): per setting and method, a grid search over keys of the method's config block
@@ -197,6 +201,18 @@ def _list(text: str) -> list[str]:
   return [x for x in text.split(",") if x]
 
 
+def _codes(text: str) -> list[int]:
+  """'137,4' -> [137, 4]: exit codes 1-255."""
+  try:
+    codes = [int(x) for x in _list(text)]
+  except ValueError:
+    codes = []
+  if not codes or not all(1 <= c <= 255 for c in codes):
+    raise argparse.ArgumentTypeError(f"{text!r}: give exit codes 1-255, comma separated, e.g."
+                                     " 137 (SIGKILL: the out-of-memory killer) or 4,137")
+  return codes
+
+
 def parse(argv: list[str]) -> argparse.Namespace:
   overrides = argv[argv.index("--") + 1:] if "--" in argv else []
   own = argv[:argv.index("--")] if "--" in argv else argv
@@ -212,9 +228,11 @@ def parse(argv: list[str]) -> argparse.Namespace:
                       help="print the commands (with --launcher slurm: the batch script and the"
                       " sbatch command), run and write nothing")
   parser.add_argument("--fail_fast", action="store_true",
-                      help="stop at the first run that fails (default: report it, go on)")
+                      help="stop at the first run that fails (default: report it, go on; with"
+                      " --launcher slurm it cancels the cells not started yet)")
   parser.add_argument("--status", metavar="ROOT",
-                      help="print every cell of the sweep in ROOT and its state, run nothing")
+                      help="print every cell of the sweep in ROOT and its state (asking SLURM for"
+                      " a SLURM sweep's cells), run nothing")
   parser.add_argument("--run_cell", nargs=2, metavar=("ROOT", "INDEX"),
                       help=argparse.SUPPRESS)  # one task of a SLURM array (launch/slurm.py)
   parser.add_argument("--tune", action="store_true",
@@ -246,6 +264,20 @@ def parse(argv: list[str]) -> argparse.Namespace:
                        f" (default {SIGNAL_LEAD}; SLURM may send it up to 60 s earlier)")
   cluster.add_argument("--max_requeues", type=int, default=None,
                        help=f"requeue a cell at most this many times (default {MAX_REQUEUES})")
+  cluster.add_argument("--requeue_on", type=_codes, default=None, metavar="CODES",
+                       help="exit codes that also requeue a cell, comma separated, e.g. 137"
+                       " (default: none; the scheduler's signals always requeue)")
+  cluster.add_argument("--ntasks", type=int, default=None, metavar="N",
+                       help="processes per cell (#SBATCH --ntasks; default 1): each cell is one"
+                       " run over N processes started by srun inside the task, one per GPU")
+  cluster.add_argument("--gpus_per_task", type=int, default=None, metavar="G",
+                       help="GPUs of each process (#SBATCH --gpus-per-task; or give --gres)")
+  cluster.add_argument("--setup", action="append", default=[], metavar="LINE",
+                       help="a line the batch script runs before the cell, e.g. 'module load"
+                       " cuda' or 'source ~/env/bin/activate' (repeatable)")
+  cluster.add_argument("--compilation_cache", default=None, metavar="DIR",
+                       help="the persistent compilation cache every cell shares (default"
+                       f" ROOT/{slurm.CACHE}; 'off': each run's own default)")
   args = parser.parse_args(own)
   args.overrides = overrides
   if args.status or args.run_cell:
@@ -254,17 +286,31 @@ def parse(argv: list[str]) -> argparse.Namespace:
   if need:
     parser.error(f"{', '.join(need)} required (or --status ROOT)")
   given = [f"--{k}" for k in (*SLURM_TEXT_FLAGS, "cpus", "throttle", "signal_lead",
-                              "max_requeues") if getattr(args, k) not in ("", None)]
+                              "max_requeues", "requeue_on", "ntasks", "gpus_per_task",
+                              "compilation_cache") if getattr(args, k) not in ("", None)]
   given += ["--sbatch"] if args.sbatch else []
+  given += ["--setup"] if args.setup else []
   if args.launcher == "local" and given:
     parser.error(f"{', '.join(given)} only apply to --launcher slurm; add it or drop them")
-  for flag, low in (("cpus", 1), ("throttle", 0), ("signal_lead", 1), ("max_requeues", 0)):
+  for flag, low in (("cpus", 1), ("throttle", 0), ("signal_lead", 1), ("max_requeues", 0),
+                    ("ntasks", 1), ("gpus_per_task", 1)):
     if getattr(args, flag) is not None and getattr(args, flag) < low:
       parser.error(f"--{flag}={getattr(args, flag)} must be >= {low}")
   args.cpus = args.cpus or 1
   args.throttle = args.throttle or 0
   args.signal_lead = args.signal_lead or SIGNAL_LEAD
   args.max_requeues = MAX_REQUEUES if args.max_requeues is None else args.max_requeues
+  args.requeue_on = args.requeue_on or []
+  args.ntasks = args.ntasks or 1
+  args.gpus_per_task = args.gpus_per_task or 0
+  limit = slurm.time_seconds(args.time) if args.time else None
+  if limit is not None and args.signal_lead >= limit:
+    parser.error(f"--signal_lead={args.signal_lead} is not shorter than --time={args.time}"
+                 f" ({limit} s): the warning would come before the cell could run; give a"
+                 f" --signal_lead below {limit} (a step plus a checkpoint save) or a longer"
+                 " --time")
+  if args.gpus_per_task and args.gres.startswith("gpu"):
+    parser.error("--gpus_per_task and --gres=gpu:... both ask for GPUs; give one of them")
   bad = [o for o in overrides if not o.startswith("--config.")]
   if bad:
     parser.error(f"after '--' only --config.KEY=VALUE overrides are passed on, got {bad}")
@@ -395,7 +441,7 @@ def execute(runs: list[tuple[str, list[str]]], args) -> tuple[int, bool]:
     state = cells.cell_status(workdir)[0]
     print(f"{head}: {'starting' if state == 'not started' else 'resuming'}"
           + (" (it failed before)" if state == "failed" else ""), flush=True)
-    code, line = cells.run_cell(workdir, command)
+    code, line, _ = cells.run_cell(workdir, command)
     record = cells.read_record(workdir) or {}
     seconds = record.get("seconds", 0.0)
     status = "finished" if code == errors.EXIT_OK else f"failed (exit {code}): {line}"
@@ -443,7 +489,8 @@ def grid_cells(args) -> list[dict]:
 
 def run_local(args) -> int:
   if not args.dry_run:
-    cells.write_plan(args.root, cells.merged_plan(args.root, grid_cells(args)))
+    with cells.plan_lock(args.root):
+      cells.write_plan(args.root, cells.merged_plan(args.root, grid_cells(args)))
   chosen = {}
   if args.tune:
     chosen, code = tune(args)
@@ -478,23 +525,26 @@ def stale_pick(workdir: str) -> str | None:
 def run_slurm(args) -> int:
   """Writes the batch script and submits the cells not finished: the tuning points and the
   untuned cells as one array, the seeds picked by tuning as a second array that starts when the
-  first has ended."""
+  first has ended. sweep.json is read, extended and written under its lock, around the
+  submission: two submissions into one root at once each get their own cells."""
   grid = grid_cells(args)
-  merged = cells.merged_plan(args.root, grid)
-  index = {c["workdir"]: i for i, c in enumerate(merged)}
-  todo = [c for c in grid if not cells.is_finished(c["workdir"])]
-  first = [index[c["workdir"]] for c in todo if not c["tuning"]]
-  second = [index[c["workdir"]] for c in todo if c["tuning"]]
-  print(f"{len(grid)} cells, {len(grid) - len(todo)} finished, {len(todo)} to submit")
-  if not todo:
-    return 0
+  if args.ntasks > 1:
+    for cell in grid:
+      cell["command"] = cell["command"] + ["--config.distributed.initialize=cluster"]
   root = os.path.abspath(args.root)
+  cache = "" if args.compilation_cache == "off" else os.path.abspath(
+      args.compilation_cache or os.path.join(root, slurm.CACHE))
   script = slurm.batch_script(
       root, sys.executable, os.path.abspath(__file__), os.getcwd(), partition=args.partition,
       time=args.time, mem=args.mem, cpus=args.cpus, gres=args.gres,
-      signal_lead=args.signal_lead, max_requeues=args.max_requeues, extra=args.sbatch)
+      signal_lead=args.signal_lead, extra=args.sbatch, ntasks=args.ntasks,
+      gpus_per_task=args.gpus_per_task, setup=args.setup, cache=cache)
   path = os.path.join(root, "slurm", slurm.SCRIPT)
   if args.dry_run:
+    merged = cells.merged_plan(args.root, grid)
+    first, second = _arrays(grid, merged)
+    print(f"{len(grid)} cells, {len(grid) - len(first) - len(second)} finished,"
+          f" {len(first) + len(second)} to submit")
     print(f"--- {path}\n{script}---")
     if first:
       print(slurm.sbatch_command(path, first, args.throttle, None))
@@ -502,28 +552,65 @@ def run_slurm(args) -> int:
       print(slurm.sbatch_command(path, second, args.throttle,
                                  "<the first array's job id>" if first else None))
     return 0
-  refused = slurm.test_only(script, first or second, args.throttle)
-  if refused:
-    print(f"error: {refused}", file=sys.stderr)
-    return errors.EXIT_BAD_INPUT
-  os.makedirs(os.path.join(root, "slurm", "logs"), exist_ok=True)
-  with open(path, "w") as f:
-    f.write(script)
-  cells.write_plan(args.root, merged)
-  job = None
-  for indices in (first, second):
-    if indices:
-      job = slurm.submit(path, indices, args.throttle, after=job)
-      print(f"submitted job array {job}: cells {slurm.array_ranges(indices)} (logs in"
-            f" {root}/slurm/logs/{job}_<cell>.out)")
+  with cells.plan_lock(args.root):
+    merged = cells.merged_plan(args.root, grid)
+    first, second = _arrays(grid, merged)
+    print(f"{len(grid)} cells, {len(grid) - len(first) - len(second)} finished,"
+          f" {len(first) + len(second)} to submit")
+    if not first and not second:
+      return 0
+    refused = slurm.test_only(script, first or second, args.throttle)
+    if refused:
+      print(f"error: {refused}", file=sys.stderr)
+      return errors.EXIT_BAD_INPUT
+    os.makedirs(os.path.join(root, "slurm", "logs"), exist_ok=True)
+    with open(f"{path}.{os.getpid()}.tmp", "w") as f:
+      f.write(script)
+    os.replace(f"{path}.{os.getpid()}.tmp", path)
+    # The cells are in sweep.json before any task can start (a task reads it under the lock).
+    cells.write_plan(args.root, merged)
+    jobs, submitted = [], {}
+    for indices in (first, second):
+      if indices:
+        try:
+          job = slurm.submit(path, indices, args.throttle, after=jobs[-1] if jobs else None)
+        except RuntimeError as e:
+          print(f"error: {e}", file=sys.stderr)
+          break
+        jobs.append(job)
+        submitted.update({i: job for i in indices})
+        print(f"submitted job array {job}: cells {slurm.array_ranges(indices)} (logs in"
+              f" {root}/slurm/logs/{job}_<cell>.out)")
+    for i, job in submitted.items():
+      merged[i] = {**merged[i], "slurm": {
+          "task": f"{job}_{i}", "jobs": jobs, "max_requeues": args.max_requeues,
+          "requeue_on": args.requeue_on, "fail_fast": args.fail_fast, "ntasks": args.ntasks,
+          "cpus": args.cpus}}
+    cells.write_plan(args.root, merged, {"jobs": jobs, "submitted": cells.now(),
+                                         "cells": sorted(submitted)})
+  if len(submitted) < len(first) + len(second):
+    return errors.EXIT_ENVIRONMENT
   print(f"see their state with: {sys.argv[0]} --status {args.root}")
   return 0
 
 
+def _arrays(grid: list[dict], merged: list[dict]) -> tuple[list[int], list[int]]:
+  """The plan indices of the cells to submit: (the first array, the tuned seeds after it)."""
+  index = {os.path.abspath(c["workdir"]): i for i, c in enumerate(merged)}
+  todo = [c for c in grid if not cells.is_finished(c["workdir"])]
+  return ([index[os.path.abspath(c["workdir"])] for c in todo if not c["tuning"]],
+          [index[os.path.abspath(c["workdir"])] for c in todo if c["tuning"]])
+
+
 def run_one_cell(root: str, index: str) -> int:
-  """One task of the SLURM array: cell `index` of ROOT/sweep.json, as the local sweep runs it."""
-  cell = cells.load_plan(root)[int(index)]
+  """One task of the SLURM array: cell `index` of ROOT/sweep.json, as the local sweep runs it;
+  then what its exit asks of the scheduler: a requeue (only after the scheduler's signals, or
+  the codes of --requeue_on, up to --max_requeues), or, with --fail_fast, the sweep's pending
+  tasks cancelled."""
+  with cells.plan_lock(root):  # waits for a submission still writing it
+    cell = cells.load_plan(root)[int(index)]
   workdir, command = cell["workdir"], cell["command"]
+  job = cell.get("slurm") or {}
   if cells.is_finished(workdir):
     print(f"{workdir}: finished, skipped", flush=True)
     if cell.get("tuning") and (note := stale_pick(workdir)):
@@ -533,12 +620,49 @@ def run_one_cell(root: str, index: str) -> int:
     try:
       command = command + choose(cell["tuning"])
     except (RuntimeError, ValueError) as e:
-      cells.write_record(workdir, {"state": "exited", "code": errors.EXIT_ENVIRONMENT,
-                                   "line": str(e), "ended": cells.now()})
+      exited = {"state": "exited", "code": errors.EXIT_ENVIRONMENT, "line": str(e),
+                "ended": cells.now()}
+      cells.update_record(workdir, lambda _: exited)
       print(f"error: {e}", file=sys.stderr)
       return errors.EXIT_ENVIRONMENT
-  print(f"{workdir}: {cells.cell_status(workdir)[0]}, running", flush=True)
-  code, _ = cells.run_cell(workdir, command)
+  forward = None
+  if job.get("ntasks", 1) > 1:  # one run over N processes: srun starts them
+    command = ["srun", f"--ntasks={job['ntasks']}", f"--cpus-per-task={job.get('cpus', 1)}",
+               *command]
+    forward = lambda proc, signum: slurm.signal_step(signum)  # noqa: E731  (never to srun)
+  state = cells.cell_status(workdir)[0]
+  print(f"{workdir}: {'starting' if state == 'not started' else 'resuming'}", flush=True)
+  code, line, signalled = cells.run_cell(workdir, command, forward=forward)
+  task = f"{os.environ.get('SLURM_ARRAY_JOB_ID')}_{index}"
+  why = slurm.requeue_reason(code, signalled, job.get("requeue_on", []))
+  restarts = int(os.environ.get("SLURM_RESTART_COUNT") or 0)
+  most = job.get("max_requeues", MAX_REQUEUES)
+  note = None
+  if why and restarts < most:
+    print(f"[{cells.now()}] {why}: requeueing {task} (requeue {restarts + 1} of at most"
+          f" {most})", file=sys.stderr, flush=True)
+    refused = slurm.requeue(task)
+    if refused:
+      note = f"{why}, but scontrol requeue refused: {refused}"
+  elif why:
+    note = (f"{why}: not requeued, --max_requeues={most} reached; submit the same command to"
+            " resume it from its newest checkpoint")
+  elif code and cells.is_signal(code):
+    note = (f"exit {code} ({cells.signal_name(code)}, not the scheduler's signal: the"
+            " out-of-memory killer, or a kill): not requeued; --requeue_on="
+            f"{code} requeues it")
+  elif code and job.get("fail_fast"):
+    others = [j for j in job.get("jobs", []) if j]
+    note = (f"--fail_fast: cell {index} failed (exit {code}): cancelling the sweep's tasks not"
+            f" started (jobs {', '.join(others)}); the running ones finish")
+    refused = slurm.cancel_pending(others)
+    if refused:
+      note += f"; scancel refused: {refused}"
+  if note:
+    print(f"[{cells.now()}] {note}", file=sys.stderr, flush=True)
+    if code != 0 and line != "finished earlier":
+      cells.update_record(workdir, lambda current: {**current, "note": note}
+                          if current and current.get("state") == "exited" else None)
   return code
 
 
@@ -546,14 +670,14 @@ def print_status(root: str) -> int:
   if not os.path.isdir(root):
     print(f"error: --status {root}: no such directory; give a sweep's --root", file=sys.stderr)
     return errors.EXIT_BAD_INPUT
-  lines, counts = cells.status_lines(root)
+  with cells.plan_lock(root):
+    lines, counts = cells.status_lines(root, scheduler=slurm.tasks)
   if not lines:
     print(f"error: --status {root}: no sweep there (no {cells.PLAN}, no cell's"
           f" {cells.EXIT_RECORD}); give a sweep's --root", file=sys.stderr)
     return errors.EXIT_BAD_INPUT
   print("\n".join(lines))
-  order = ("finished", "running", "stopped", "failed", "not started")
-  print(f"{len(lines)} cells: " + ", ".join(f"{counts.get(s, 0)} {s}" for s in order))
+  print(f"{len(lines)} cells: " + ", ".join(f"{counts.get(s, 0)} {s}" for s in cells.STATES))
   return 0
 
 

@@ -67,11 +67,13 @@ class BoundarySwitch:
     if self.rule == "oracle":
       crossed = step in self.task_ends
     elif finite:  # plateau: a skipped step has no loss to add to the window
-      window, stats = plateau_lib.update(plateau_lib.from_json(record["window"]),
-                                         scalars["loss"], self.plateau_config)
+      before = plateau_lib.from_json(record["window"])
+      window, stats = plateau_lib.update(before, scalars["loss"], self.plateau_config)
       record["window"] = plateau_lib.to_json(window)
       train_values = dict(boundary_window_mean=stats.mean, boundary_window_var=stats.var)
       crossed = stats.fired
+      if stats.rearmed:  # the detector may fire again
+        events.append(plateau_lib.rearm_event(stats, before))
       if crossed:
         events.append(("plateau", dict(n_plateaus=window.n_plateaus, window_mean=stats.mean,
                                        window_var=stats.var)))

@@ -56,6 +56,7 @@ donates the state's buffers.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -77,6 +78,7 @@ from olora_jax.protocol import EvaluationLog
 
 CHECKPOINT_DIR = "checkpoints"
 CORRUPT_DIR = "corrupt_checkpoints"
+TMP_SUFFIX = ".orbax-checkpoint-tmp"  # orbax's folder of a save in progress (`<step>` + this)
 # Keys that change how a run is checkpointed or drawn, not what it computes: they may differ on
 # resume. So do the placement keys: the device mesh and the processes may change between the
 # processes of one run (results agree within float tolerance across meshes), where images are
@@ -90,7 +92,8 @@ OPERATIONAL_KEYS = ("checkpoint_every", "max_to_keep", "eval.write_plots", "data
                     "distributed.initialize", "distributed.coordinator_address",
                     "distributed.num_processes", "distributed.process_id",
                     "distributed.initialization_timeout",
-                    "learner.skip_nonfinite", "learner.max_skipped_fraction", "log_every")
+                    "learner.skip_nonfinite", "learner.max_skipped_fraction", "log_every",
+                    "loggers", "logger_project")
 # Of those, the ones a resume records when they changed (results.json `config_changes`): how the
 # run goes on. The placement keys (mesh, processes, where images are preprocessed) are not: they
 # may differ between the processes of one run and change nothing in its records.
@@ -383,10 +386,24 @@ class Checkpointer:
     host = {"progress": progress.to_json(), **meta}
     checksums = {"digest": DIGEST_KIND, "arrays": {k: digests[k] for k in stored},
                  "from_initial": from_initial, "host": _json_digest(host)}
-    self._manager.save(step, force=True, args=ocp.args.Composite(
-        arrays=ocp.args.StandardSave(arrays), host=ocp.args.JsonSave(host),
-        checksums=ocp.args.JsonSave(checksums)))
-    self._manager.wait_until_finished()
+    try:
+      self._manager.save(step, force=True, args=ocp.args.Composite(
+          arrays=ocp.args.StandardSave(arrays), host=ocp.args.JsonSave(host),
+          checksums=ocp.args.JsonSave(checksums)))
+      self._manager.wait_until_finished()
+    except BaseException:
+      self._remove_partial(step)  # a full disk keeps none of it: the space is the rerun's
+      raise
+
+  def _remove_partial(self, step: int) -> None:
+    """Removes what a failed save of checkpoint `step` left (orbax's temporary folder; the next
+    Checkpointer would drop it too, but a full disk needs the space now). Process 0 only."""
+    if not sharding.is_primary():
+      return
+    with contextlib.suppress(OSError):
+      for name in os.listdir(self.directory):
+        if name.startswith(f"{step}.") and TMP_SUFFIX in name:
+          shutil.rmtree(os.path.join(self.directory, name), ignore_errors=True)
 
   def _restore_verified(self, step: int, template: Any, initial: dict) -> tuple[Any, dict]:
     """(arrays like `template` and on its shardings, host) of checkpoint `step`, every array

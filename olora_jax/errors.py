@@ -23,6 +23,10 @@ written, else in the system's temp directory). Bad input, a busy workdir and sig
 from __future__ import annotations
 
 import errno
+import os
+import re
+import sysconfig
+import traceback
 
 EXIT_OK = 0
 EXIT_INTERNAL = 1
@@ -39,6 +43,13 @@ STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS
 STORAGE_MESSAGES = ("No space left on device", "Disk quota exceeded", "File too large",
                     "Read-only file system", "Permission denied", "Operation not permitted",
                     "Input/output error")
+# NumPy's `np.save` / `ndarray.tofile` report a short write (a full disk) with no errno, only
+# "<n> requested and <m> written".
+SHORT_WRITE = re.compile(r"\b\d+ requested and \d+ written\b")
+SHORT_WRITE_CAUSE = "No space left on device (a short write)"
+# What to do about each storage failure, by its OS text (`storage_advice`).
+_FULL = ("No space left on device", "Disk quota exceeded", SHORT_WRITE_CAUSE)
+_NOT_WRITABLE = ("Read-only file system", "Permission denied", "Operation not permitted")
 
 
 class RunError(Exception):
@@ -150,7 +161,23 @@ def storage_cause(e: BaseException) -> str | None:
     for message in STORAGE_MESSAGES:
       if message in text:
         return message
+    if isinstance(x, OSError) and SHORT_WRITE.search(text):
+      return SHORT_WRITE_CAUSE
   return None
+
+
+def storage_advice(cause: str, elsewhere: str = "pass another --workdir") -> str:
+  """What frees a storage failure `cause` (`storage_cause`'s text): space for a full disk or
+  quota, the limit for a file too large, write permission for a read-only or unwritable
+  folder, the disk itself for an I/O error; `elsewhere` ('' for none) is the way around it."""
+  alternative = f" (or {elsewhere})" if elsewhere else ""
+  if cause in _FULL:
+    return f"free space on that disk{alternative}"
+  if cause == "File too large":
+    return "lift the file-size limit (ulimit -f)"
+  if cause in _NOT_WRITABLE:
+    return f"make it writable{alternative}"
+  return f"check the disk{alternative}"
 
 
 def first_line(e: BaseException) -> str:
@@ -160,3 +187,52 @@ def first_line(e: BaseException) -> str:
   informative = [line for line in lines if not line.endswith(":")]
   text = (informative or lines or [""])[0]
   return f"{type(e).__name__}: {text}" if text else type(e).__name__
+
+
+# Where libraries and Python itself live: a frame there is not the user's code (nor ours).
+_LIBRARY_DIRS = tuple(sorted({os.path.realpath(sysconfig.get_paths()[k]) + os.sep
+                              for k in ("stdlib", "platstdlib", "purelib", "platlib")}))
+_FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+)')
+
+
+def _in_library(path: str) -> bool:
+  return os.path.realpath(path).startswith(_LIBRARY_DIRS) or path.startswith("<")
+
+
+def code_origin(e: BaseException) -> tuple[str, str | None]:
+  """(`TypeName: first line`, 'file:line') of the error a run's code raised behind `e`.
+
+  A method's exception inside a host callback reaches the run as JAX's runtime error whose text
+  embeds the callback's traceback: the embedded exception and its innermost frame outside the
+  libraries are taken from there. Otherwise the innermost frame of `e`'s traceback outside the
+  libraries (the method's file, or olora_jax's own) is named; None when every frame is a
+  library's."""
+  for x in causes(e):
+    lines = str(x).splitlines()
+    if not any("Traceback (most recent call last)" in line for line in lines):
+      continue
+    frames = [(m.group(1), m.group(2)) for m in map(_FRAME.match, lines) if m]
+    own = [f"{path}:{line}" for path, line in frames if not _in_library(path)]
+    raised = [line.strip() for line in lines if line.strip() and not line.startswith(" ")]
+    if own and raised:  # the embedded exception is the last unindented line
+      return raised[-1], own[-1]
+  frames = traceback.extract_tb(e.__traceback__) if e.__traceback__ is not None else []
+  own = [f"{f.filename}:{f.lineno}" for f in frames if not _in_library(f.filename)]
+  return first_line(e), (own[-1] if own else None)
+
+
+_PACKAGE_DIR = os.path.dirname(os.path.realpath(__file__)) + os.sep  # olora_jax's own code
+
+
+def unexpected(e: BaseException, resume: str = "") -> str:
+  """The line of an unexpected error (exit 1): the exception and the file and line that raised
+  it (`code_origin`). Raised in olora_jax (or nowhere but in libraries): a bug to report. Raised
+  in code outside the package (a method or dataset of the user's): the place to fix. `resume`
+  ('from checkpoint 12', 'from the start'; '' before a run exists) says where a rerun starts."""
+  what, where = code_origin(e)
+  at = f" (raised at {where})" if where else ""
+  if where is None or os.path.realpath(where.rpartition(":")[0]).startswith(_PACKAGE_DIR):
+    return (f"unexpected {what}{at}; " + (f"the run can resume {resume}; " if resume else "")
+            + "please report it with the error log")
+  return (f"{what}{at}; fix the code there, then run the same command"
+          + (f" to resume {resume}" if resume else ""))

@@ -175,6 +175,21 @@ def make_count_fn(predict_fn: Callable[..., jax.Array], num_classes: int,
   return jax.jit(count)
 
 
+def make_logits_fn(predict_fn: Callable[..., jax.Array], preprocess_fn: Callable | None = None,
+                   predict_chunk: int = 0, n_shards: int = 1) -> Callable:
+  """Jitted `(state, images, mask[, cache]) -> logits (B, C)`: the model's raw logits (no class
+  mask) on one padded batch, the inputs made as `make_count_fn` makes them (eval.export)."""
+
+  def logits(state, images, mask, cache=None):
+    if cache is not None:
+      images = cache[images]
+    if preprocess_fn is not None:
+      images = preprocess_fn(images, mask)
+    return predict_in_pieces(predict_fn, state, images, predict_chunk, n_shards)
+
+  return jax.jit(logits)
+
+
 # eval.predict_chunk=-1 (the default): picked by the backend (`resolve_predict_chunk`).
 AUTO_PREDICT_CHUNK = -1
 # On a CPU: passes of 64 images keep a ViT's activations closer to the caches
@@ -372,6 +387,9 @@ class Evaluator:
                                         image_size=image_size, input_scale=input_scale)
     self._count = make_count_fn(predict_fn, num_classes, len(self.domain_ids), preprocess_fn,
                                 predict_chunk, self.mesh.devices.size)
+    self._make_logits = functools.partial(make_logits_fn, predict_fn, preprocess_fn,
+                                          predict_chunk, self.mesh.devices.size)
+    self._logits = None  # built on first use (`logits`)
 
   def _batch(self, ids: np.ndarray) -> dict:
     """This process's rows of the padded test batch of `ids`."""
@@ -431,3 +449,21 @@ class Evaluator:
   def all_counts(self, state: Any, seen_classes: np.ndarray) -> ClassCounts:
     """Counts on the whole test set (the task-end evaluation filling a column of a_{i,j})."""
     return self.counts(state, np.arange(len(self.source)), seen_classes)
+
+  def logits(self, state: Any, ids: np.ndarray) -> np.ndarray:
+    """(len(ids), C) float32 on the host: the model's raw logits (no class mask) on test
+    examples `ids`, in their order, from the same inputs and forward pass as `counts` (one more
+    compiled program, built on first use: eval.export). Reads the state, never changes it."""
+    if self._logits is None:
+      self._logits = self._make_logits()
+    ids = np.asarray(ids, np.int64)
+    out = []
+    for start in range(0, len(ids), self.batch_size):
+      batch = sharding.shard_batch(self._batch(ids[start:start + self.batch_size]), self.mesh)
+      logits = self._logits(state, batch["images"], batch["mask"],
+                            self._levels if self.cached == "device" else None)
+      logits, mask = sharding.to_host((logits, batch["mask"]))  # every process's rows, in order
+      out.append(np.asarray(logits, np.float32)[np.asarray(mask, bool)])
+    if not out:
+      return np.zeros((0, self.num_classes), np.float32)
+    return np.concatenate(out)

@@ -1,8 +1,9 @@
 """The `fidelity` switch: the paper's method or the authors' released code (docs/fidelity.md).
 
-The paper and the released PyTorch code disagree in ten places. Each disagreement is its own
-config key, so an ablation can flip any one of them; the top-level `config.fidelity`
-('paper' | 'reference') only supplies the default of every key left unset (None):
+The paper and the released PyTorch code disagree in ten places, and the released code runs its
+matmuls at PyTorch's CUDA precision. Each of these is its own config key, so an ablation can flip
+any one of them; the top-level `config.fidelity` ('paper' | 'reference') only supplies the
+default of every key left unset (None):
 
     key                               'paper'        'reference'   what it decides
     learner.buffer_unit               'sample'       'batch'       K samples or K whole batches
@@ -22,6 +23,12 @@ config key, so an ablation can flip any one of them; the top-level `config.fidel
                                                                    [-1, 1], big_vision's AugReg)
     data.core50_order                 'sequential'   'shuffled'    CORe50 sessions in order or
                                                                    shuffled together (i.i.d.)
+    model.matmul_precision            'default'      'highest'     the model's matmuls and
+                                                                   convolutions at JAX's default
+                                                                   precision (TF32 on NVIDIA GPUs)
+                                                                   or in full float32, as
+                                                                   PyTorch's CUDA matmuls by
+                                                                   default (docs/fidelity.md)
 
 Usage (any single key can be flipped on its own, e.g. the released code's merge alone):
 
@@ -62,6 +69,7 @@ FIDELITY_DEFAULTS: dict[tuple[str, str], dict[str, object]] = {
     ("learner", "adam_bias_correction"): {"paper": "float32", "reference": "exact"},
     ("data", "input_scale"): {"paper": "unit", "reference": "unit"},
     ("data", "core50_order"): {"paper": "sequential", "reference": "shuffled"},
+    ("model", "matmul_precision"): {"paper": "default", "reference": "highest"},
 }
 
 # The values each key accepts (booleans accept True / False).
@@ -76,6 +84,7 @@ ALLOWED_VALUES: dict[tuple[str, str], tuple] = {
     ("learner", "adam_bias_correction"): ("float32", "exact"),
     ("data", "input_scale"): ("unit", "signed"),
     ("data", "core50_order"): ("sequential", "shuffled"),
+    ("model", "matmul_precision"): ("default", "highest"),
 }
 
 

@@ -1,22 +1,31 @@
 """Figures of runs, drawn from their metrics.jsonl and results.json.
 
 Every figure is written twice: a PNG (`DPI`) and a PDF (vector, for papers) of the same name.
-Each title names the run (its directory, method and setting). One run, into `DIR/plots/`:
+Each title names the run by its method's display name, setting and seed (`run_name`); with
+`titles=False` (`launch/report.py --no_titles`) a figure has no title, for a paper's caption to
+say it. One run, into `DIR/plots/` (`plot_files`):
 
-- `loss_surface.png`: the loss-window value of every logged step against samples seen (the
-  signal the plateau rule reads, paper section 3.1 and its loss-surface figure), the window mean,
-  the detected plateaus (where a LoRA was merged and a new one started) and the true task
-  boundaries, which the learner never saw.
+- `loss_surface.png`, only for a run with a plateau rule (`reporting.detects_plateaus`:
+  Online-LoRA, or `boundaries.rule=plateau`): the loss-window value of every logged step against
+  samples seen (the signal the plateau rule reads, paper section 3.1 and its loss-surface
+  figure), the window mean, the detected plateaus (where a LoRA was merged and a new one started)
+  and the true task boundaries, which the learner never saw.
 - `anytime_accuracy.png`: the anytime accuracy on the classes seen so far against samples seen
   (the curve whose mean is A_AUC), with the true task boundaries.
 - `accuracy_matrix.png`: a_{i,j} as a heat map, row = task i (domain i for a domain stream
   evaluated by domain), column = after training task j; cells in % with one decimal, halves
   rounded up.
 
-Several runs (`launch/report.py --plots DIR`): `anytime_overlay.png` overlays the anytime
-accuracy curves of every run, one panel per setting and one colour per method in it: each run
-thin, the mean over the method's seeds bold, a band of +-1 standard deviation (ddof 1) around it,
-and the setting's true task boundaries.
+Several runs (`launch/report.py --plots DIR`, `write_report_plots`), the figures a paper shows:
+
+- `anytime_overlay.png` overlays the anytime accuracy curves of every run, one panel per setting
+  and one colour per method in it: each run thin, the mean over the method's seeds bold, a band
+  of +-1 standard deviation (ddof 1) around it, and the setting's true task boundaries.
+- `accuracy_matrices_<setting>.png`, one per setting: the final accuracy matrix a_{i,j} of each
+  method (one panel each, its mean over seeds, cells in % with one decimal), one colour scale.
+- `forgetting_per_task.png`: the forgetting of each earlier task (max_{t<T} a_{k,t} - a_{k,T},
+  whose mean is the Forgetting column) per method, mean over seeds with a +-1 std bar, one panel
+  per setting.
 
 Figures are drawn with matplotlib's object API on an Agg canvas: no pyplot, no global backend
 change, no display needed.
@@ -38,10 +47,12 @@ import numpy as np
 if TYPE_CHECKING:
   from matplotlib.figure import Figure
 
-from olora_jax import reporting, validation
+from olora_jax import metrics, reporting, validation
 
 PLOT_FILES = ("loss_surface.png", "anytime_accuracy.png", "accuracy_matrix.png")
 OVERLAY_FILE = "anytime_overlay.png"
+FORGETTING_FILE = "forgetting_per_task.png"
+MATRICES_FILE = "accuracy_matrices_{setting}.png"  # one per setting (`setting_slug`)
 DPI = 150  # PNG resolution; the PDF beside each PNG is vector
 
 
@@ -113,8 +124,8 @@ def _warn_missing_glyphs(caught) -> None:
   new = missing - _MISSING_GLYPHS
   if new:
     _MISSING_GLYPHS.update(new)
-    logging.warning("the figures' font (%s) has no glyph for %s in their titles (the run"
-                    " directory's name): drawn as boxes", ", ".join(sorted(fonts)),
+    logging.warning("the figures' font (%s) has no glyph for %s in their text (a method's or"
+                    " a dataset's name): drawn as boxes", ", ".join(sorted(fonts)),
                     "".join(sorted(new)))
 
 
@@ -125,16 +136,27 @@ def _figure(**kwargs) -> Figure:
   return Figure(**kwargs)
 
 
-def _titled(title: str, run_name: str) -> str:
-  return f"{run_name}\n{title}" if run_name else title
+def _title(ax, title: str, run_name: str, titles: bool, **kwargs) -> None:
+  """Sets `ax`'s title: the run's name over the figure's own line; none when not `titles`."""
+  if titles:
+    ax.set_title(f"{run_name}\n{title}" if run_name else title, **kwargs)
 
 
-def run_name(workdir: str, config: dict) -> str:
-  """'<run directory>: <method> on <setting>', the name every figure of a run carries (e.g.
-'demo: Online-LoRA on mnist_5k: 5 disjoint tasks, custom ViT')."""
+def run_name(config: dict) -> str:
+  """'<method> on <setting>, seed N', the name every figure of a run carries, by the method's
+  display name (`reporting.method_label`), e.g. 'Online-LoRA on mnist_5k: 5 disjoint tasks,
+  custom ViT, seed 0' (`config`: the run's config.json, nested or flattened)."""
   flat = validation.flatten(config)
-  name = os.path.basename(os.path.normpath(workdir))
-  return f"{name}: {reporting.method_label(flat)} on {reporting.setting_title(flat)}"
+  seed = f", seed {flat['seed']}" if "seed" in flat else ""
+  return f"{reporting.method_label(flat)} on {reporting.setting_title(flat)}{seed}"
+
+
+def plot_files(config: dict) -> tuple[str, ...]:
+  """The figures a run draws into its plots/ (`config`: its config, nested or flattened): the
+  loss surface only where the run has a plateau rule (`reporting.detects_plateaus`)."""
+  if reporting.detects_plateaus(validation.flatten(config)):
+    return PLOT_FILES
+  return PLOT_FILES[1:]
 
 
 def _mark_boundaries(ax, boundary_samples, label: bool = True) -> None:
@@ -146,7 +168,8 @@ def _mark_boundaries(ax, boundary_samples, label: bool = True) -> None:
 def plot_loss_surface(samples: np.ndarray, window_value: np.ndarray,
                       window_mean: np.ndarray | None, plateau_samples, boundary_samples,
                       path: str, mean_threshold: float | None = None,
-                      run_name: str = "", value_label: str = "loss-window value") -> str:
+                      run_name: str = "", value_label: str = "loss-window value",
+                      titles: bool = True) -> str:
   """The loss surface with detected plateaus (red) and true task boundaries (grey, dashed)."""
   fig = _figure(figsize=(10.5, 4), layout="constrained")
   ax = fig.add_subplot()
@@ -163,15 +186,15 @@ def plot_loss_surface(samples: np.ndarray, window_value: np.ndarray,
   ax.set_xlabel("samples seen")
   ax.set_ylabel("loss (pre-update, no regulariser)")
   n, t = len(plateau_samples), len(boundary_samples)
-  ax.set_title(_titled(f"Loss surface: {n} plateau{'' if n == 1 else 's'}, {t} true task"
-                       f" boundar{'y' if t == 1 else 'ies'}", run_name))
+  _title(ax, f"Loss surface: {n} plateau{'' if n == 1 else 's'}, {t} true task"
+         f" boundar{'y' if t == 1 else 'ies'}", run_name, titles)
   ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)  # outside: no overlap
   ax.grid(alpha=0.3)
   return _save(fig, path)
 
 
 def plot_anytime_accuracy(samples: np.ndarray, accuracy: np.ndarray, boundary_samples,
-                          path: str, run_name: str = "") -> str:
+                          path: str, run_name: str = "", titles: bool = True) -> str:
   """Anytime accuracy (%) on the seen classes against samples seen."""
   fig = _figure(figsize=(7, 4), layout="constrained")
   ax = fig.add_subplot()
@@ -180,8 +203,7 @@ def plot_anytime_accuracy(samples: np.ndarray, accuracy: np.ndarray, boundary_sa
           label="accuracy on seen classes")
   _mark_boundaries(ax, boundary_samples)
   auc = np.nanmean(accuracy) if np.isfinite(accuracy).any() else float("nan")
-  ax.set_title(_titled(f"Anytime accuracy (A_AUC = {reporting.format_half_up(auc, 2)}%)",
-                       run_name))
+  _title(ax, f"Anytime accuracy (A_AUC = {reporting.format_half_up(auc, 2)}%)", run_name, titles)
   ax.set_xlabel("samples seen")
   ax.set_ylabel("accuracy (%)")
   ax.set_ylim(0, 100)
@@ -190,17 +212,11 @@ def plot_anytime_accuracy(samples: np.ndarray, accuracy: np.ndarray, boundary_sa
   return _save(fig, path)
 
 
-def plot_accuracy_matrix(acc: np.ndarray, path: str, run_name: str = "",
-                         row_label: str = "task") -> str:
-  """Heat map of a_{i,j} (%) with the value written in each cell (one decimal, halves up);
-  `row_label` names what a row is ('task', or 'domain' for a domain stream)."""
-  acc = 100 * np.asarray(acc, np.float64)
+def _draw_matrix(ax, acc: np.ndarray, row_label: str):
+  """a_{i,j} (in %) as a heat map on `ax`, each cell's value written in it (one decimal, halves
+  up) up to 20 tasks; returns the image (for a colour bar)."""
   t = acc.shape[0]
-  side = min(2.0 + 0.7 * t, 14.0)
-  fig = _figure(figsize=(side + 1.2, side), layout="constrained")
-  ax = fig.add_subplot()
   image = ax.imshow(acc, vmin=0, vmax=100, cmap="viridis")
-  fig.colorbar(image, ax=ax, label="accuracy (%)")
   if t <= 20:  # numbers stay legible up to 20 tasks
     for i in range(t):
       for j in range(t):
@@ -210,12 +226,25 @@ def plot_accuracy_matrix(acc: np.ndarray, path: str, run_name: str = "",
   ax.set_yticks(range(t))
   ax.set_xlabel("after training task j")
   ax.set_ylabel(f"evaluated on {row_label} i")
-  ax.set_title(_titled("Accuracy matrix a_{i,j}", run_name), fontsize=9 if run_name else None)
+  return image
+
+
+def plot_accuracy_matrix(acc: np.ndarray, path: str, run_name: str = "",
+                         row_label: str = "task", titles: bool = True) -> str:
+  """Heat map of a_{i,j} (%) with the value written in each cell (one decimal, halves up);
+  `row_label` names what a row is ('task', or 'domain' for a domain stream)."""
+  acc = 100 * np.asarray(acc, np.float64)
+  side = min(2.0 + 0.7 * acc.shape[0], 14.0)
+  fig = _figure(figsize=(side + 1.2, side), layout="constrained")
+  ax = fig.add_subplot()
+  fig.colorbar(_draw_matrix(ax, acc, row_label), ax=ax, label="accuracy (%)")
+  _title(ax, "Accuracy matrix a_{i,j}", run_name, titles, fontsize=9 if run_name else None)
   return _save(fig, path)
 
 
-def write_run_plots(workdir: str) -> list[str]:
-  """Draws the three figures of the run in `workdir` into `workdir/plots/`; returns the paths."""
+def write_run_plots(workdir: str, titles: bool = True) -> list[str]:
+  """Draws the figures of the run in `workdir` (`plot_files`) into `workdir/plots/`; returns the
+  paths."""
   with open(os.path.join(workdir, "results.json")) as f:
     results = json.load(f)
   with open(os.path.join(workdir, "config.json")) as f:
@@ -235,18 +264,21 @@ def write_run_plots(workdir: str) -> list[str]:
   mean = np.array([np.nan if e.get("window_mean") is None else e["window_mean"]
                    for e in train], np.float64)
   threshold = config.get("learner", {}).get("mean_threshold") if online_lora else None
-  name = run_name(workdir, config)
-  paths = [plot_loss_surface(samples, value, mean, detection["plateau_samples"], boundaries,
-                             os.path.join(out, PLOT_FILES[0]), threshold, name,
-                             "loss-window value" if online_lora else "training loss")]
+  name = run_name(config)
+  paths = []
+  if PLOT_FILES[0] in plot_files(config):
+    paths.append(plot_loss_surface(samples, value, mean, detection["plateau_samples"], boundaries,
+                                   os.path.join(out, PLOT_FILES[0]), threshold, name,
+                                   "loss-window value" if online_lora else "training loss",
+                                   titles))
   evals = events.get("eval", [])
   paths.append(plot_anytime_accuracy(np.array([e["samples_seen"] for e in evals]),
                                      np.array([np.nan if e["anytime_accuracy"] is None
                                                else e["anytime_accuracy"] for e in evals]),
-                                     boundaries, os.path.join(out, PLOT_FILES[1]), name))
+                                     boundaries, os.path.join(out, PLOT_FILES[1]), name, titles))
   paths.append(plot_accuracy_matrix(np.asarray(results["acc_matrix"]),
                                     os.path.join(out, PLOT_FILES[2]), name,
-                                    "domain" if "task_domains" in results else "task"))
+                                    "domain" if "task_domains" in results else "task", titles))
   return paths
 
 
@@ -279,20 +311,19 @@ def _run_curve(run_dir: str) -> tuple[tuple[np.ndarray, np.ndarray], tuple[int, 
           None if boundaries is None else tuple(boundaries))
 
 
-def overlay_figure(rows: Sequence[dict]) -> Figure:
+def overlay_figure(rows: Sequence[dict], titles: bool = True) -> Figure:
   """The overlay of `reporting.aggregate`'s groups (read from their runs' results.json): one
   panel per setting, titled with it (`setting_title`); in each, one colour per method (the
   legend names it and its number of seeds): every run thin, the mean over seeds bold with a
   +-1 std band (ddof 1), and the setting's true task boundaries as dashed vertical lines (gid
   'task_boundary'). When the runs of a setting have different boundaries (Si-Blurry's task sizes
-  are drawn per seed), every run's boundaries are drawn, lighter."""
-  panels: dict[str, list[dict]] = {}
-  for row in rows:
-    panels.setdefault(row["setting"], []).append(row)
+  are drawn per seed), every run's boundaries are drawn, lighter. Without `titles`, no figure
+  title, and a panel's title only where several panels need telling apart."""
+  panels = _by_setting(rows)
   fig = _figure(figsize=(7 * len(panels), 5.2), layout="constrained")
   axes = fig.subplots(1, len(panels), sharey=True, squeeze=False)[0]
   n_runs = sum(len(row["runs"]) for row in rows)
-  for ax, (_, panel) in zip(axes, sorted(panels.items()), strict=True):
+  for ax, panel in zip(axes, panels, strict=True):
     boundary_sets = set()
     for i, row in enumerate(panel):
       colour = f"C{i % 10}"
@@ -316,19 +347,126 @@ def overlay_figure(rows: Sequence[dict]) -> Figure:
       ax.axvline(b, color="0.35", linestyle="--", linewidth=1.0 if len(boundary_sets) == 1
                  else 0.6, alpha=1.0 if len(boundary_sets) == 1 else 0.5, gid="task_boundary",
                  label=label if n == 0 else None)
-    ax.set_title(reporting.setting_title(reporting.Run(panel[0]["runs"][0]).config),
-                 fontsize=10)
+    if titles or len(panels) > 1:
+      ax.set_title(_setting_title(panel), fontsize=10)
     ax.set_xlabel("samples seen")
     ax.grid(alpha=0.3)
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.13), fontsize=8, frameon=False)
   axes[0].set_ylabel("anytime accuracy on seen data (%)")
   axes[0].set_ylim(0, 100)
-  fig.suptitle(f"Anytime accuracy of {n_runs} runs (bold: mean over seeds, band: ±1 std,"
-               " thin: each run)", fontsize=10)
+  if titles:
+    fig.suptitle(f"Anytime accuracy of {n_runs} runs (bold: mean over seeds, band: ±1 std,"
+                 " thin: each run)", fontsize=10)
   return fig
 
 
-def write_overlay_plot(rows: Sequence[dict], out_dir: str) -> str:
+def _setting_title(panel: Sequence[dict]) -> str:
+  return reporting.setting_title(reporting.Run(panel[0]["runs"][0]).config)
+
+
+def _by_setting(rows: Sequence[dict]) -> list[list[dict]]:
+  """`aggregate`'s rows grouped by setting, settings sorted, rows in their table order."""
+  panels: dict[str, list[dict]] = {}
+  for row in rows:
+    panels.setdefault(row["setting"], []).append(row)
+  return [panel for _, panel in sorted(panels.items())]
+
+
+def _acc_matrices(row: dict) -> tuple[np.ndarray, str]:
+  """The accuracy matrices a_{i,j} (fractions) of a row's runs, stacked (seeds, T, T), and what
+  a matrix row is ('task', or 'domain' for a domain stream evaluated by domain)."""
+  results = [reporting.Run(d).results for d in row["runs"]]
+  shapes = {np.shape(r["acc_matrix"]) for r in results}
+  if len(shapes) != 1:
+    raise ValueError(f"the runs of {row['method']} on {row['setting']} have accuracy matrices"
+                     f" of different shapes {sorted(shapes)}; pass runs of one setting")
+  row_label = "domain" if "task_domains" in results[0] else "task"
+  return np.stack([np.asarray(r["acc_matrix"], np.float64) for r in results]), row_label
+
+
+def accuracy_matrices_figure(panel: Sequence[dict], titles: bool = True) -> Figure:
+  """The final accuracy matrix of each method of one setting (`panel`: `aggregate`'s rows of
+  it), one heat map per method in table order (up to 4 a line): the mean over its seeds of
+  a_{i,j} in %, each panel titled with the method's display name and its number of seeds, one
+  colour bar; the figure's title names the setting (`titles`)."""
+  mats = [_acc_matrices(row) for row in panel]
+  t = mats[0][0].shape[1]
+  ncols = min(len(panel), 4)
+  nrows = -(-len(panel) // ncols)
+  side = min(1.6 + 0.55 * t, 8.0)
+  fig = _figure(figsize=(side * ncols + 1.0, side * nrows + (0.5 if titles else 0.2)),
+                layout="constrained")
+  axes = fig.subplots(nrows, ncols, squeeze=False)
+  image = None
+  for ax, row, (acc, row_label) in zip(axes.flat, panel, mats, strict=False):
+    image = _draw_matrix(ax, 100 * acc.mean(axis=0), row_label)
+    n = len(acc)
+    ax.set_title(f"{row['method']} ({n} seed{'s' if n > 1 else ''})", fontsize=9)
+  for ax in list(axes.flat)[len(panel):]:
+    ax.set_axis_off()
+  fig.colorbar(image, ax=axes, label="accuracy (%), mean over seeds", shrink=0.8)
+  if titles:
+    fig.suptitle(f"Final accuracy matrices $a_{{i,j}}$: {_setting_title(panel)}", fontsize=10)
+  return fig
+
+
+def forgetting_figure(rows: Sequence[dict], titles: bool = True) -> Figure:
+  """The forgetting of each earlier task k < T (`metrics.forgetting_per_task`, in %; its mean
+  is the Forgetting column): one panel per setting, a group of bars per task, one bar per
+  method in table order (the legend names it and its seeds), the mean over seeds with a +-1 std
+  (ddof 1) error bar."""
+  panels = _by_setting(rows)
+  widths = [max(4.5, 1.0 + 0.35 * len(p) * max(1, _acc_matrices(p[0])[0].shape[1] - 1))
+            for p in panels]
+  fig = _figure(figsize=(sum(widths), 4.8), layout="constrained")
+  axes = fig.subplots(1, len(panels), squeeze=False, width_ratios=widths)[0]
+  for ax, panel in zip(axes, panels, strict=True):
+    width = 0.8 / len(panel)
+    n_tasks = 0
+    for i, row in enumerate(panel):
+      acc, row_label = _acc_matrices(row)
+      per_task = 100 * np.stack([metrics.forgetting_per_task(a) for a in acc])  # (seeds, T-1)
+      n_tasks = per_task.shape[1]
+      std = per_task.std(axis=0, ddof=1) if len(acc) > 1 else None
+      n = len(acc)
+      ax.bar(np.arange(n_tasks) - 0.4 + width * (i + 0.5), per_task.mean(axis=0), width,
+             yerr=std, capsize=2, color=f"C{i % 10}", error_kw={"linewidth": 0.8},
+             label=f"{row['method']} ({n} seed{'s' if n > 1 else ''})")
+    ax.axhline(0, color="0.3", linewidth=0.8)
+    ax.set_xticks(range(n_tasks))
+    ax.set_xlabel(f"{row_label} k (forgetting after the last task)")
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), fontsize=8, frameon=False)
+    if titles or len(panels) > 1:
+      ax.set_title(_setting_title(panel), fontsize=10)
+  axes[0].set_ylabel(r"forgetting (%): $\max_{t<T}\, a_{k,t} - a_{k,T}$")
+  if titles:
+    fig.suptitle("Forgetting per task (bars: mean over seeds, whiskers: ±1 std)", fontsize=10)
+  return fig
+
+
+def setting_slug(setting: str) -> str:
+  """A setting's label as a file name part: 'mnist_5k disjoint/5 custom' -> 'mnist_5k_disjoint_5
+  _custom' (letters, digits, '_', '-' and '.')."""
+  return re.sub(r"[^A-Za-z0-9.-]+", "_", setting).strip("_")
+
+
+def write_overlay_plot(rows: Sequence[dict], out_dir: str, titles: bool = True) -> str:
   """`overlay_figure(rows)` into `out_dir/anytime_overlay.{png,pdf}`; returns the PNG's path."""
   os.makedirs(out_dir, exist_ok=True)
-  return _save(overlay_figure(rows), os.path.join(out_dir, OVERLAY_FILE))
+  return _save(overlay_figure(rows, titles), os.path.join(out_dir, OVERLAY_FILE))
+
+
+def write_report_plots(rows: Sequence[dict], out_dir: str, titles: bool = True) -> list[str]:
+  """The report's figures of `aggregate`'s rows into `out_dir` (PNG and PDF each): the anytime
+  overlay, the final accuracy matrices of each setting, the forgetting per task (a setting of
+  one task has no forgetting: left out of it, and no figure when no setting has more); returns
+  the PNGs' paths."""
+  paths = [write_overlay_plot(rows, out_dir, titles)]
+  for panel in _by_setting(rows):
+    name = MATRICES_FILE.format(setting=setting_slug(panel[0]["setting"]))
+    paths.append(_save(accuracy_matrices_figure(panel, titles), os.path.join(out_dir, name)))
+  several = [row for row in rows if _acc_matrices(row)[0].shape[1] > 1]
+  if several:
+    paths.append(_save(forgetting_figure(several, titles), os.path.join(out_dir, FORGETTING_FILE)))
+  return paths

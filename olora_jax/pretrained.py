@@ -54,7 +54,7 @@ pair of the `factor_sum` merge, A_old (r, D) and B_old (D, r)) and `linear_new_a
 `linear_new_b_q`, `linear_new_a_v`, `linear_new_b_v` (the current, trainable LoRA). The wrapper
 computes q = x W_q^T + b_q + x A_old^T B_old^T + x A^T B^T (v likewise), which is our model with
 `lora_a = A^T`, `lora_b = B^T` and the frozen pair beside it (`models.lora.concat_adapters`).
-A `proj_3d.*` module of the wrapper is not part of the classifier and is ignored with a note.
+A `proj_3d.*` module of the wrapper is not part of the classifier and is ignored with a warning.
 `split_online_lora` reads the layout into (timm state_dict, current LoRA, frozen pair);
 `save_online_lora_safetensors` writes it back, bit for bit. Torch is not needed: convert a
 state_dict saved with `torch.save` once, where torch is installed, with
@@ -447,6 +447,17 @@ def _online_lora_key(prefix: str, block: str, linear: str) -> str:
   return f"{prefix}{block}.attn.qkv.{linear}.weight"
 
 
+_WARNED: set[tuple[str, str]] = set()
+
+
+def _warn_once(source: str, note: str) -> None:
+  """A note the user sees (a warning on stderr; the other notes are INFO), once per file: a
+  replay names one file as pretrained.path and learner.initial_lora."""
+  if (source, note) not in _WARNED:
+    _WARNED.add((source, note))
+    logger.warning("%s: %s", source, note)
+
+
 def split_online_lora(raw: dict[str, np.ndarray], spec, source: str = "<checkpoint>"
                       ) -> tuple[dict[str, np.ndarray], dict | None, dict | None, list[str]]:
   """The authors' state_dict -> (timm state_dict, current LoRA, frozen pair, notes).
@@ -459,8 +470,10 @@ def split_online_lora(raw: dict[str, np.ndarray], spec, source: str = "<checkpoi
   notes = []
   ignored = [k for k in raw if k.startswith(_ONLINE_LORA_IGNORED_PREFIXES)]
   if ignored:
-    notes.append(f"ignored {_listed(ignored)}: the released code's proj_3d module is not part of"
-                 " the classifier")
+    note = (f"ignored {_listed(ignored)}: the released code's proj_3d module is not part of the"
+            " classifier")
+    notes.append(note)
+    _warn_once(source, note)
   foreign = [k for k in raw if k not in ignored and not k.startswith(prefix)]
   if foreign:
     raise CheckpointError(
@@ -724,6 +737,21 @@ def param_shapes(spec: ViTSpec | SwinSpec, num_classes: int,
   return jax.tree.map(lambda s: tuple(s.shape), variables["params"])
 
 
+def _backbone_kind(raw: dict[str, np.ndarray], fmt: str) -> str | None:
+  """'ViT' or 'Swin' when the file's keys say which backbone it holds (timm's names: a ViT's
+  `blocks.N.` under a class token and position embedding, a Swin's `layers.N.blocks.M.`; the
+  npz layouts are ViTs), else None (the checks that follow name what is wrong)."""
+  if fmt not in ("timm", "online_lora"):
+    return "ViT"
+  keys = [k.removeprefix(ONLINE_LORA_SWIN_PREFIX).removeprefix(ONLINE_LORA_PREFIX) for k in raw]
+  if any(k.startswith("layers.") and ".blocks." in k for k in keys):
+    return "Swin"
+  if any(k.split(".")[-1] in ("cls_token", "pos_embed") for k in keys) and any(
+      ".blocks." in f".{k}" for k in keys):
+    return "ViT"
+  return None
+
+
 # --------------------------------------------------------------------------------------------
 # Public entry points.
 
@@ -750,6 +778,13 @@ def convert_checkpoint(raw: dict[str, np.ndarray], spec: ViTSpec, num_classes: i
     if lora is not None:
       notes.append("the file's LoRA factors are not part of the backbone; set"
                    " learner.initial_lora to this file to start from them")
+  held = _backbone_kind(raw, fmt)
+  if is_swin(spec) and held == "ViT" or not is_swin(spec) and held == "Swin":
+    wanted = "a Swin" if is_swin(spec) else "a ViT"
+    raise CheckpointError(
+        f"checkpoint {source} holds a {held}, but the model (model.name) is {wanted}: give"
+        f" {wanted}'s weights in pretrained.path, or a model.name of the {held} this file holds;"
+        " for the demo on a Swin run configs/demo_swin.py (its weights are shipped)")
   if is_swin(spec):
     if fmt not in ("timm", "online_lora"):
       raise CheckpointError(

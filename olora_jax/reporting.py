@@ -27,6 +27,8 @@ from __future__ import annotations
 import csv
 import dataclasses
 import decimal
+import hashlib
+import io
 import json
 import math
 import os
@@ -37,7 +39,7 @@ import numpy as np
 from olora_jax import methods, validation
 
 # Keys that never change a run's numbers; runs differing only in these are one group.
-IGNORED_KEYS = frozenset({"seed", "log_every", "eval.write_plots"})
+IGNORED_KEYS = frozenset({"seed", "log_every", "eval.write_plots", "loggers", "logger_project"})
 DEFAULT_METRICS = ("A_final", "forgetting", "A_auc")
 # The compute ledger's budget (results.json "compute"), tabulated as a metric of the run.
 BUDGET_KEYS = ("passes_per_step", "passes_per_sample")
@@ -113,10 +115,8 @@ class Run:
       raise FileNotFoundError(
           f"{run_dir!r} is not a finished run (missing {', '.join(missing)}); pass the --workdir"
           " of a completed launch/run.py")
-    with open(paths[0]) as f:
-      self.config = validation.flatten(json.load(f))
-    with open(paths[1]) as f:
-      self.results = json.load(f)
+    self.config = validation.flatten(_read_run_file(paths[0]))
+    self.results = _read_run_file(paths[1])
     for key in BUDGET_KEYS:  # the ledger's budget, as a metric (None where not recorded)
       self.results.setdefault(key, (self.results.get("compute") or {}).get(key))
     self.run_dir = run_dir
@@ -135,6 +135,38 @@ class Run:
   def group_key(self) -> str:
     """Runs of one group: the same comparable config, and tuned by --tune or not."""
     return json.dumps([comparable_config(self.config), tuned_suffix(self.tuning)], sort_keys=True)
+
+
+REBUILD_RESULTS = ("delete it and rerun the run's launch/run.py command: it rebuilds results.json"
+                   " from the final checkpoint")
+
+
+def _read_run_file(path: str) -> dict:
+  """A run's config.json or results.json; ValueError naming the file when it is damaged (cut
+  short by a full disk, a copy that stopped half way)."""
+  with open(path, "rb") as f:
+    data = f.read()
+  try:
+    record = json.loads(data)
+  except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
+    fix = (REBUILD_RESULTS if os.path.basename(path) == "results.json"
+           else "restore it from the run's checkpoints/ (its host record holds the config)")
+    raise ValueError(f"{path} is damaged ({type(e).__name__}: {e}); {fix}") from None
+  if not isinstance(record, dict):
+    raise ValueError(f"{path} holds a JSON {type(record).__name__}, not a run's record")
+  return record
+
+
+def unfinished_reason(run_dir: str) -> str:
+  """Why a run found by `find_runs` is left out: no results.json yet, or a damaged one."""
+  path = os.path.join(run_dir, "results.json")
+  if not os.path.isfile(path):
+    return "not finished (no results.json)"
+  try:
+    _read_run_file(path)
+  except (OSError, ValueError) as e:
+    return str(e)
+  return "finished"
 
 
 def tuning_record(run_dir: str, config: dict) -> dict | None:
@@ -238,6 +270,16 @@ def method_label(config: dict) -> str:
   return name
 
 
+def detects_plateaus(config: dict) -> bool:
+  """Whether a run (`config`: flattened) has a plateau rule: Online-LoRA's loss window
+  (`learner.incremental_lora`), or a method told of boundaries by it (`boundaries.rule=plateau`);
+  only then do its figures include the loss surface with the plateaus found."""
+  if config.get("boundaries.rule") == "plateau":
+    return True
+  return (config.get("method", "online_lora") == "online_lora"
+          and bool(config.get("learner.incremental_lora", True)))
+
+
 def _aper_label(config: dict, defaults) -> str:
   """SimpleCIL with an adapted first phase: APER, with what the phase adapts and the first-phase
   keys that differ from the authors' reading (methods/simplecil.py)."""
@@ -250,9 +292,45 @@ def _aper_label(config: dict, defaults) -> str:
 
 
 def setting_label(config: dict) -> str:
-  """The benchmark a config runs: dataset, scenario, number of tasks and backbone."""
+  """The benchmark a config runs: dataset, scenario, number of tasks and backbone, and the class
+  order when it is not the labels' ('mnist_5k disjoint/5 custom, reversed order')."""
+  order = class_order_label(config.get("data.class_order", "label"))
+  return _benchmark(config) + (f", {order}" if order else "")
+
+
+def _benchmark(config: dict) -> str:
   return (f"{dataset_name(config.get('data.dataset'))} {config.get('data.scenario')}/"
           f"{config.get('data.n_tasks')} {config.get('model.name')}")
+
+
+def paper_setting(config: dict) -> str:
+  """The setting as the paper's numbers are keyed (`MethodSpec.paper_results`): dataset,
+  scenario/tasks and backbone. The paper's orders are the labels' or a seeded draw (its Split
+  ImageNet-S, configs/split_imagenet_s.py); a run on an explicit order gets no paper column
+  ('')."""
+  named = config.get("data.class_order", "label") in ("label", "seeded")
+  return _benchmark(config) if named else ""
+
+
+def class_order_label(order) -> str:
+  """`data.class_order` as a setting's label names it: '' for the labels' order (the default),
+  'seeded order', 'reversed order' (an explicit list n-1, ..., 0), a short explicit order in
+  full ('order 3,1,0,2'), a long one by its start, length and a digest of the whole list ('order
+  5,2,9,... of 100, #1a2b3c'), so that two orders never share a label."""
+  if order in (None, "label"):
+    return ""
+  if order == "seeded":
+    return "seeded order"
+  try:
+    ids = [int(x) for x in (order.split(",") if isinstance(order, str) else order)]
+  except (TypeError, ValueError):
+    return f"order {order}"
+  if ids == list(range(len(ids) - 1, -1, -1)):
+    return "reversed order"
+  if len(ids) <= 10:
+    return "order " + ",".join(map(str, ids))
+  digest = hashlib.sha256(",".join(map(str, ids)).encode()).hexdigest()[:6]
+  return f"order {','.join(map(str, ids[:3]))},... of {len(ids)}, #{digest}"
 
 
 SCENARIO_NAMES = {"disjoint": "disjoint", "si_blurry": "Si-Blurry", "domain": "domain"}
@@ -260,11 +338,14 @@ SCENARIO_NAMES = {"disjoint": "disjoint", "si_blurry": "Si-Blurry", "domain": "d
 
 def setting_title(config: dict) -> str:
   """A setting as figures and a run's closing table name it, e.g. 'mnist_5k: 5 disjoint tasks,
-  custom ViT' (`config`: a run's flattened config)."""
+  custom ViT' (and ', reversed order' for another class order, `class_order_label`; `config`: a
+  run's flattened config)."""
   scenario, model = config.get("data.scenario"), str(config.get("model.name"))
   backbone = model if model.startswith(("vit", "swin")) else f"{model} ViT"
+  order = class_order_label(config.get("data.class_order", "label"))
   return (f"{dataset_name(config.get('data.dataset'))}: {config.get('data.n_tasks')}"
-          f" {SCENARIO_NAMES.get(scenario, scenario)} tasks, {backbone}")
+          f" {SCENARIO_NAMES.get(scenario, scenario)} tasks, {backbone}"
+          + (f", {order}" if order else ""))
 
 
 def aggregate(run_dirs: Sequence[str], metrics: Sequence[str] = DEFAULT_METRICS) -> list[dict]:
@@ -306,7 +387,10 @@ def aggregate(run_dirs: Sequence[str], metrics: Sequence[str] = DEFAULT_METRICS)
     untuned = labels[key][0][:len(labels[key][0]) - len(tuned_suffix(group[0].tuning))]
     row = {"method": labels[key][0] + (f" [{variant}]" if variant else ""),
            "paper_name": untuned + (f" [{variant}]" if variant else ""),
-           "setting": labels[key][1], "scenario": group[0].config.get("data.scenario"),
+           "setting": labels[key][1], "paper_setting": paper_setting(group[0].config),
+           "scenario": group[0].config.get("data.scenario"),
+           "method_key": group[0].config.get("method", "online_lora"),
+           "backbone": group[0].config.get("model.name"),
            "seeds": seeds, "runs": [r.run_dir for r in group], "tuning": group[0].tuning}
     for m in metrics:
       scale = 1 if m in NOT_PERCENT else 100
@@ -326,7 +410,15 @@ def format_half_up(value: float | None, decimals: int = 1) -> str:
     return "n/a"
   # repr(round(., 9)) drops float noise (87.24999999999999 is printed as 87.25).
   exact = decimal.Decimal(repr(round(float(value), 9)))
-  return str(exact.quantize(decimal.Decimal(1).scaleb(-decimals), rounding=decimal.ROUND_HALF_UP))
+  rounded = exact.quantize(decimal.Decimal(1).scaleb(-decimals), rounding=decimal.ROUND_HALF_UP)
+  return str(abs(rounded) if rounded.is_zero() else rounded)  # "0.0", never "-0.0"
+
+
+def format_fixed(value: float, decimals: int = 2) -> str:
+  """`value` with `decimals` decimals as Python formats it, except that a value rounding to zero
+  is "0.00", never "-0.00" (a forgetting of -0.001 % is no forgetting, not a gain)."""
+  text = f"{value:.{decimals}f}"
+  return text[1:] if text.startswith("-") and float(text) == 0 else text
 
 
 def _row_order(label: str) -> float:
@@ -370,11 +462,30 @@ def check_same_streams(runs: Sequence[Run]) -> None:
     key = (setting_label(r.config), r.seed)
     other = first.setdefault(key, r)
     if other.manifest_sha256 != r.manifest_sha256:
+      differ = stream_keys_differing(other.config, r.config)
+      why = (f"their configs differ in {', '.join(differ)}" if differ else
+             "their configs agree: the data they read differs")
       raise ValueError(
           f"runs {other.run_dir!r} and {r.run_dir!r} ({key[0]}, seed {key[1]}) were made on"
           f" different streams (manifest {other.manifest_sha256[:12]} !="
-          f" {r.manifest_sha256[:12]}); compare methods on the same stream: same data, seed,"
-          " scenario and learner.batch_size")
+          f" {r.manifest_sha256[:12]}; {why}); compare methods on the same stream: same data,"
+          " data.class_order, seed, data.scenario and learner.batch_size")
+
+
+def stream_keys_differing(a: dict, b: dict) -> list[str]:
+  """The keys of two runs' flattened configs that shape their streams (`data.*`, the batch size,
+  the seed) and differ, e.g. ['data.class_order']; a class order given as a list and the same
+  order as a string ('9,8,...') are equal."""
+  def value(config, key):
+    v = config.get(key)
+    if key == "data.class_order" and isinstance(v, str) and "," in v:
+      return [int(x) for x in v.split(",")]
+    return list(v) if isinstance(v, tuple) else v
+
+  a, b = comparable_config(a), comparable_config(b)
+  keys = {k for k in set(a) | set(b)
+          if k.startswith("data.") or k in ("learner.batch_size", "seed")}
+  return sorted(k for k in keys if value(a, k) != value(b, k))
 
 
 def _is_scalar(v) -> bool:
@@ -385,70 +496,229 @@ def _cell(stat: dict) -> str:
   if stat["n"] == 0:
     return "n/a"
   if stat["n"] == 1:
-    return f"{stat['mean']:.2f}"
-  return f"{stat['mean']:.2f} ± {stat['std']:.2f}"
+    return format_fixed(stat["mean"])
+  return f"{format_fixed(stat['mean'])} ± {format_fixed(stat['std'])}"
+
+
+def _paper_cell(value) -> str:
+  return "" if value is None else f"{value[0]:.2f} ± {value[1]:.2f}"
+
+
+# Which way is better for the metrics a table marks its best cell in (a cost, such as wall time or
+# the budget, is not marked).
+BETTER = {"A_final": max, "A_auc": max, "A_last": max, "backward_transfer": max,
+          "task_balanced_accuracy_final": max, "forgetting": min, "F_last": min}
+UPPER_BOUND = "iid"  # the i.i.d. upper bound's `method`: a reference, never a table's best
+
+
+@dataclasses.dataclass(frozen=True)
+class Column:
+  """One column of a table: a metric of a setting, ours or the paper's number beside it."""
+
+  setting: str
+  metric: str
+  paper: bool = False
+
+
+@dataclasses.dataclass
+class Table:
+  """What every format of a report table shows: methods down (the paper's Table 1 order), column
+  groups across (one per setting, `groups`: (setting, its number of columns)), each group's
+  metrics with the paper's numbers beside them where a setting is the paper's; `cells[method]`
+  holds each column's text, `best` the (method, column) cells with a column's best mean."""
+
+  columns: list[Column]
+  groups: list[tuple[str, int]]
+  methods: list[str]
+  cells: dict[str, list[str]]
+  best: set[tuple[str, int]]
+  stats: dict[tuple[str, int], dict]
+  notes: list[str]
+
+
+def build_table(rows: list[dict], metrics: Sequence[str] = DEFAULT_METRICS,
+                paper: dict | None = None) -> Table:
+  """The table of `aggregate`'s rows. `paper` (one table of PAPER_RESULTS, its values in the
+  order of `metrics`): a setting it holds gets a "(paper)" column after each metric the paper
+  reports (the first ones of `metrics`), the paper's number for the row's method. The best mean
+  of each column of a metric in `BETTER` (as printed, two decimals; ties all best) is found among
+  the rows other than the upper bound; the paper's columns have none."""
+  paper = paper or {}
+  settings = sorted({r["setting"] for r in rows})
+  methods_ = sorted({r["method"] for r in rows}, key=lambda m: (_row_order(m), m))
+  by_cell = {(r["method"], r["setting"]): r for r in rows}
+  # The paper's number of a tuned row is its method's (the paper tuned its methods too).
+  paper_name = {r["method"]: r.get("paper_name", r["method"]) for r in rows}
+  paper_of = {r["setting"]: r.get("paper_setting", r["setting"]) for r in rows}
+  n_paper = len(next(iter(next(iter(paper.values())).values()))) if paper else 0
+  columns, groups = [], []
+  for s in settings:
+    before = len(columns)
+    for i, m in enumerate(metrics):
+      columns.append(Column(s, m))
+      if paper_of[s] in paper and i < n_paper:
+        columns.append(Column(s, m, paper=True))
+    groups.append((s, len(columns) - before))
+  cells, stats = {}, {}
+  for method in methods_:
+    out = []
+    for j, col in enumerate(columns):
+      row = by_cell.get((method, col.setting))
+      if col.paper:
+        i = list(metrics).index(col.metric)
+        out.append(_paper_cell(paper[paper_of[col.setting]].get(paper_name[method],
+                                                                (None,) * n_paper)[i]))
+      else:
+        out.append(_cell(row[col.metric]) if row else "")
+        if row:
+          stats[(method, j)] = row[col.metric]
+    cells[method] = out
+  upper = {r["method"] for r in rows if r.get("method_key") == UPPER_BOUND}
+  best = set()
+  for j, col in enumerate(columns):
+    better = BETTER.get(col.metric)
+    candidates = {m: f"{stats[(m, j)]['mean']:.2f}" for m in methods_
+                  if (m, j) in stats and stats[(m, j)]["n"] and m not in upper}
+    if better is None or len(candidates) < 2:
+      continue
+    top = better(float(v) for v in candidates.values())
+    best |= {(m, j) for m, v in candidates.items() if float(v) == top}
+  n_seeds = sorted({len(r["seeds"]) for r in rows})
+  notes = [f"mean ± std (ddof 1) over {'/'.join(map(str, n_seeds))} seed(s), in %"
+           " (wall time in s, budget in image forward passes, a backward counted as XLA costs"
+           " it); groups = identical configs up to `seed`; runs of one setting and seed share"
+           " one stream manifest."]
+  if tuning_note(rows):
+    notes.append(tuning_note(rows))
+  return Table(columns, groups, methods_, cells, best, stats, notes)
+
+
+def _header(col: Column) -> str:
+  return "(paper)" if col.paper else METRIC_LABELS.get(col.metric, col.metric)
 
 
 def markdown_table(rows: list[dict], metrics: Sequence[str] = DEFAULT_METRICS,
                    paper: dict | None = None) -> str:
-  """Methods down (in the paper's Table 1 order), settings across (each with its metrics).
-  `paper` (one table of PAPER_RESULTS, its values in the order of `metrics`): a setting it
-  holds gets a "(paper)" column after each metric the paper reports (the first ones of
-  `metrics`), the paper's number for the row's method."""
-  paper = paper or {}
-  settings = sorted({r["setting"] for r in rows})
-  methods = sorted({r["method"] for r in rows}, key=lambda m: (_row_order(m), m))
-  cells = {(r["method"], r["setting"]): r for r in rows}
-  # The paper's number of a tuned row is its method's (the paper tuned its methods too).
-  paper_name = {r["method"]: r.get("paper_name", r["method"]) for r in rows}
-  header = ["method"]
-  n_paper = len(next(iter(next(iter(paper.values())).values()))) if paper else 0
-  for s in settings:
-    for i, m in enumerate(metrics):
-      header += [f"{s}: {METRIC_LABELS.get(m, m)}"] + (
-          ["(paper)"] if s in paper and i < n_paper else [])
-  lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-  for method in methods:
-    out = [method]
-    for s in settings:
-      row = cells.get((method, s))
-      for i, m in enumerate(metrics):
-        out.append(_cell(row[m]) if row else "")
-        if s in paper and i < n_paper:
-          value = paper[s].get(paper_name[method], (None,) * n_paper)[i]
-          out.append("" if value is None else f"{value[0]:.2f} ± {value[1]:.2f}")
-    lines.append("| " + " | ".join(out) + " |")
-  n_seeds = sorted({len(r["seeds"]) for r in rows})
-  lines += ["", f"mean ± std (ddof 1) over {'/'.join(map(str, n_seeds))} seed(s), in %"
-            " (wall time in s, budget in image forward passes, a backward counted as XLA costs"
-            " it); groups = identical configs up to `seed`; runs of one setting and seed share"
-            " one stream manifest."]
-  if tuning_note(rows):
-    lines.append(tuning_note(rows))
+  """`build_table` as Markdown: a header row naming each setting once over its columns (the
+  cells it spans are left empty, `||` as MultiMarkdown writes a spanning cell; GitHub's Markdown
+  shows them empty), then a row of the metrics, then one row per method, then the notes."""
+  table = build_table(rows, metrics, paper)
+  header = "| method |" + "".join(f" {s} " + "|" * n for s, n in table.groups)
+  lines = [header, "|" + "---|" * (1 + len(table.columns)),
+           "| | " + " | ".join(_header(c) for c in table.columns) + " |"]
+  lines += ["| " + " | ".join([m, *table.cells[m]]) + " |" for m in table.methods]
+  return "\n".join(lines + [""] + table.notes)
+
+
+# LaTeX for what the tables print in Unicode or as a metric's name.
+_LATEX_TEXT = {"±": r"$\pm$", "↑": r"$\uparrow$", "↓": r"$\downarrow$", "…": r"\ldots{}",
+               "\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#",
+               "_": r"\_", "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}",
+               "^": r"\textasciicircum{}", "<": r"\textless{}", ">": r"\textgreater{}"}
+LATEX_METRIC_LABELS = {
+    "A_final": r"$A_\mathrm{final}$ $\uparrow$", "A_auc": r"$A_\mathrm{AUC}$ $\uparrow$",
+    "A_last": r"$A_\mathrm{last}$ $\uparrow$", "forgetting": r"Forgetting $\downarrow$",
+    "F_last": r"$F_\mathrm{last}$ $\downarrow$", "backward_transfer": r"BWT $\uparrow$",
+}
+
+
+def latex_escape(text: str) -> str:
+  """`text` as LaTeX prints it verbatim (its special characters escaped, ± ↑ ↓ in math)."""
+  return "".join(_LATEX_TEXT.get(ch, ch) for ch in str(text))
+
+
+def _latex_cell(text: str, bold: bool) -> str:
+  if text in ("", "n/a"):
+    return "--" if text else ""
+  number = "$" + text.replace("±", r"\pm") + "$"
+  return r"{\boldmath" + number + "}" if bold else number
+
+
+def latex_table(rows: list[dict], metrics: Sequence[str] = DEFAULT_METRICS,
+                paper: dict | None = None, title: str = "") -> str:
+  """`build_table` as a LaTeX table (needs `\\usepackage{booktabs}`): \\toprule, a header row
+  naming each setting once over its columns (\\multicolumn, a \\cmidrule under it), the metrics'
+  row, \\midrule, one row per method, \\bottomrule; mean $\\pm$ std, the best mean of each
+  metric column in bold (`BETTER`; never the upper bound's), a missing value as '--'. The caption
+  is `title` and what the numbers are; the notes follow as comments."""
+  table = build_table(rows, metrics, paper)
+  spec = "@{}l" + "".join("c" * n for _, n in table.groups) + "@{}"
+  settings, rules, first = [], [], 2
+  for s, n in table.groups:
+    settings.append(rf"\multicolumn{{{n}}}{{c}}{{{latex_escape(s)}}}")
+    rules.append(rf"\cmidrule(lr){{{first}-{first + n - 1}}}")
+    first += n
+  n_seeds = "/".join(map(str, sorted({len(r["seeds"]) for r in rows})))
+  caption = (f"{latex_escape(title)}. " if title else "") + (
+      rf"Mean $\pm$ std over {n_seeds} seeds, in \%; the best mean of each column in bold"
+      + (" (the upper bound excluded)" if any(r.get("method_key") == UPPER_BOUND for r in rows)
+         else "") + ".")
+  lines = ["% launch/report.py --format latex: needs \\usepackage{booktabs} in the preamble (a"
+           " table wider than the text: table* in two columns, or \\resizebox from graphicx)",
+           *(f"% {note}" for note in table.notes),
+           r"\begin{table}[t]", r"\centering", rf"\caption{{{caption}}}",
+           rf"\begin{{tabular}}{{{spec}}}", r"\toprule",
+           " & ".join(["", *settings]) + r" \\", " ".join(rules),
+           " & ".join(["Method", *(_latex_header(c) for c in table.columns)]) + r" \\",
+           r"\midrule"]
+  for m in table.methods:
+    cells = [_latex_cell(text, (m, j) in table.best) for j, text in enumerate(table.cells[m])]
+    lines.append(" & ".join([latex_escape(m), *cells]) + r" \\")
+  lines += [r"\bottomrule", r"\end{tabular}", r"\end{table}"]
   return "\n".join(lines)
 
 
-def write_csv(rows: list[dict], path: str, metrics: Sequence[str] = DEFAULT_METRICS) -> None:
-  """One line per (method, setting): seeds, then mean, std and n of each metric (in %)."""
-  with open(path, "w", newline="") as f:
-    writer = csv.writer(f)
-    writer.writerow(["method", "setting", "n_runs", "seeds"] +
-                    [f"{m}_{s}" for m in metrics for s in ("mean", "std", "n")])
-    for r in rows:
-      stats = [r[m][s] for m in metrics for s in ("mean", "std", "n")]
-      writer.writerow([r["method"], r["setting"], len(r["seeds"]),
-                       " ".join(map(str, r["seeds"]))] +
-                      ["" if isinstance(v, float) and math.isnan(v) else v for v in stats])
+def _latex_header(col: Column) -> str:
+  if col.paper:
+    return "(paper)"
+  return LATEX_METRIC_LABELS.get(col.metric) or latex_escape(METRIC_LABELS.get(col.metric,
+                                                                               col.metric))
+
+
+FORMATS = ("markdown", "latex", "csv")
+
+
+def render(rows: list[dict], metrics: Sequence[str], fmt: str = "markdown",
+           paper: dict | None = None, title: str = "") -> str:
+  """The table of `rows` in `fmt` (FORMATS): Markdown (with `title` above it), LaTeX (`title`
+  in its caption) or CSV (one line per method and setting, `write_csv`; no paper column)."""
+  if fmt == "latex":
+    return latex_table(rows, metrics, paper, title)
+  if fmt == "csv":
+    out = io.StringIO()
+    write_csv(rows, out, metrics)
+    return out.getvalue().rstrip("\n")
+  if fmt != "markdown":
+    raise ValueError(f"unknown format {fmt!r}; use one of {FORMATS}")
+  return (f"{title}\n\n" if title else "") + markdown_table(rows, metrics, paper)
+
+
+def write_csv(rows: list[dict], path, metrics: Sequence[str] = DEFAULT_METRICS) -> None:
+  """One line per (method, setting): seeds, then mean, std and n of each metric (in %), into
+  `path` (a file name, or an open text file)."""
+  if isinstance(path, (str, os.PathLike)):
+    with open(path, "w", newline="") as f:
+      write_csv(rows, f, metrics)
+    return
+  writer = csv.writer(path)
+  writer.writerow(["method", "setting", "n_runs", "seeds"] +
+                  [f"{m}_{s}" for m in metrics for s in ("mean", "std", "n")])
+  for r in rows:
+    stats = [r[m][s] for m in metrics for s in ("mean", "std", "n")]
+    writer.writerow([r["method"], r["setting"], len(r["seeds"]),
+                     " ".join(map(str, r["seeds"]))] +
+                    ["" if isinstance(v, float) and math.isnan(v) else v for v in stats])
 
 
 def find_runs(paths: Sequence[str], validation: list | None = None
               ) -> tuple[list[str], list[str]]:
   """(finished, unfinished) run directories under `paths`: a path holding config.json is a run
   and must be finished (hold results.json); any other directory is searched below, e.g. the
-  ROOT/setting/method/seedN tree of launch/sweep.py, where a run still missing results.json is
-  returned as unfinished. A `tune` directory below a path (not itself a run) holds sweep --tune's
-  validation runs, scored on held-out training data, not the test set: it is not searched, and
-  appended to `validation` when given (name it as a path to tabulate its runs).
+  ROOT/setting/method/seedN tree of launch/sweep.py, where a run still missing results.json, or
+  whose results.json is damaged, is returned as unfinished (`unfinished_reason` says which). A
+  `tune` directory below a path (not itself a run) holds sweep --tune's validation runs, scored
+  on held-out training data, not the test set: it is not searched, and appended to `validation`
+  when given (name it as a path to tabulate its runs).
   FileNotFoundError for a missing path, an unfinished run given by name, or a tree with no
   run."""
   finished, unfinished = [], []
@@ -461,7 +731,8 @@ def find_runs(paths: Sequence[str], validation: list | None = None
     for here, dirs, files in os.walk(path):
       if "config.json" in files:
         found.append(here)
-        (finished if "results.json" in files else unfinished).append(here)
+        done = "results.json" in files and unfinished_reason(here) == "finished"
+        (finished if done else unfinished).append(here)
         dirs.clear()  # a run's own subdirectories (checkpoints, plots) hold no runs
       if TUNING_DIR in dirs and not os.path.isfile(os.path.join(here, TUNING_DIR, "config.json")):
         dirs.remove(TUNING_DIR)
@@ -474,19 +745,21 @@ def find_runs(paths: Sequence[str], validation: list | None = None
   return finished, unfinished
 
 
-def layout_table(run_dirs: Sequence[str], layout: str) -> tuple[list[dict], str]:
+def layout_table(run_dirs: Sequence[str], layout: str, fmt: str = "markdown"
+                 ) -> tuple[list[dict], str]:
   """The paper's table `layout` ('table1' | 'table2' | 'swin', LAYOUTS) from finished runs: the
-  rows of `aggregate` for the layout's scenarios (and backbones) and metrics, and its Markdown
-  with the paper's own numbers beside ours where a setting matches (PAPER_RESULTS)."""
+  rows of `aggregate` for the layout's scenarios (and backbones) and metrics, and the table in
+  `fmt` (`render`) with the paper's own numbers beside ours where a setting matches
+  (PAPER_RESULTS)."""
   if layout not in LAYOUTS:
     raise ValueError(f"unknown layout {layout!r}; use one of {tuple(LAYOUTS)}")
   spec = LAYOUTS[layout]
   rows = [r for r in aggregate(run_dirs, spec.metrics) if r["scenario"] in spec.scenarios
-          and (not spec.backbones or r["setting"].rsplit(" ", 1)[-1] in spec.backbones)]
+          and (not spec.backbones or r["backbone"] in spec.backbones)]
   if not rows:
     raise ValueError(f"no run with data.scenario in {spec.scenarios} among the {len(run_dirs)}"
                      f" given; {layout} shows {spec.title}")
-  return rows, f"{spec.title}\n\n" + markdown_table(rows, spec.metrics, _paper_results()[layout])
+  return rows, render(rows, spec.metrics, fmt, _paper_results()[layout], spec.title)
 
 
 def __getattr__(attribute: str):

@@ -46,6 +46,13 @@ def stop_if_signalled(when: str) -> None:
                            " resume)")
 
 
+def learning_rate_key(config, block: str) -> str | None:
+  """The key of the learning rate a method with config block `block` trains with (its own
+  block's, e.g. `er.learning_rate`; Online-LoRA's `learner.learning_rate`), None when the block
+  has none (a method that fits no weights by gradient)."""
+  return f"{block}.learning_rate" if "learning_rate" in config.get(block, {}) else None
+
+
 def make_guarded_step(train_step: Callable) -> Callable:
   """The method's train step, but a non-finite loss leaves the state as it was.
 
@@ -151,10 +158,15 @@ class NonFinitePolicy:
   `max_skipped_fraction` of the stream's steps were skipped."""
 
   def __init__(self, skip_nonfinite: bool, max_skipped_fraction: float, n_steps: int,
-               saver: Saver):
+               saver: Saver, learning_rate_key: str | None = "learner.learning_rate"):
     self.skip, self.fraction, self.n_steps, self.saver = (
         skip_nonfinite, max_skipped_fraction, n_steps, saver)
     self.max_skipped = int(max_skipped_fraction * n_steps)
+    # A changed learning rate is another config: the workdir holds this run's, so the advice
+    # names a new --workdir (the non-finite policy's keys may change on resume).
+    self.lower = ("check the data and the method's settings" if learning_rate_key is None else
+                  f"lower {learning_rate_key}")
+    self.lower += " with a new --workdir (this one keeps this run's config)"
 
   def check(self, step: int, scalars: dict, state, p) -> bool:
     """Whether the step's loss was finite; raises `errors.NonFiniteLoss` (after checkpointing)
@@ -165,15 +177,16 @@ class NonFinitePolicy:
     if not self.skip:
       self.saver.save(state, p)  # the state is the one before this step: the last good state
       raise errors.NonFiniteLoss(
-          f"non-finite loss ({scalars['loss']}) at stream step {step}; {where}; lower"
-          " learner.learning_rate or set learner.skip_nonfinite=True to skip such steps")
+          f"non-finite loss ({scalars['loss']}) at stream step {step}; {where}; {self.lower},"
+          " or rerun the same command with --config.learner.skip_nonfinite=True to skip such"
+          " steps (it resumes here)")
     if len(p.nonfinite_steps) + 1 > self.max_skipped:
       self.saver.save(state, p)
       raise errors.NonFiniteLoss(
           f"{len(p.nonfinite_steps) + 1} stream steps skipped for a non-finite loss (the"
           f" latest: {step}), more than learner.max_skipped_fraction={self.fraction} of the"
-          f" {self.n_steps} steps allow; {where}; lower learner.learning_rate or check the"
-          " data, or raise learner.max_skipped_fraction")
+          f" {self.n_steps} steps allow; {where}; {self.lower}, or rerun the same command with"
+          " a higher --config.learner.max_skipped_fraction (it resumes here)")
     return False
 
   def record_skip(self, step: int, scalars: dict, p, log) -> None:

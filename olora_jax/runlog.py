@@ -10,7 +10,7 @@ import hashlib
 import json
 import os
 
-from olora_jax import errors, tb_writer
+from olora_jax import errors, loggers
 from olora_jax.protocol import jsonable
 
 
@@ -20,7 +20,8 @@ class RunLogChanged(errors.EnvironmentFailure):
 
 class RunLog:
   """Append-only metrics.jsonl; every line has step, samples_seen and event. Numeric scalars are
-  mirrored to TensorBoard when a writer is given (metrics.jsonl stays the source of truth).
+  mirrored to the run's loggers when given (`loggers.Mirrors`: TensorBoard, W&B, MLflow;
+  metrics.jsonl stays the source of truth).
 
   The log is the run's own: it keeps the size, file identity and SHA-256 of everything it wrote,
   and before each line (size and identity) and at each checkpoint (`text`: the whole content
@@ -29,7 +30,7 @@ class RunLog:
   the text, so a resume can verify the file and rebuild it (`workdir.restore_run_log`).
   """
 
-  def __init__(self, path: str, scalars: tb_writer.ScalarWriter | None = None,
+  def __init__(self, path: str, scalars: loggers.Mirrors | None = None,
                truncate_to: int = 0):
     # On resume, drop the lines written after the checkpoint: they will be written again. The
     # first `truncate_to` bytes were verified against the checkpoint before this.
@@ -114,12 +115,13 @@ class NullLog:
     pass
 
 
-def open_run_log(workdir: str, primary: bool, truncate_to: int) -> RunLog | NullLog:
-  """The run log of this process: metrics.jsonl (with its TensorBoard mirror) on process 0."""
+def open_run_log(workdir: str, primary: bool, truncate_to: int, config=None
+                 ) -> RunLog | NullLog:
+  """The run log of this process: metrics.jsonl (with the loggers `config.loggers` names, see
+  `olora_jax.loggers`; no config: TensorBoard) on process 0."""
   if not primary:
     return NullLog()
-  return RunLog(os.path.join(workdir, "metrics.jsonl"),
-                tb_writer.make_scalar_writer(os.path.join(workdir, "tensorboard")),
+  return RunLog(os.path.join(workdir, "metrics.jsonl"), loggers.make_mirrors(workdir, config),
                 truncate_to=truncate_to)
 
 

@@ -11,6 +11,10 @@ What a trace holds (T = steps run, P = plateaus, K = buffer size, B = batch size
     ce_current        (T,)  float32  CE of the current batch
     ce_buffer         (T,)  float32  CE of the hard buffer (mean or sum, learner.window_value)
     plateau           (T,)  bool     a plateau fired at this step
+    armed             (T,)  bool     the plateau detector was armed at the step's plateau check
+                                     (a peak seen since the last plateau, this step's included:
+                                     a plateau could fire); a plateau disarms it for the next steps
+    rearmed           (T,)  bool     a peak re-armed it at this step (the run log's `rearm`)
     buffer_ids        (T, K) int64   example ids (the stream manifest's ids) in the hard buffer
                                      after the step's update, hardest first; (T, K, B) when
                                      learner.buffer_unit='batch'; -1 = empty slot or padding
@@ -45,8 +49,8 @@ from olora_jax.learner import buffer as buffer_lib
 FILENAME = "trace.npz"
 
 _STEP_SCALARS = ("window_value", "reg", "loss", "ce_current", "ce_buffer")
-_STEP_ARRAYS = (*_STEP_SCALARS, "step", "plateau", "window_mean", "window_var", "buffer_ids",
-                "buffer_scores")
+_STEP_ARRAYS = (*_STEP_SCALARS, "step", "plateau", "armed", "rearmed", "window_mean",
+                "window_var", "buffer_ids", "buffer_scores")
 
 
 class NullTrace:
@@ -108,8 +112,9 @@ class StepTrace:
     if not keep.any() or arrays["step"][keep][-1] != cursor - 1:
       raise errors.BadInput(f"{self.path} does not reach step {cursor - 1}, where the checkpoint"
                             " resumes; start the run in a new --workdir")
-    for i in np.flatnonzero(keep):
-      self.steps.append({k: arrays[k][i] for k in _STEP_ARRAYS})
+    for i in np.flatnonzero(keep):  # (a trace written before `armed` was: armed, not re-armed)
+      self.steps.append({k: arrays[k][i] if k in arrays else np.bool_(k == "armed")
+                         for k in _STEP_ARRAYS})
     plateau_keep = arrays["plateau_step"] < cursor
     plateau_keys = [k for k in arrays if k.startswith(("omega/", "merged_lora/", "frozen_lora/"))]
     for i in np.flatnonzero(plateau_keep):
@@ -152,7 +157,12 @@ class StepTrace:
       entry_scores = np.where(self.valid, entry_scores, np.nan).astype(np.float32)
     nan = np.float32(np.nan)
     record = {k: np.float32(scalars[k]) for k in _STEP_SCALARS}
+    # A skipped step (no window value) leaves the detector as the step before left it.
+    last = self.steps[-1] if self.steps else None
+    armed = (stats.armed if stats is not None else
+             True if last is None else bool(last["armed"] and not last["plateau"]))
     record.update(step=np.int64(step), plateau=np.bool_(stats is not None and stats.fired),
+                  armed=np.bool_(armed), rearmed=np.bool_(stats is not None and stats.rearmed),
                   window_mean=nan if stats is None else np.float32(stats.mean),
                   window_var=nan if stats is None else np.float32(stats.var),
                   buffer_ids=self.ids.copy(), buffer_scores=entry_scores)

@@ -21,8 +21,9 @@ checkpoints, evaluates through the method's pure `predict`, and never looks insi
 Outputs in `workdir`: config.json, stream_manifest.json (data/manifest.py), metrics.jsonl (one
 event per line), results.json (every metric with its definition), plots/*.png, checkpoints/ (the
 whole run state, see `olora_jax.checkpointing`) and, when tensorboardX is installed,
-tensorboard/. Running again with the same workdir and config resumes from the newest good
-checkpoint, bit-exactly on CPU.
+tensorboard/ (the `loggers` key: also a W&B or MLflow run, `olora_jax.loggers`). Running
+again with the same workdir and config resumes from the newest good checkpoint, bit-exactly on
+CPU.
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ from olora_jax import (
   validation,
 )
 from olora_jax import compute as compute_lib
+from olora_jax import export as export_lib
 from olora_jax import fidelity as fidelity_lib
 from olora_jax import methods as methods_lib
 from olora_jax import plots as plots_lib
@@ -91,6 +93,7 @@ class Setup:
                                 + _fetch_hint(path))
     self.train_source, self.test_source = sources_lib.load_sources(c.data, self.spec.image_size)
     self.num_classes = self.train_source.num_classes
+    export_lib.check_config(c.eval.export, c.eval.export_top_k, self.num_classes)
     for source in (self.train_source, self.test_source):
       sample_images, _ = source.get(np.arange(min(len(source), 8)))
       validation.check_source(source.labels, sample_images, self.num_classes,
@@ -255,7 +258,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     if finished is not None:
       if primary:
         _restore_finished_log(workdir)
-      missing = workdir_lib.missing_plots(workdir, plots_lib.PLOT_FILES)
+      missing = workdir_lib.missing_plots(workdir, plots_lib.plot_files(config))
       if config.eval.write_plots and missing and primary:
         logging.warning("redrawing the missing plot(s) %s of the finished run in %s",
                         ", ".join(missing), workdir)
@@ -299,16 +302,15 @@ def _guarded(fn: Callable, workdir: str):
     cause = errors.storage_cause(e)
     if cause is not None:
       raise errors.EnvironmentFailure(
-          f"cannot write to workdir {workdir!r} ({cause}); free space, lift the limit or fix"
-          f" the permissions, then run the same command to resume {resume}") from e
+          f"cannot write to workdir {workdir!r} ({cause}); {errors.storage_advice(cause)},"
+          f" then run the same command to resume {resume}") from e
     if jax.process_count() > 1 and errors.peer_lost(e):  # a collective lost its peer
       raise errors.EnvironmentFailure(
           f"another process of this {jax.process_count()}-process run died or lost contact"
           f" ({errors.first_line(e)[:160]}); its own error line (or the scheduler's log) says"
           f" why: fix that, then start every process again to resume {resume}") from e
-    raise errors.InternalError(
-        f"unexpected {errors.first_line(e)}; the run can resume {resume}; please report it"
-        " with the error log") from e
+    # A method's own error names its file (not a JAX frame); olora_jax's asks to be reported.
+    raise errors.InternalError(errors.unexpected(e, resume)) from e
 
 
 def _train_and_evaluate(setup: Setup, params: dict, method_key: jax.Array, workdir: str,
@@ -321,7 +323,11 @@ def _train_and_evaluate(setup: Setup, params: dict, method_key: jax.Array, workd
   shardings = sharding.state_shardings(state, setup.mesh)  # where every leaf of the state lives
   train_step = make_guarded_step(method.train_step)
   nonfinite = NonFinitePolicy(c.learner.skip_nonfinite, c.learner.max_skipped_fraction,
-                              len(stream.steps), saver)
+                              len(stream.steps), saver, run_control.learning_rate_key(
+                                  c, methods_lib.resolve(c.method).block))
+  # eval.export: each task end's predictions and trained parameters (a no-op when off).
+  export = export_lib.make_export(c, workdir, method, protocol.evaluator, setup.test_source,
+                                  stream, lambda: protocol.log.seen_classes)
   run_control.stop_if_signalled("while the state was built and restored")
   bar = _progress_bar(len(stream.steps), p.cursor, progress)
   # The files are closed however the loop ends (finished, preempted, non-finite loss).
@@ -344,12 +350,14 @@ def _train_and_evaluate(setup: Setup, params: dict, method_key: jax.Array, workd
                                            scalars, extras, finite, saver.trace)  # 3. hooks
       _record_step(log, p, step, scalars, report, c.log_every)  # 4. its events, the train line
       protocol.evaluate_if_due(step, p.samples_seen, state)  # 5. anytime points, task ends
+      export.at_step(step, p.samples_seen, state)  # 5a. eval.export at a task end
       if crossed:  # 5b. the boundary's change, after the evaluations of the step that ended it
         state = _tell_boundary(setup, switch, shardings, state, p)
       p.cursor = step + 1
       saver.after_step(state, p, step, stop)  # 6. checkpoint cadence; a signal: save and stop
       _advance(bar, step, scalars, p)
     saver.save(state, p)  # the final state (a no-op if the last periodic save already wrote it)
+  export.at_end(len(stream.steps) - 1, p.samples_seen, state)  # eval.export: final.npz
   if method.finish is not None and sharding.is_primary():  # e.g. Online-LoRA's export
     method.finish(state, workdir)
   return _write_results(setup, workdir, protocol, switch, p, saver)
@@ -388,7 +396,7 @@ def _start(setup: Setup, params: dict, method_key: jax.Array, workdir: str,
   if primary:
     runlog.write_json(os.path.join(workdir, "config.json"), meta["config"])
     manifest_lib.write_manifest(os.path.join(workdir, "stream_manifest.json"), setup.manifest)
-  log = runlog.open_run_log(workdir, primary, truncate_to=p.metrics_bytes)
+  log = runlog.open_run_log(workdir, primary, truncate_to=p.metrics_bytes, config=c)
   ledger = compute_lib.Ledger(p.compute, compile_start)  # results.json "compute"
   # Per-step records into WORKDIR/trace.npz when trace.enabled (olora_jax/trace.py), else no-ops.
   trace = trace_lib.make_trace(c.trace.enabled and primary, workdir, stream,
@@ -491,10 +499,14 @@ def _write_results(setup: Setup, workdir: str, protocol: EvaluationProtocol,
   return results
 
 
+COMPILING = "compiling"  # the progress bar's description until the first step ends
+
+
 def _progress_bar(n_steps: int, cursor: int, progress: bool) -> tqdm.tqdm:
-  """One progress bar per run: process 0's. smoothing=0: the rate is the average over the
+  """One progress bar per run: process 0's. It says "compiling" until this process's first step
+  ends (that step compiles the loop's programs); smoothing=0: the rate is the average over the
   steps since `_steady_eta` restarted it."""
-  return tqdm.tqdm(total=n_steps, initial=cursor,
+  return tqdm.tqdm(total=n_steps, initial=cursor, desc=COMPILING,
                    disable=not (progress and sharding.is_primary()), unit="step",
                    dynamic_ncols=True, mininterval=0.5, smoothing=0)
 
@@ -502,10 +514,17 @@ def _progress_bar(n_steps: int, cursor: int, progress: bool) -> tqdm.tqdm:
 def _advance(bar: tqdm.tqdm, step: int, scalars: dict, p) -> None:
   # Shown with the next redraw, which `update` makes at most every 0.5 s.
   bar.set_postfix(loss=f"{scalars['loss']:.3f}", plateaus=len(p.plateau_steps), refresh=False)
-  bar.update(1)
-  if not getattr(bar, "steady", False):  # after this process's first step, which compiles
-    _steady_eta(bar)
-    bar.steady = True
+  if getattr(bar, "steady", False):
+    bar.update(1)
+    return
+  # This process's first step, which compiled: counted without the redraw `update` would make
+  # (its rate, and so its estimate, would be the compile's: hours for a long stream), the clock
+  # restarted, and shown with no estimate until a steady step has run.
+  bar.n += 1
+  _steady_eta(bar)
+  bar.steady = True
+  bar.set_description_str("", refresh=False)
+  bar.refresh()
 
 
 def _steady_eta(bar: tqdm.tqdm) -> None:
@@ -514,6 +533,7 @@ def _steady_eta(bar: tqdm.tqdm) -> None:
   compilation (the elapsed time shown counts from here too)."""
   bar.initial = bar.n
   bar.start_t = bar.last_print_t = time.time()
+  bar.last_print_n = bar.n
 
 
 def forward_flops_per_image(setup: Setup, params: dict) -> float | None:
@@ -536,7 +556,7 @@ def format_results_table(results: dict, config: dict | ml_collections.ConfigDict
   the headline says 'this run'."""
 
   def pct(v):
-    return "n/a" if v is None else f"{100 * v:.2f}"
+    return "n/a" if v is None else reporting.format_fixed(100 * v)
 
   detects_plateaus = True  # Online-LoRA's plateau rule, or the plateau boundary switch
   if config is not None:
@@ -549,10 +569,11 @@ def format_results_table(results: dict, config: dict | ml_collections.ConfigDict
     setting = f"{reporting.setting_title(flat)}, seed {flat.get('seed')}"
   else:
     setting, method = "this run", "method"
+  plateaus = results["n_plateaus"] if detects_plateaus else "none"  # as the detail row says
   lines = [f"| {setting} | A_final % | Forgetting % | A_auc % | plateaus |",
            "|---|---|---|---|---|",
            f"| {method} | {pct(results['A_final'])} | {pct(results['forgetting'])}"
-           f" | {pct(results['A_auc'])} | {results['n_plateaus']} |", ""]
+           f" | {pct(results['A_auc'])} | {plateaus} |", ""]
   detection = results["plateau_detection"]
   rows = [("A_last, Si-Blurry sample-weighted (%)", pct(results["A_last"])),
           ("F_last, class-wise (%)", pct(results["F_last"])),

@@ -29,7 +29,7 @@ from collections.abc import Mapping
 import ml_collections
 import numpy as np
 
-from olora_jax import errors
+from olora_jax import errors, loggers
 from olora_jax.data.preprocess import PREPROCESS_MODES
 from olora_jax.data.streams import SCENARIOS
 from olora_jax.models.vit import COMPUTE_DTYPES, spec_from_config
@@ -128,6 +128,11 @@ def check_config(config: ml_collections.ConfigDict, width: int) -> None:
   _require(c.eval.eval_every >= 1, f"eval.eval_every={c.eval.eval_every} must be >= 1")
   _require(c.eval.batch_size >= 1, f"eval.batch_size={c.eval.batch_size} must be >= 1")
   _require(c.log_every >= 1, f"log_every={c.log_every} must be >= 1")
+  problem = loggers.check_loggers(c.loggers)
+  _require(problem is None, problem)
+  _require(isinstance(c.logger_project, str) and c.logger_project.strip() != "",
+           f"logger_project={c.logger_project!r} must name a W&B project / MLflow experiment,"
+           " e.g. 'olora-jax'")
   _require(c.checkpoint_every >= 0,
            f"checkpoint_every={c.checkpoint_every} must be >= 0 (0: only at the end and on"
            " SIGTERM/SIGINT)")

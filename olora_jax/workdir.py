@@ -28,9 +28,10 @@ RUN_LOG = "metrics.jsonl"
 
 
 def _not_writable(workdir: str, e: OSError) -> errors.EnvironmentFailure:
+  cause = errors.storage_cause(e) or e.strerror or str(e)
   return errors.EnvironmentFailure(
-      f"workdir {workdir!r} cannot be written ({e.strerror or e}); free space or fix its"
-      " permissions (or pass another --workdir), then run the same command")
+      f"workdir {workdir!r} cannot be written ({cause}); {errors.storage_advice(cause)}, then"
+      " run the same command")
 
 
 def check_is_directory(workdir: str) -> None:

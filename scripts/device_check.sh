@@ -5,7 +5,7 @@
 #
 # Installs only the wheels carried in .whl/ (scripts/device_wheels.sh) into a temporary directory,
 # puts it and the repository on PYTHONPATH, and runs launch/device_check.py with $PYTHON (default
-# python3), passing every flag on: --budget SECONDS (default 420), --parts, --size, --allow_cpu
+# python3), passing every flag on: --budget SECONDS (default 540), --parts, --size, --allow_cpu
 # (rehearse on a CPU); `python3 launch/device_check.py --help` lists them.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -8,30 +8,42 @@ writes them where the config expects them. On a machine with network, from the r
 Each preset of configs/benchmark.py (`BACKBONES`: vit_b16, vit_s16, vit_l16, vit_h14, swin_t) is
 timm's upload of that model on the Hugging Face Hub (`timm/<name>`, its `model.safetensors`),
 downloaded over HTTPS with no other package (`--endpoint` or $HF_ENDPOINT for a mirror; $HF_TOKEN
-is sent if set). The download goes to a temporary file beside the destination and is checked as a
-run reads it before it takes the config's path: `olora_jax.pretrained.load_pretrained` with the
-preset's architecture (timm's layout, every tensor's shape, every weight finite). The path is the
-config's `pretrained.path` (`checkpoints/<timm name>.safetensors`, below the current directory) or
+is sent if set). The download goes to a hidden file beside the destination
+(`.<name>.part`) and is checked as a run reads it before it takes the config's path:
+`olora_jax.pretrained.load_pretrained` with the preset's architecture (timm's layout, every
+tensor's shape, every weight finite). A download cut short (a dropped connection, Ctrl-C, a
+killed job) leaves its `.part` file, and the next call resumes it where it stopped (an HTTP range
+request; from the start when the server answers with the whole file). The path is the config's
+`pretrained.path` (`checkpoints/<timm name>.safetensors`, below the current directory) or
 `--dest DIR/<the same name>`. A file already there is checked and kept (`--force` fetches it
-again). Prints each file's size and SHA-256. Exits 2 with one `error:` line for an unknown preset,
-a failed download or a file that does not check out (nothing is left behind).
+again). Prints each file's size and SHA-256.
+
+Exit codes (those of launch/run.py, docs/reference/exit-codes.md), each failure with one `error:`
+line last on stderr:
+  0  every preset's file is in place and checks out
+  2  bad input: an unknown preset, a file in place or downloaded that is not the preset's
+     weights (the downloaded one is removed)
+  4  the environment failed: no connection, an HTTP error, a connection dropped half way (the
+     `.part` file is kept: run the same command to resume), a disk that cannot take the file
+     (its `.part` file is removed)
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
+import http.client
 import os
 import pathlib
 import shutil
 import sys
-import tempfile
 import urllib.error
 import urllib.request
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from configs import benchmark  # noqa: E402
+from olora_jax import errors  # noqa: E402
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
 FILENAME = "model.safetensors"  # timm's uploads
@@ -72,13 +84,67 @@ def sha256(path: pathlib.Path) -> str:
   return digest.hexdigest()
 
 
-def download(url: str, target: pathlib.Path) -> None:
-  """`url` into `target`, streamed."""
+EXIT_BAD_INPUT = 2  # olora_jax/errors.py
+EXIT_ENVIRONMENT = 4
+
+
+class Failure(SystemExit):
+  """One failure: its `error:` line (the message) and its exit code."""
+
+  def __init__(self, message: str, exit_code: int):
+    super().__init__(message)
+    self.exit_code = exit_code
+
+
+def partial_file(target: pathlib.Path) -> pathlib.Path:
+  """Where the download of `target` goes until it is complete and checked."""
+  return target.parent / f".{target.name}.part"
+
+
+def _remove_stale_parts(target: pathlib.Path) -> None:
+  """Removes the partial files `.<name>.<random>.part` that earlier versions of this script left
+  when a download was killed (they cannot be resumed: they carry no record of their source)."""
+  for stale in target.parent.glob(f".{target.name}.*.part"):
+    stale.unlink(missing_ok=True)
+
+
+def _size(n: int) -> str:
+  return f"{n / 1e6:.1f} MB" if n >= 100_000 else f"{n:,} bytes"
+
+
+def download(url: str, part: pathlib.Path) -> None:
+  """`url` into `part`, streamed, resuming from `part`'s bytes when it holds some and the server
+  takes a range request. OSError (`ConnectionError` for a body cut short) on failure; `part`
+  keeps what arrived."""
+  have = part.stat().st_size if part.exists() else 0
   request = urllib.request.Request(url)
   if os.environ.get("HF_TOKEN"):
     request.add_header("Authorization", f"Bearer {os.environ['HF_TOKEN']}")
-  with urllib.request.urlopen(request, timeout=60) as response, open(target, "wb") as f:
-    shutil.copyfileobj(response, f, 1 << 20)
+  if have:
+    request.add_header("Range", f"bytes={have}-")
+  try:
+    response = urllib.request.urlopen(request, timeout=60)
+  except urllib.error.HTTPError as e:
+    if e.code != 416 or not have:  # 416: the range is past the end: start again
+      raise
+    part.unlink()
+    return download(url, part)
+  with response:
+    resumed = have and response.status == 206
+    length = response.headers.get("Content-Length")
+    expected = None if length is None else int(length) + (have if resumed else 0)
+    if have and not resumed:
+      print("  the server sent the whole file: downloading it from the start", flush=True)
+    elif resumed:
+      print(f"  resuming after {_size(have)}", flush=True)
+    with open(part, "ab" if resumed else "wb") as f:
+      try:
+        shutil.copyfileobj(response, f, 1 << 20)
+      except (http.client.IncompleteRead, ConnectionError, TimeoutError) as e:
+        raise ConnectionError(f"the connection dropped ({type(e).__name__})") from e
+      got = f.tell()
+  if expected is not None and got < expected:  # the server closed the connection early
+    raise ConnectionError(f"the connection dropped after {_size(got)} of {_size(expected)}")
 
 
 def fetch(preset: str, endpoint: str, dest: str = "", force: bool = False) -> pathlib.Path:
@@ -87,30 +153,51 @@ def fetch(preset: str, endpoint: str, dest: str = "", force: bool = False) -> pa
   if target.exists() and not force:
     found = problem(target, preset)
     if found:
-      raise SystemExit(f"error: {preset}: {target} is there but is not {preset}'s weights in"
-                       f" timm's layout ({found}); pass --force to download it again")
+      raise Failure(f"{preset}: {target} is there but is not {preset}'s weights in timm's layout"
+                    f" ({found}); pass --force to download it again", EXIT_BAD_INPUT)
     print(f"{preset}: {target} is already there and checks out")
     return target
-  target.parent.mkdir(parents=True, exist_ok=True)
-  url = f"{endpoint.rstrip('/')}/{repository(preset)}/resolve/main/{FILENAME}"
-  fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".part", dir=target.parent)
-  os.close(fd)
-  tmp = pathlib.Path(tmp)
   try:
-    print(f"{preset}: downloading {url}", flush=True)
-    try:
-      download(url, tmp)
-    except (urllib.error.URLError, OSError) as e:
-      raise SystemExit(f"error: {preset}: cannot download {url} ({e}); check the network (or"
-                       " --endpoint / $HF_ENDPOINT for a mirror) and run the same command"
-                       ) from None
-    found = problem(tmp, preset)
-    if found:
-      raise SystemExit(f"error: {preset}: the file downloaded from {url} is not {preset}'s"
-                       f" weights in timm's layout ({found}); nothing was written")
-    os.replace(tmp, target)
-  finally:
-    tmp.unlink(missing_ok=True)
+    target.parent.mkdir(parents=True, exist_ok=True)
+  except OSError as e:
+    raise Failure(f"{preset}: cannot make {target.parent} ({e.strerror or e}); make it writable"
+                  " or pass --dest DIR", EXIT_ENVIRONMENT) from None
+  _remove_stale_parts(target)
+  url = f"{endpoint.rstrip('/')}/{repository(preset)}/resolve/main/{FILENAME}"
+  part = partial_file(target)
+  print(f"{preset}: downloading {url}", flush=True)
+  try:
+    download(url, part)
+  except (urllib.error.URLError, OSError) as e:
+    reason = getattr(e, "reason", None) or e
+    if part.exists() and not part.stat().st_size:  # nothing arrived: nothing to resume
+      part.unlink()
+    if isinstance(e, ConnectionError) and part.exists():
+      raise Failure(f"{preset}: downloading {url} stopped: {reason}; {part} keeps the"
+                    f" {_size(part.stat().st_size)} received: run the same command to resume",
+                    EXIT_ENVIRONMENT) from None
+    cause = None if isinstance(e, urllib.error.URLError) else errors.storage_cause(e)
+    if cause is not None:  # the disk: what was written takes the space a retry needs
+      part.unlink(missing_ok=True)
+      advice = errors.storage_advice(cause, "pass --dest DIR")
+      raise Failure(f"{preset}: cannot write {part} ({cause}); {advice}, then run the same"
+                    " command", EXIT_ENVIRONMENT) from None
+    if isinstance(e, urllib.error.HTTPError):
+      advice = (f"the server answered HTTP {e.code}; check --endpoint (or $HF_ENDPOINT), or set"
+                " $HF_TOKEN if the repository needs it, and run the same command")
+    else:
+      advice = ("check the network (or --endpoint / $HF_ENDPOINT for a mirror) and run the"
+                " same command")
+    if part.exists():
+      advice += f" (it resumes the {_size(part.stat().st_size)} kept in {part})"
+    raise Failure(f"{preset}: cannot download {url} ({reason}); {advice}",
+                  EXIT_ENVIRONMENT) from None
+  found = problem(part, preset)
+  if found:
+    part.unlink(missing_ok=True)
+    raise Failure(f"{preset}: the file downloaded from {url} is not {preset}'s weights in"
+                  f" timm's layout ({found}); nothing was written", EXIT_BAD_INPUT)
+  os.replace(part, target)
   return target
 
 
@@ -126,8 +213,8 @@ def main(argv: list[str] | None = None) -> list[pathlib.Path]:
   presets = list(benchmark.BACKBONES) if args.presets == ["all"] else args.presets
   unknown = [p for p in presets if p not in benchmark.BACKBONES]
   if unknown:
-    raise SystemExit(f"error: unknown preset(s) {unknown}: use {', '.join(benchmark.BACKBONES)}"
-                     " or all")
+    raise Failure(f"unknown preset(s) {unknown}: use {', '.join(benchmark.BACKBONES)} or all",
+                  EXIT_BAD_INPUT)
   written = []
   for preset in presets:
     path = fetch(preset, args.endpoint, args.dest, args.force)
@@ -137,4 +224,8 @@ def main(argv: list[str] | None = None) -> list[pathlib.Path]:
 
 
 if __name__ == "__main__":
-  main()
+  try:
+    main()
+  except Failure as e:
+    print(f"error: {e}", file=sys.stderr)
+    sys.exit(e.exit_code)

@@ -1,7 +1,9 @@
-"""Session fixtures: one uninterrupted run of the tiny stream, shared by the resume and failure
-tests, and the compilation cache its subprocesses and the tests' in-process runs share. The
+"""Session fixtures: one uninterrupted run of the tiny stream, shared by the resume, failure and
+run tests, and the compilation cache its subprocesses and the tests' in-process runs share. The
 session compiles at XLA's fastest optimisation level (tiny_run.FAST_COMPILE_FLAG), or at XLA's
-default with OLORA_TEST_XLA_OPT=default (tiny_run.session_xla_env)."""
+default with OLORA_TEST_XLA_OPT=default (tiny_run.session_xla_env). Every float comparison in the
+tests follows the rule at the top of numerics.py (exact only where bit-exactness is the claim,
+else a tolerance scaled to what is compared): AMD and Intel hosts differ in the last bits."""
 
 from __future__ import annotations
 
@@ -62,7 +64,8 @@ def shared_compilation_cache(compilation_cache):
 def tiny_reference(tmp_path_factory, compilation_cache) -> Path:
   """An uninterrupted run of tiny_run's stream (it also fills the compilation cache), made once
   per session: the first pytest-xdist worker to need it runs it while the others wait. Tests
-  only read it (they copy it to change it)."""
+  only read it (they copy it to change it); what the command printed is beside it
+  (tiny_run.printed)."""
   root = _session_root(tmp_path_factory) / "uninterrupted"
   root.mkdir(exist_ok=True)
   workdir = root / "run"
@@ -71,6 +74,7 @@ def tiny_reference(tmp_path_factory, compilation_cache) -> Path:
     if not (workdir / "results.json").exists():
       shutil.rmtree(workdir, ignore_errors=True)  # a worker that failed half-way
       done = tiny_run.run(workdir, compilation_cache)
+      tiny_run.keep_printed(workdir, done)
       assert done.returncode == 0, done.stderr[-2000:]
   assert json.loads((workdir / "results.json").read_text())["plateau_steps"] == [4, 13, 20, 30]
   return workdir

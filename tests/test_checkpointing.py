@@ -52,6 +52,28 @@ def _save_two(workdir: str) -> checkpointing.Checkpointer:
   return ckpt
 
 
+def test_a_save_that_fills_the_disk_leaves_no_partial_folder(tmp_path, monkeypatch):
+  """A save that fails half way (tensorstore's full disk leaves orbax's temporary folder behind)
+  removes what it wrote: the full disk gets its space back before the rerun, and the checkpoints
+  before it are kept."""
+  from orbax.checkpoint._src.path import atomicity_types
+
+  assert checkpointing.TMP_SUFFIX == atomicity_types.TMP_DIR_SUFFIX  # orbax's name for it
+  ckpt = _save_two(str(tmp_path))
+
+  def fill_the_disk(step, *args, **kwargs):
+    partial = Path(ckpt.directory) / f"{step}{checkpointing.TMP_SUFFIX}" / "arrays"
+    partial.mkdir(parents=True)
+    (partial / "d").write_bytes(bytes(1000))
+    raise ValueError('RESOURCE_EXHAUSTED: Error writing local file "arrays/d": No space left on'
+                     " device [os_error_code='28']")
+
+  monkeypatch.setattr(ckpt._manager, "save", fill_the_disk)
+  with pytest.raises(ValueError, match="No space left on device"):
+    ckpt.save(_tree(3.0), _progress(3), {"config": {}, "stream_sha256": "s"})
+  assert sorted(os.listdir(ckpt.directory)) == ["1", "2"]
+
+
 def _assert_tree_equal(a, b) -> None:
   a, b = checkpointing.to_numpy(a), checkpointing.to_numpy(b)
   assert jax.tree.structure(a) == jax.tree.structure(b)

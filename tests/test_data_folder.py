@@ -185,6 +185,31 @@ def test_a_full_disk_fails_the_cache_build_in_one_line_and_leaves_nothing(tmp_pa
   assert not (tmp_path / folder_sources.CACHE_DIR_NAME).exists()
 
 
+def test_a_full_disk_while_the_digests_are_kept_is_exit_4_naming_the_file(tmp_path, monkeypatch):
+  """np.save on a full disk raises an OSError without errno ('<n> requested and <m> written'):
+  still a storage failure (exit 4) naming the file, with no temporary file left."""
+  root = _imagenet_r(str(tmp_path / "imagenet-r"), per_class=2)
+  config = _data_config(dataset="imagenet_r", data_dir=root)
+  save = np.save
+
+  def short_write(file, array, *args, **kwargs):
+    if ".digests." not in str(file):
+      return save(file, array, *args, **kwargs)
+    with open(file, "wb") as f:
+      f.write(b"\x93NUMPY" + bytes(249))  # what reached the disk
+    raise OSError("500 requested and 255 written")
+
+  monkeypatch.setattr(np, "save", short_write)
+  cache = tmp_path / folder_sources.CACHE_DIR_NAME
+  with pytest.raises(errors.EnvironmentFailure, match=(
+      rf"imagenet_r: cannot keep the image digests in {re.escape(str(cache))}/imagenet_r-\w+"
+      r"\.digests\.npy \(No space left on device \(a short write\)\); free space on that"
+      r" disk, then run the same command")) as e:
+    sources.load_sources(config, SIZE)
+  assert e.value.exit_code == errors.EXIT_ENVIRONMENT
+  assert not [p.name for p in cache.iterdir() if ".tmp" in p.name or "digests" in p.name]
+
+
 def test_temporary_files_of_a_killed_cache_build_are_removed_by_the_next_run(tmp_path):
   root = _imagenet_r(str(tmp_path / "imagenet-r"), per_class=2)
   config = _data_config(dataset="imagenet_r", data_dir=root)

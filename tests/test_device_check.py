@@ -22,7 +22,8 @@ STREAM = ["--stream_train=640", "--stream_test=100", "--stream_classes=10", "--s
 def test_the_check_runs_every_part_on_the_cpu_and_reports_each(tmp_path, compilation_cache):
   out = tmp_path / "out"
   out.mkdir()
-  device_check.main([f"--out_dir={out}", "--allow_cpu", "--size=tiny", "--budget=500",
+  # The budget is a ceiling: on a quiet machine every part ends long before its share does.
+  device_check.main([f"--out_dir={out}", "--allow_cpu", "--size=tiny", "--budget=1200",
                      f"--demo_config={ROOT / 'configs' / 'tiny.py'}", "--demo_runs=paper",
                      "--steps=1", "--warmup=1", "--batch_size=16", "--peak_n=128",
                      f"--compilation_cache={compilation_cache}", *STREAM])
@@ -54,6 +55,16 @@ def test_the_check_runs_every_part_on_the_cpu_and_reports_each(tmp_path, compila
   whole = stream["whole_stream"]
   assert whole["measured"] and whole["total_seconds"] > whole["step_seconds"] > 0
   assert stream["vs_paper"] == pytest.approx(whole["total_seconds"] / device_check.PAPER_SECONDS)
+  assert stream["compute_dtype"] == "float32" and stream["eval_images_per_s"] > 0
+  # Cold persistent cache in the first process, warm in the resumed one.
+  assert stream["cold_compile_seconds"] > 0 and stream["warm_compile_seconds"] >= 0
+  other = report["stream_other_dtypes"]["bfloat16"]  # one process, to its end or its share's
+  assert other["compute_dtype"] == "bfloat16" and len(other["segments"]) == 1, other
+  # The step once more with the encoder blocks scanned, beside the unrolled rows.
+  (scanned,) = report["steps_scanned"]
+  assert scanned["scan_blocks"] and scanned["step_ms_median"] > 0
+  assert [r["scan_blocks"] for r in steps] == [False] * len(steps)
+  assert [r["matmul_precision"] for r in steps] == ["default", "default", "highest", "highest"]
 
   assert isinstance(report["torch_steps"], list)  # [] where PyTorch is not installed
   text = (out / "device_check.md").read_text()
@@ -84,6 +95,7 @@ def test_bad_flags_are_refused_in_one_line_before_any_compute(tmp_path):
                       ([f"--out_dir={tmp_path}", "--parts=demo,nope"], "--parts"),
                       ([f"--out_dir={tmp_path}", "--demo_runs=x"], "--demo_runs"),
                       ([f"--out_dir={tmp_path}", "--budget=5"], "--budget"),
+                      ([f"--out_dir={tmp_path}", "--stream_dtypes=float16"], "--stream_dtypes"),
                       ([f"--out_dir={tmp_path}", "--size=vit_z"], "--size"),
                       ([f"--out_dir={tmp_path}"], "JAX sees no GPU")):  # this CPU, no --allow_cpu
     with pytest.raises(SystemExit, match=words):

@@ -26,7 +26,7 @@ import tiny_run
 from tiny_run import ROOT, assert_same_run, last_line, snapshot, steps
 
 from configs import tiny
-from olora_jax import compute, errors, tb_writer, trainer
+from olora_jax import checkpointing, compute, errors, run_control, tb_writer, trainer
 from olora_jax import workdir as workdir_lib
 from olora_jax.data import tfds_sources
 from olora_jax.models.vit import VisionTransformer, spec_from_config
@@ -89,7 +89,8 @@ def test_file_size_limit_then_read_only_workdir_exit_4_and_the_rerun_is_exact(
   done = tiny_run.run(workdir, compilation_cache, preexec_fn=_limit_file_size(limit))
   assert done.returncode == errors.EXIT_ENVIRONMENT, done.stderr[-3000:]
   line = last_line(done.stderr)
-  assert line.startswith(f"error: cannot write to workdir '{workdir}' (File too large); free"), line
+  assert line.startswith(f"error: cannot write to workdir '{workdir}' (File too large); lift the"
+                         " file-size limit (ulimit -f), then run the same command"), line
   assert f"resume from checkpoint {good[-1]}" in line
   log = re.search(r"\(traceback(?:, cut short,)? in (.+)\)$", line)  # the limit holds for it too
   assert log and "Traceback" in Path(log.group(1)).read_text()
@@ -103,6 +104,7 @@ def test_file_size_limit_then_read_only_workdir_exit_4_and_the_rerun_is_exact(
     assert done.returncode == errors.EXIT_ENVIRONMENT, done.stderr[-3000:]
     line = last_line(done.stderr)
     assert line.startswith(f"error: workdir '{workdir}' cannot be written ("), line
+    assert "make it writable" in line and "free space" not in line, line  # not a full disk
     assert snapshot(workdir) == before
 
   # 3. The fault removed, the same command resumes and ends exactly like an uninterrupted run.
@@ -425,6 +427,55 @@ def test_skipping_non_finite_steps_stops_past_the_bound(tmp_path):
   assert [e["step"] for e in events if e["event"] == "nonfinite_skipped"] == [1, 2, 3, 4]
 
 
+def test_an_error_in_a_host_callback_names_the_users_exception_and_file(tmp_path):
+  """A method's host callback that raises reaches the loop as JAX's runtime error, whose first
+  line is a frame of JAX's: the line names the method's exception and file instead."""
+  def check(x):
+    raise ValueError("my check failed")
+
+  line = check.__code__.co_firstlineno + 1
+
+  @jax.jit
+  def step(x):
+    jax.debug.callback(check, x)
+    return x + 1
+
+  def run():
+    step(np.float32(1)).block_until_ready()
+    jax.effects_barrier()
+
+  with pytest.raises(errors.InternalError, match=re.escape(
+      f"ValueError: my check failed (raised at {__file__}:{line}); fix the code there")):
+    trainer._guarded(run, str(tmp_path))
+
+
+def test_the_non_finite_advice_names_the_methods_own_rate_and_a_new_workdir(tmp_path):
+  """The key to lower is the one the method reads (its own block's), and a changed rate is
+  another config: the advice says it needs a new --workdir (the same one refuses it)."""
+  for method, key in (("online_lora", "learner.learning_rate"), ("er", "er.learning_rate"),
+                      ("slda", None)):
+    assert run_control.learning_rate_key(tiny.get_config(method), method if method != "online_lora"
+                                         else "learner") == key
+
+  class Saver:  # what the policy needs of the run's saver
+    checkpointer = type("C", (), {"directory": str(tmp_path / "checkpoints")})
+
+    def save(self, state, p):
+      pass
+
+  p = type("P", (), {"nonfinite_steps": []})()
+  policy = run_control.NonFinitePolicy(False, 0.05, 46, Saver(), "er.learning_rate")
+  with pytest.raises(errors.NonFiniteLoss, match=re.escape(
+      "; lower er.learning_rate with a new --workdir (this one keeps this run's config), or rerun"
+      " the same command with --config.learner.skip_nonfinite=True to skip such steps (it resumes"
+      " here)")):
+    policy.check(7, {"loss": np.float32("nan")}, None, p)
+  saved, lowered = tiny.get_config("er"), tiny.get_config("er")
+  lowered.er.learning_rate = saved.er.learning_rate / 10
+  with pytest.raises(errors.BadInput, match=r"er.learning_rate: .*; pass a new --workdir"):
+    checkpointing.check_same_config(checkpointing.config_to_dict(saved), lowered, str(tmp_path))
+
+
 def test_the_closing_table_lists_skipped_steps(tiny_reference):
   results = json.loads((tiny_reference / "results.json").read_text())
   assert "skipped" not in trainer.format_results_table(results)
@@ -439,18 +490,30 @@ def test_the_closing_table_lists_skipped_steps(tiny_reference):
   table = trainer.format_results_table(results, config)
   assert "| plateau detection | none: this method has no plateau rule |" in table
   assert "precision" not in table
+  assert table.splitlines()[2].endswith(" | none |")  # the headline row says so too, not "0"
+  # A forgetting that rounds to zero is 0.00, with no sign that reads as a gain.
+  results["forgetting"] = -1e-7
+  headline = trainer.format_results_table(results, config).splitlines()[2]
+  assert headline.split(" | ")[2] == "0.00", headline
 
 
 # --- what each failure becomes -------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("error,cause", [
-    (OSError(28, "No space left on device"), "No space left on device"),
-    (OSError(30, "Read-only file system"), "Read-only file system"),
+@pytest.mark.parametrize("error,cause,advice", [
+    (OSError(28, "No space left on device"), "No space left on device",
+     "free space on that disk (or pass another --workdir)"),
+    (OSError(30, "Read-only file system"), "Read-only file system",
+     "make it writable (or pass another --workdir)"),
     (ValueError('OUT_OF_RANGE: Error writing "x": Failed to write 10 bytes to file 16: File too'
-                " large [os_error_code='27']"), "File too large"),
-], ids=["enospc", "erofs", "orbax_efbig"])
-def test_storage_failures_become_exit_4_naming_the_checkpoint_to_resume(tmp_path, error, cause):
+                " large [os_error_code='27']"), "File too large",
+     "lift the file-size limit (ulimit -f)"),
+    # NumPy's short write on a full disk carries no errno, only its counts.
+    (OSError("500 requested and 255 written"), "No space left on device (a short write)",
+     "free space on that disk (or pass another --workdir)"),
+], ids=["enospc", "erofs", "orbax_efbig", "numpy_short_write"])
+def test_storage_failures_become_exit_4_naming_the_checkpoint_to_resume(tmp_path, error, cause,
+                                                                         advice):
   (tmp_path / "checkpoints" / "12").mkdir(parents=True)
   (tmp_path / "checkpoints" / "16.orbax-checkpoint-tmp").mkdir()  # a failed save: not counted
 
@@ -461,19 +524,29 @@ def test_storage_failures_become_exit_4_naming_the_checkpoint_to_resume(tmp_path
       raise error from context
 
   with pytest.raises(errors.EnvironmentFailure, match=re.escape(
-      f"cannot write to workdir '{tmp_path}' ({cause}); free space, lift the limit or fix the"
-      " permissions, then run the same command to resume from checkpoint 12")):
+      f"cannot write to workdir '{tmp_path}' ({cause}); {advice}, then run the same command to"
+      " resume from checkpoint 12")):
     trainer._guarded(fail, str(tmp_path))
 
 
 def test_other_failures_become_exit_1_and_typed_ones_pass_through(tmp_path):
-  def bug():
-    raise KeyError("oops")
+  def bug():  # a bug of olora_jax: a frame of the package raises
+    checkpointing.Progress.from_json({})
 
-  with pytest.raises(errors.InternalError, match=r"unexpected KeyError: 'oops'; the run can"
-                     r" resume from the start; please report it") as info:
+  with pytest.raises(errors.InternalError, match=r"unexpected KeyError: 'next_eval' \(raised at"
+                     r" .*olora_jax/checkpointing.py:\d+\); the run can resume from the start;"
+                     r" please report it") as info:
     trainer._guarded(bug, str(tmp_path))
   assert info.value.exit_code == errors.EXIT_INTERNAL
+
+  def own_code():  # code outside the package (a method or dataset of the user's) raises
+    raise KeyError("oops")
+
+  line = own_code.__code__.co_firstlineno + 1
+  with pytest.raises(errors.InternalError, match=re.escape(
+      f"KeyError: 'oops' (raised at {__file__}:{line}); fix the code there, then run the same"
+      " command to resume from the start")):
+    trainer._guarded(own_code, str(tmp_path))
 
   def refused():
     raise errors.BadInput("bad")

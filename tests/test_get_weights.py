@@ -1,12 +1,14 @@
 """scripts/get_weights.py against a local stand-in of the Hugging Face Hub (an HTTP server on
 localhost that answers the Hub's download address): a preset's file is downloaded, checked as a
 run reads it and written where the config expects it; a wrong or missing file is refused in one
-line and leaves nothing behind."""
+line and leaves nothing behind; a connection dropped half way says so (exit 4), keeps its
+`.part` file, and the next call resumes it."""
 
 from __future__ import annotations
 
 import functools
 import http.server
+import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -38,7 +40,7 @@ def hub(tmp_path_factory):
     where = root / get_weights.repository(preset) / "resolve" / "main"
     where.mkdir(parents=True)
     (where / get_weights.FILENAME).write_bytes(served.read_bytes())
-  handler = functools.partial(_Quiet, directory=str(root))
+  handler = functools.partial(_Ranged, directory=str(root))
   server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
   thread = threading.Thread(target=server.serve_forever, daemon=True)
   thread.start()
@@ -46,7 +48,33 @@ def hub(tmp_path_factory):
   server.shutdown()
 
 
-class _Quiet(http.server.SimpleHTTPRequestHandler):
+class _Ranged(http.server.SimpleHTTPRequestHandler):
+  """Serves files whole or from a `Range: bytes=N-` offset (206), as the Hub's CDN does; while
+  `DROP_AFTER[0]` is set, the connection is closed after that many bytes of the body."""
+
+  DROP_AFTER: list[int | None] = [None]
+  RANGES: list[str | None] = []  # the Range header of each request
+
+  def do_GET(self):
+    path = Path(self.translate_path(self.path))
+    if not path.is_file():
+      self.send_error(404)
+      return
+    data = path.read_bytes()
+    asked = self.headers.get("Range")
+    self.RANGES.append(asked)
+    start = int(asked.removeprefix("bytes=").rstrip("-")) if asked else 0
+    self.send_response(206 if asked else 200)
+    self.send_header("Content-Length", str(len(data) - start))
+    if asked:
+      self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
+    self.end_headers()
+    body = data[start:]
+    if self.DROP_AFTER[0] is not None:
+      body = body[:self.DROP_AFTER[0]]
+      self.close_connection = True
+    self.wfile.write(body)
+
   def log_message(self, *args):
     pass
 
@@ -75,10 +103,12 @@ def test_a_wrong_or_missing_file_is_refused_in_one_line_and_nothing_is_left(hub,
   # vit_b16's address serves ViT-S/16 weights: the check against ViT-B/16's shapes refuses them.
   with pytest.raises(SystemExit, match="is not vit_b16's weights in timm's layout"):
     get_weights.main(["vit_b16", f"--dest={tmp_path}", f"--endpoint={endpoint}"])
-  with pytest.raises(SystemExit, match="cannot download"):  # not on the stand-in: HTTP 404
+  with pytest.raises(SystemExit, match="HTTP 404") as e:  # not on the stand-in
     get_weights.main(["vit_l16", f"--dest={tmp_path}", f"--endpoint={endpoint}"])
-  with pytest.raises(SystemExit, match="unknown preset"):
+  assert e.value.exit_code == 4  # the environment (docs/reference/exit-codes.md)
+  with pytest.raises(SystemExit, match="unknown preset") as e:
     get_weights.main(["vit_z", f"--dest={tmp_path}", f"--endpoint={endpoint}"])
+  assert e.value.exit_code == 2
   assert list(tmp_path.iterdir()) == []
   # A bad file already in place is refused, not trusted.
   bad = get_weights.destination("vit_s16", str(tmp_path))
@@ -93,3 +123,33 @@ def test_every_preset_has_a_hub_repository_and_the_configs_path():
   for preset, (_, path, _) in benchmark.BACKBONES.items():
     assert get_weights.repository(preset).startswith("timm/")
     assert get_weights.destination(preset) == Path(path)
+
+
+def test_a_dropped_connection_is_named_and_the_next_call_resumes_the_partial_file(hub, tmp_path):
+  endpoint, served = hub
+  target = get_weights.destination("vit_s16", str(tmp_path))
+  stale = tmp_path / f".{target.name}.a1b2c3.part"  # what a killed download of old left
+  stale.write_bytes(b"x" * 100)
+  _Ranged.RANGES.clear()
+  _Ranged.DROP_AFTER[0] = 1000
+  try:
+    with pytest.raises(SystemExit, match="the connection dropped after 1,000 bytes of") as e:
+      get_weights.main(["vit_s16", f"--dest={tmp_path}", f"--endpoint={endpoint}"])
+  finally:
+    _Ranged.DROP_AFTER[0] = None
+  assert e.value.exit_code == 4 and "run the same command to resume" in str(e.value)
+  assert "weights" not in str(e.value)  # not taken for a wrong file
+  part = get_weights.partial_file(target)
+  assert sorted(p.name for p in tmp_path.iterdir()) == [part.name]  # the stale file is gone
+  assert part.read_bytes() == served.read_bytes()[:1000]
+  get_weights.main(["vit_s16", f"--dest={tmp_path}", f"--endpoint={endpoint}"])
+  assert _Ranged.RANGES == [None, "bytes=1000-"]  # resumed, not downloaded again
+  assert target.read_bytes() == served.read_bytes()
+  assert sorted(p.name for p in tmp_path.iterdir()) == [target.name]
+
+
+def test_the_command_line_exits_with_the_documented_code_and_one_error_line(tmp_path):
+  done = subprocess.run([sys.executable, str(ROOT / "scripts" / "get_weights.py"), "vit_z"],
+                        capture_output=True, text=True, cwd=tmp_path)
+  assert done.returncode == 2
+  assert done.stderr.strip().splitlines()[-1].startswith("error: unknown preset(s) ['vit_z']")

@@ -4,7 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from numerics import assert_close, reduction_rtol
+from numerics import assert_close, reduction_rtol, vit_rtol
 
 from configs import tiny
 from olora_jax import trainer
@@ -77,8 +77,9 @@ def test_window_value_excludes_the_regulariser_and_masks_padding():
   batch = random_batch(jax.random.key(1), 8, valid=5)
   _, scalars, scores = learner.train_step(state, frozen, buf, batch)
   scores = np.asarray(scores)
-  np.testing.assert_allclose(scalars["ce_current"], scores[:5].mean(), rtol=1e-6)
-  np.testing.assert_allclose(scalars["ce_buffer"], scores[8:11].mean(), rtol=1e-6)
+  # Means of a few positive losses, summed in another order: no cancellation, no atol.
+  np.testing.assert_allclose(scalars["ce_current"], scores[:5].mean(), rtol=reduction_rtol(5))
+  np.testing.assert_allclose(scalars["ce_buffer"], scores[8:11].mean(), rtol=reduction_rtol(3))
   np.testing.assert_allclose(scalars["window_value"],
                              scalars["ce_current"] + scalars["ce_buffer"], rtol=1e-6)
   assert scalars["reg"] > 0
@@ -106,9 +107,8 @@ def test_importance_is_the_mean_of_per_sample_squared_gradients():
   # The vmapped program and the loop above sum in other orders: along each block's backward pass
   # the width, the MLP and the tokens twice (softmax, values), doubled by the square (measured:
   # 1.3e-5 elementwise on an Intel host, 5e-6 on an AMD one).
-  tokens = (SPEC.image_size // SPEC.patch_size) ** 2 + 1
-  rtol = reduction_rtol(2 * SPEC.depth * (SPEC.width + SPEC.mlp_dim + 2 * tokens))
-  jax.tree.map(lambda a, b: assert_close(a, b, rtol=rtol), state.omega, expected)
+  jax.tree.map(lambda a, b: assert_close(a, b, rtol=vit_rtol(SPEC, passes=2)), state.omega,
+               expected)
 
 
 def test_omega_is_the_running_mean_over_plateaus():

@@ -36,6 +36,23 @@ def test_rearms_only_after_a_peak():
   assert state.n_plateaus == 2
 
 
+def test_the_armed_state_and_its_rearm_are_reported():
+  """Armed at the start, disarmed by a plateau, re-armed by the peak (one `rearm`, with the bar
+  it passed), armed when the settled window fires."""
+  state, armed, rearmed = plateau.init(), [], []
+  for v in [0.5, 0.5, 0.5, 0.5, 1.7, 0.5, 0.5, 0.5]:
+    before = state
+    state, stats = plateau.update(state, v, CFG)
+    armed.append(stats.armed)
+    rearmed.append(stats.rearmed)
+    if stats.rearmed:
+      event = plateau.rearm_event(stats, before)
+  assert armed == [True, True, True, False, True, True, True, True]
+  assert rearmed == [False, False, False, False, True, False, False, False]
+  assert event == ("rearm", {"window_mean": pytest.approx(0.9), "bar": pytest.approx(0.5),
+                             "n_plateaus": 1})
+
+
 def test_peak_threshold_uses_mean_plus_std_at_last_plateau():
   cfg = plateau.PlateauConfig(window=2, mean_threshold=1.0, var_threshold=0.05)
   # Plateau at step 1: window (0.4, 0.8): mean 0.6, var 0.04, std 0.2 -> re-arms above 0.8.

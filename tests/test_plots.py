@@ -105,3 +105,33 @@ def test_characters_the_font_lacks_are_one_warning_line_not_one_per_glyph(tmp_pa
   lines = [r.getMessage() for r in caplog.records if "glyph" in r.getMessage()]
   assert len(lines) == 1 and "no glyph for 実験" in lines[0], lines
   assert (tmp_path / "f.png").is_file() and (tmp_path / "g.pdf").is_file()
+
+
+def test_figures_are_named_by_the_method_and_drawn_only_where_they_apply(tmp_path, monkeypatch):
+  """A run's figures carry the method's display name, setting and seed (not its directory's
+  name); a run without a plateau rule (a baseline, the training-free SLDA, a single LoRA) gets no
+  loss surface; `titles=False` draws none."""
+  config = {"method": "slda", "seed": 3, "model": {"name": "custom"},
+            "data": {"dataset": "mnist_5k", "scenario": "disjoint", "n_tasks": 3}}
+  name = "SLDA on mnist_5k: 3 disjoint tasks, custom ViT, seed 3"
+  assert plots.run_name(config) == name
+  assert plots.plot_files(config) == plots.PLOT_FILES[1:]
+  assert plots.plot_files({"learner": {"incremental_lora": False}}) == plots.PLOT_FILES[1:]
+  assert plots.plot_files({"method": "er", "boundaries": {"rule": "plateau"}}) == plots.PLOT_FILES
+  assert plots.plot_files({}) == plots.PLOT_FILES  # Online-LoRA
+  workdir = tmp_path / "seed0"
+  write_fake_run(workdir)
+  (workdir / "config.json").write_text(json.dumps(config))
+  saved = []
+  save = plots._save
+  monkeypatch.setattr(plots, "_save", lambda fig, path: saved.append(fig) or save(fig, path))
+  plots.write_run_plots(str(workdir))
+  assert sorted(os.listdir(workdir / "plots")) == [
+      "accuracy_matrix.pdf", "accuracy_matrix.png", "anytime_accuracy.pdf",
+      "anytime_accuracy.png"]
+  titles = [fig.axes[0].get_title() for fig in saved]
+  assert [t.split("\n")[0] for t in titles] == [name, name]
+  assert titles[1] == f"{name}\nAccuracy matrix a_{{i,j}}"
+  saved.clear()
+  plots.write_run_plots(str(workdir), titles=False)
+  assert [fig.axes[0].get_title() for fig in saved] == ["", ""]

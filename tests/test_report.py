@@ -9,6 +9,8 @@ import csv
 import importlib.util
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -129,7 +131,8 @@ def test_report_aggregates_two_seeds(runs, tmp_path):
                          f"--csv={out_csv}"], capture_output=True, text=True, check=True,
                         timeout=120)
   setting = "sklearn_digits disjoint/5 custom"
-  assert f"| method | {setting}: A_final ↑ | {setting}: Forgetting ↓ | {setting}: A_auc ↑ |" \
+  # The setting is named once, over its three metrics.
+  assert f"| method | {setting} |||\n|---|---|---|---|\n| | A_final ↑ | Forgetting ↓ | A_auc ↑ |" \
       in proc.stdout
   cells = [f"{np.mean(v):.2f} ± {np.std(v, ddof=1):.2f}" for v in values.values()]
   assert "| Online-LoRA | " + " | ".join(cells) + " |" in proc.stdout
@@ -165,7 +168,7 @@ def test_grouping_methods_settings_and_variants(tmp_path):
       write_run(tmp_path / "a1", 1, r(0.52, 0.42), eval__write_plots=False),  # same group
       write_run(tmp_path / "b0", 0, r(0.30, None), learner__hard_loss=False,
                 learner__incremental_lora=False),
-      write_run(tmp_path / "c0", 0, r(0.45, 0.30), learner__learning_rate=1e-3),
+      write_run(tmp_path / "c0", 0, r(0.45, -1e-5), learner__learning_rate=1e-3),
       write_run(tmp_path / "d0", 0, r(0.60, 0.10), data__dataset="imagenet_r"),
   ]
   rows = reporting.aggregate(dirs)
@@ -179,7 +182,14 @@ def test_grouping_methods_settings_and_variants(tmp_path):
   assert single["forgetting"]["n"] == 0  # null forgetting is left out, not counted as 0
   table = reporting.markdown_table(rows)
   assert "| single LoRA | 30.00 | n/a | 50.00 |  |  |  |" in table
-  assert "| Online-LoRA | " in table and "imagenet_r disjoint/10 vit_b16: A_final ↑" in table
+  assert table.splitlines()[:3] == [
+      "| method | cifar100 disjoint/10 vit_b16 ||| imagenet_r disjoint/10 vit_b16 |||",
+      "|---|---|---|---|---|---|---|",
+      "| | A_final ↑ | Forgetting ↓ | A_auc ↑ | A_final ↑ | Forgetting ↓ | A_auc ↑ |"]
+  # A forgetting of -0.001 % is 0.00, not "-0.00" (read as a gain).
+  assert "| Online-LoRA [learner.learning_rate=0.001] | 45.00 | 0.00 | 50.00 |" in table
+  assert "-0.00" not in table
+  assert "| Online-LoRA | " in table
 
 
 def test_report_errors(tmp_path):
@@ -196,13 +206,41 @@ def test_report_errors(tmp_path):
   assert proc.returncode != 0 and "run directories" in proc.stderr
 
 
+def test_a_damaged_results_json_is_named_and_left_out(tmp_path):
+  """A results.json cut short (a full disk, a copy stopped half way) is not a finished run: a
+  sweep tree's report names the file and leaves it out; given by name it is refused naming it;
+  the JSON parser's own message alone named no file."""
+  metrics = {"A_final": 0.5, "forgetting": 0.1, "A_auc": 0.5}
+  good = write_run(tmp_path / "root" / "good", 0, metrics)
+  cut = write_run(tmp_path / "root" / "cut", 1, metrics)
+  path = os.path.join(cut, "results.json")
+  with open(path, "r+") as f:
+    f.truncate(10)
+  finished, unfinished = reporting.find_runs([str(tmp_path / "root")])
+  assert (finished, unfinished) == ([good], [cut])
+  assert reporting.unfinished_reason(cut).startswith(f"{path} is damaged (JSONDecodeError: ")
+  assert "rerun the run's launch/run.py command" in reporting.unfinished_reason(cut)
+  with pytest.raises(ValueError, match=re.escape(f"{path} is damaged")):
+    reporting.find_runs([cut])
+  proc = subprocess.run([sys.executable, str(ROOT / "launch" / "report.py"),
+                         str(tmp_path / "root")], capture_output=True, text=True, timeout=60)
+  assert proc.returncode == 0, proc.stderr
+  assert f"note: {cut}: {path} is damaged (JSONDecodeError:" in proc.stderr
+  assert "left out" in proc.stderr and "| 50.00 |" in proc.stdout  # the good run's row
+  proc = subprocess.run([sys.executable, str(ROOT / "launch" / "report.py"), cut],
+                        capture_output=True, text=True, timeout=60)
+  assert proc.returncode == 2
+  assert proc.stderr.strip().splitlines()[-1].startswith(f"error: {path} is damaged")
+
+
 def test_report_groups_seeds_and_methods_and_draws_the_overlay(tmp_path):
   from test_plots import assert_png
 
   def curve(seed, level):
     samples = [100, 200, 300, 400]
     return {"A_final": level, "forgetting": 0.1, "A_auc": level,
-            "anytime_samples": samples, "anytime_accuracy": [level + 0.01 * seed] * 4}
+            "anytime_samples": samples, "anytime_accuracy": [level + 0.01 * seed] * 4,
+            "acc_matrix": [[0.9, level, level - 0.1 * seed], [0.0, 0.8, level], [0, 0, 0.7]]}
 
   dirs = [write_run(tmp_path / f"olora{s}", s, curve(s, 0.6)) for s in (0, 1, 2)]
   dirs += [write_run(tmp_path / f"lora{s}", s, curve(s, 0.3), learner__incremental_lora=False,
@@ -211,18 +249,23 @@ def test_report_groups_seeds_and_methods_and_draws_the_overlay(tmp_path):
   assert [(r["method"], r["seeds"]) for r in rows] == [("Online-LoRA", [0, 1, 2]),
                                                         ("single LoRA", [0, 1])]
   assert rows[0]["A_final"]["mean"] == pytest.approx(60.0)
-  # No --csv: the report writes nothing but what it is asked for (the figure), and nothing into
+  # No --csv: the report writes nothing but what it is asked for (the figures), and nothing into
   # the directory it runs in.
   cwd = tmp_path / "cwd"
   cwd.mkdir()
   proc = subprocess.run([sys.executable, str(ROOT / "launch" / "report.py"), *dirs,
                          f"--plots={tmp_path / 'figs'}"], cwd=cwd,
                         capture_output=True, text=True, check=True, timeout=120)
-  assert "overlay figure written" in proc.stdout and "CSV" not in proc.stdout
+  # stdout holds the table alone; what was written is said on stderr.
+  assert "figures written" in proc.stderr and "CSV" not in proc.stderr + proc.stdout
+  assert proc.stdout.startswith("| method |") and "written" not in proc.stdout
   assert list(cwd.iterdir()) == []
-  assert sorted(p.name for p in (tmp_path / "figs").iterdir()) == ["anytime_overlay.pdf",
-                                                                   plots.OVERLAY_FILE]
-  assert_png(tmp_path / "figs" / plots.OVERLAY_FILE)
+  matrices = "accuracy_matrices_cifar100_disjoint_10_vit_b16"
+  assert sorted(p.name for p in (tmp_path / "figs").iterdir()) == [
+      f"{matrices}.pdf", f"{matrices}.png", "anytime_overlay.pdf", plots.OVERLAY_FILE,
+      "forgetting_per_task.pdf", plots.FORGETTING_FILE]
+  for name in (plots.OVERLAY_FILE, f"{matrices}.png", plots.FORGETTING_FILE):
+    assert_png(tmp_path / "figs" / name)
   with open(tmp_path / "figs" / "anytime_overlay.pdf", "rb") as f:
     assert f.read(5) == b"%PDF-"
   # The band is the std over seeds at each point, the line their mean.
@@ -292,6 +335,9 @@ def test_matrix_cells_round_half_up():
   assert [reporting.format_half_up(v) for v in (87.25, 88.25, 87.35, 100 * 0.8725)] == [
       "87.3", "88.3", "87.4", "87.3"]
   assert reporting.format_half_up(float("nan")) == "n/a"
+  # Rounded to zero, a negative value loses its sign; rounded away from zero, it keeps it.
+  assert [reporting.format_half_up(v) for v in (-0.04, -0.05)] == ["0.0", "-0.1"]
+  assert [reporting.format_fixed(v) for v in (-0.004, -0.006, 0.0)] == ["0.00", "-0.01", "0.00"]
 
 
 def write_method_run(path, seed, method, manifest, a_final, trainable="all", wall=10.0,
@@ -335,8 +381,51 @@ def test_table_one_layout_and_stream_check(tmp_path):
   assert "| ER | 45.00 ± 7.07 | 50.00 ± 0.00 | 10.00 ± 0.00 |" in table
   # A run of seed 1 on another stream is refused, naming both runs.
   bad = write_method_run(tmp_path / "mir1", 1, "mir", "other", 0.5)
-  with pytest.raises(ValueError, match=r"different streams .*same data, seed"):
+  with pytest.raises(ValueError, match=r"different streams .*their configs agree: the data they"
+                                       r" read differs\); .*same data, data.class_order, seed"):
     reporting.aggregate(dirs + [bad])
+  # Configs that differ in a key of the stream: the line names it.
+  bad = write_method_run(tmp_path / "mir1b", 1, "mir", "other", 0.5, learner__batch_size=32)
+  with pytest.raises(ValueError, match=r"their configs differ in learner.batch_size\)"):
+    reporting.aggregate(dirs + [bad])
+
+
+def test_class_order_names_the_setting(tmp_path):
+  """A setting's label names a class order other than the labels' (a reversed-order table must
+  not look like the normal one), so two orders are two column groups, never one."""
+  assert [reporting.class_order_label(o) for o in (
+      "label", "seeded", "4,3,2,1,0", [4, 3, 2, 1, 0], [3, 1, 0, 2])] == [
+      "", "seeded order", "reversed order", "reversed order", "order 3,1,0,2"]
+  long_a, long_b = list(range(100)), list(range(100))
+  long_a[:2], long_b[98:] = [1, 0], [99, 98]
+  labels = [reporting.class_order_label(o) for o in (long_a, long_b)]
+  assert labels[0].startswith("order 1,0,2,... of 100, #") and labels[0] != labels[1]
+  r = {"A_final": 0.5, "forgetting": 0.1, "A_auc": 0.5}
+  runs = [write_run(tmp_path / f"label{s}", s, {**r, "stream_manifest_sha256": f"l{s}"})
+          for s in (0, 1)]
+  runs += [write_run(tmp_path / f"reversed{s}", s, {**r, "stream_manifest_sha256": f"r{s}"},
+                     data__class_order="9,8,7,6,5,4,3,2,1,0") for s in (0, 1)]
+  rows = reporting.aggregate(runs)
+  assert [row["setting"] for row in rows] == ["cifar100 disjoint/10 vit_b16",
+                                              "cifar100 disjoint/10 vit_b16, reversed order"]
+  assert rows[1]["method"] == "Online-LoRA"  # the order is the setting's, not the method's
+  table = reporting.markdown_table(rows)
+  assert "| cifar100 disjoint/10 vit_b16, reversed order |||" in table
+  assert reporting.setting_title({"data.dataset": "mnist_5k", "data.n_tasks": 5,
+                                  "data.scenario": "disjoint", "model.name": "custom",
+                                  "data.class_order": [9, 8, 7, 6, 5, 4, 3, 2, 1, 0]}) == (
+      "mnist_5k: 5 disjoint tasks, custom ViT, reversed order")
+  # The paper's numbers stand beside its orders (the labels', a seeded draw), not another.
+  seeded = [write_method_run(tmp_path / f"seeded{s}", s, "er", f"s{s}", 0.5,
+                             data__class_order="seeded") for s in (0, 1)]
+  _, table = reporting.layout_table(seeded, "table1")
+  assert "| method | cifar100 disjoint/10 vit_b16, seeded order ||||||" in table
+  assert "| | A_final ↑ | (paper) | Forgetting ↓ | (paper) |" in table
+  # A list and the same order written as a string are the same stream keys.
+  config = {"data.class_order": [2, 1, 0], "learner.batch_size": 16}
+  assert reporting.stream_keys_differing(config, {**config, "data.class_order": "2,1,0"}) == []
+  assert reporting.stream_keys_differing(config, {**config, "data.class_order": "label"}) == [
+      "data.class_order"]
 
 
 def test_prompt_methods_are_labelled_by_name_and_ordered_before_online_lora():
@@ -389,18 +478,18 @@ def test_paper_layouts_from_a_sweep_tree(tmp_path):
   assert [r["method"] for r in rows] == ["GDumb", "PCR", "LODE (DER++)"]  # Table 1's order
   assert table.startswith("Table 1: disjoint class-incremental")
   setting = "cifar100 disjoint/10 vit_b16"  # the paper's setting: its numbers join each metric
-  assert (f"| method | {setting}: A_final ↑ | (paper) | {setting}: Forgetting ↓ | (paper) |"
-          f" {setting}: wall time (s) |" in table)  # the paper reports no wall time
+  assert (f"| method | {setting} ||||||\n|---|---|---|---|---|---|---|\n| | A_final ↑ | (paper) |"
+          " Forgetting ↓ | (paper) | wall time (s) |" in table)  # the paper reports no wall time
   assert "| PCR | 41.00 ± 1.41 | 48.48 ± 0.15 | 10.00 ± 0.00 | 46.23 ± 1.29 | " in table
   # The budget column: image passes per step from each run's compute ledger, not x 100.
-  assert f" {setting}: wall time (s) | {setting}: budget (passes/step) |" in table
+  assert " wall time (s) | budget (passes/step) |" in table
   assert "| 10.00 ± 0.00 | 70.50 ± 0.71 |" in table and table.count("| n/a |") == 2
   assert "| GDumb | 20.00 ± 0.00 | 41.00 ± 19.97 | 10.00 ± 0.00 |  | " in table  # paper: "-"
   rows, table = reporting.layout_table(finished, "table2")
   assert [r["method"] for r in rows] == ["Online-LoRA w/o hard loss"]
   setting = "cifar100 si_blurry/5 vit_b16"
-  assert (f"| method | {setting}: A_auc ↑ | (paper) | {setting}: A_final ↑ | (paper) |"
-          f" {setting}: wall time (s) |" in table)
+  assert (f"| method | {setting} ||||||\n|---|---|---|---|---|---|---|\n| | A_auc ↑ | (paper) |"
+          " A_final ↑ | (paper) | wall time (s) |" in table)
   assert "| Online-LoRA w/o hard loss | 50.00 ± 0.00 | 60.12 ± 5.79 | 60.00 ± 0.00 |" in table
   # Runs of one setting and seed on different streams are refused by both layouts.
   write_method_run(root / "split_cifar100" / "mir" / "seed1", 1, "mir", "other", 0.5)
@@ -497,3 +586,142 @@ def _load_sweep():
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   return module
+
+
+def _latex_fixture(tmp_path):
+  """Runs of three methods and the upper bound on the paper's Table 1 setting, two seeds, plus
+  ER on a reversed class order: the rows of `--layout table1`."""
+  dirs = []
+  for seed in (0, 1):
+    m = f"stream{seed}"
+    dirs += [write_method_run(tmp_path / f"iid{seed}", seed, "iid", m, 0.9, wall=5.0 + seed),
+             write_method_run(tmp_path / f"er{seed}", seed, "er", m, 0.4 + 0.1 * seed),
+             write_method_run(tmp_path / f"gd{seed}", seed, "gdumb", m, 0.3),
+             write_method_run(tmp_path / f"agem{seed}", seed, "agem", m, 0.45),
+             write_method_run(tmp_path / f"rev{seed}", seed, "er", "r" + m, 0.5 - 0.1 * seed,
+                              data__class_order=list(range(99, -1, -1)))]
+  return dirs
+
+
+def _latex_cells(line: str) -> list[str]:
+  return [c.strip() for c in re.split(r"(?<!\\)&", line.removesuffix(r"\\").strip())]
+
+
+def test_latex_table_structure(tmp_path):
+  """`--format latex`: a booktabs table whose settings head their columns once (multicolumn,
+  cmidrule), one row per method with as many cells as columns, mean \\pm std, the best mean of
+  each metric column in bold among the methods (the upper bound is a reference, never bold),
+  text escaped; the paper's layout keeps its "(paper)" columns. (Compiled by pdflatex in
+  test_latex_table_compiles where one is installed.)"""
+  dirs = _latex_fixture(tmp_path)
+  rows, tex = reporting.layout_table(dirs, "table1", "latex")
+  lines = tex.splitlines()
+  assert all(line.startswith("%") for line in lines[:lines.index(r"\begin{table}[t]")])
+  assert [line for line in lines if line in (r"\toprule", r"\midrule", r"\bottomrule")] == [
+      r"\toprule", r"\midrule", r"\bottomrule"]
+  assert lines[-3:] == [r"\bottomrule", r"\end{tabular}", r"\end{table}"]
+  assert r"\caption{Table 1: disjoint class-incremental. Mean $\pm$ std over 2 seeds" in tex
+  spec = re.search(r"\\begin\{tabular\}\{@\{\}l(c+)@\{\}\}", tex).group(1)
+  top = lines.index(r"\toprule")
+  settings, rules, header = lines[top + 1], lines[top + 2], lines[top + 3]
+  spans = re.findall(r"\\multicolumn\{(\d+)\}\{c\}\{([^}]*(?:\}[^}&]*)*)\}", settings)
+  # Table 1's setting (with the paper's columns) and the reversed order, each named once.
+  assert [name for _, name in spans] == [
+      r"cifar100 disjoint/10 vit\_b16",
+      r"cifar100 disjoint/10 vit\_b16, reversed order"]
+  n = [int(k) for k, _ in spans]
+  assert n == [6, 4] and sum(n) == len(spec)  # A_final, (paper), Forgetting, (paper), wall, budget
+  assert rules == r"\cmidrule(lr){2-7} \cmidrule(lr){8-11}"
+  ours = [r"$A_\mathrm{final}$ $\uparrow$", r"Forgetting $\downarrow$", "wall time (s)",
+          "budget (passes/step)"]
+  assert _latex_cells(header) == ["Method", ours[0], "(paper)", ours[1], "(paper)", *ours[2:],
+                                  *ours]
+  body = lines[lines.index(r"\midrule") + 1:lines.index(r"\bottomrule")]
+  cells = {c[0]: c[1:] for c in map(_latex_cells, body)}
+  assert list(cells) == ["AGEM", "ER", "GDumb", "Upper bound (i.i.d.)"]
+  assert all(len(c) == len(spec) for c in cells.values())
+  # A_final: AGEM (45.00) ties ER (45.00 ± 7.07): both bold; the upper bound's 90 is not.
+  assert cells["AGEM"][0] == r"{\boldmath$45.00 \pm 0.00$}"
+  assert cells["ER"][0] == r"{\boldmath$45.00 \pm 7.07$}"
+  assert cells["Upper bound (i.i.d.)"][0] == r"$90.00 \pm 0.00$"
+  assert cells["GDumb"][0] == r"$30.00 \pm 0.00$"
+  paper_er = reporting.PAPER_RESULTS["table1"]["cifar100 disjoint/10 vit_b16"]["ER"][0]
+  assert cells["ER"][1] == f"${paper_er[0]:.2f} \\pm {paper_er[1]:.2f}$"  # never bold
+  assert cells["ER"][4] == r"$10.00 \pm 0.00$"  # wall time: a cost, not marked
+  assert cells["ER"][5] == "--"  # no budget recorded
+  assert cells["ER"][6] == r"$45.00 \pm 7.07$"  # alone in its column: nothing to be best of
+  assert cells["GDumb"][6:] == [""] * 4  # no run there
+  # The command line prints the table alone (for `> table.tex`).
+  proc = subprocess.run([sys.executable, str(ROOT / "launch" / "report.py"), "--layout=table1",
+                         "--format=latex", *dirs], capture_output=True, text=True, check=True,
+                        timeout=120)
+  assert proc.stdout.strip() == tex
+  assert reporting.latex_escape("a_b & 50% #1 {x} ~ ^ \\ ±") == (
+      r"a\_b \& 50\% \#1 \{x\} \textasciitilde{} \textasciicircum{} \textbackslash{} $\pm$")
+
+
+@pytest.mark.skipif(shutil.which("pdflatex") is None, reason="pdflatex is not installed; the"
+                    " table's structure is tested in test_latex_table_structure")
+def test_latex_table_compiles(tmp_path):
+  _, tex = reporting.layout_table(_latex_fixture(tmp_path), "table1", "latex")
+  (tmp_path / "t.tex").write_text("\\documentclass{article}\n\\usepackage{booktabs}\n"
+                                  f"\\begin{{document}}\n{tex}\n\\end{{document}}\n")
+  proc = subprocess.run(["pdflatex", "-interaction=nonstopmode", "-halt-on-error", "t.tex"],
+                        cwd=tmp_path, capture_output=True, text=True, timeout=120)
+  assert proc.returncode == 0, proc.stdout[-3000:]
+  assert (tmp_path / "t.pdf").read_bytes()[:5] == b"%PDF-"
+
+
+def test_report_figures_of_a_paper(tmp_path):
+  """`write_report_plots`: each method's final accuracy matrix (mean over seeds, titled by the
+  method's display name) and the forgetting of each earlier task (bar = mean over seeds, error
+  bar = std, ddof 1), as the Forgetting column computes it; `titles=False` drops the figure
+  titles (a panel keeps its setting only where several panels need telling apart)."""
+  def run(name, seed, acc, **overrides):
+    results = {"A_final": 0.5, "forgetting": 0.1, "A_auc": 0.5,
+               "anytime_samples": [100, 200, 300], "anytime_accuracy": [0.9, 0.7, 0.6],
+               "acc_matrix": acc}
+    return write_run(tmp_path / name, seed, results, **overrides)
+
+  accs = {("olora", 0): [[0.9, 0.7, 0.6], [0.0, 0.8, 0.7], [0, 0, 0.9]],
+          ("olora", 1): [[0.8, 0.8, 0.4], [0.0, 0.9, 0.9], [0, 0, 0.7]],
+          ("lora", 0): [[0.9, 0.2, 0.1], [0.0, 0.9, 0.3], [0, 0, 0.9]]}
+  dirs = [run(f"{m}{s}", s, acc, **({} if m == "olora" else {
+      "learner__incremental_lora": False, "learner__hard_loss": False}))
+          for (m, s), acc in accs.items()]
+  rows = reporting.aggregate(dirs)
+  fig = plots.forgetting_figure(rows)
+  (ax,) = fig.axes
+  from matplotlib.container import BarContainer
+
+  bar_containers = [c for c in ax.containers if isinstance(c, BarContainer)]
+  bars = {c.get_label(): [p.get_height() for p in c.patches] for c in bar_containers}
+  per_task = {k: metrics.forgetting_per_task(np.asarray(a)) for k, a in accs.items()}
+  np.testing.assert_allclose(
+      bars["Online-LoRA (2 seeds)"],
+      100 * np.mean([per_task[("olora", 0)], per_task[("olora", 1)]], axis=0), rtol=1e-12)
+  np.testing.assert_allclose(bars["single LoRA (1 seed)"], 100 * per_task[("lora", 0)],
+                             rtol=1e-12)
+  # Their mean over tasks is the Forgetting column's definition.
+  assert np.mean(per_task[("lora", 0)]) == pytest.approx(metrics.forgetting(accs[("lora", 0)]))
+  whiskers = [c for c in bar_containers if c.get_label() == "Online-LoRA (2 seeds)"][0].errorbar
+  segments = whiskers.lines[2][0].get_segments()
+  np.testing.assert_allclose([s[1, 1] - s[0, 1] for s in segments], 2 * 100 * np.std(
+      [per_task[("olora", 0)], per_task[("olora", 1)]], axis=0, ddof=1), rtol=1e-9)
+  assert fig.get_suptitle().startswith("Forgetting per task")
+  assert plots.forgetting_figure(rows, titles=False).get_suptitle() == ""
+
+  fig = plots.accuracy_matrices_figure(rows)
+  panels = [ax for ax in fig.axes if ax.get_images()]
+  assert [ax.get_title() for ax in panels] == ["Online-LoRA (2 seeds)", "single LoRA (1 seed)"]
+  np.testing.assert_allclose(panels[0].get_images()[0].get_array(),
+                             100 * np.mean([accs[("olora", 0)], accs[("olora", 1)]], axis=0))
+  assert "cifar100: 10 disjoint tasks" in fig.get_suptitle()
+  assert plots.accuracy_matrices_figure(rows, titles=False).get_suptitle() == ""
+  overlay = plots.overlay_figure(rows, titles=False)
+  assert overlay.get_suptitle() == "" and overlay.axes[0].get_title() == ""
+  # A one-task setting has no forgetting: no figure of it.
+  one = [run(f"one{s}", s, [[0.5]], data__n_tasks=1) for s in (0, 1)]
+  names = [os.path.basename(p) for p in plots.write_report_plots(
+      reporting.aggregate(one), str(tmp_path / "figs"), titles=False)]
+  assert names == [plots.OVERLAY_FILE, "accuracy_matrices_cifar100_disjoint_1_vit_b16.png"]

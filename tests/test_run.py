@@ -2,11 +2,16 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
+import types
 
 import numpy as np
 import pytest
+import tiny_run
+
+from olora_jax import trainer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -16,19 +21,11 @@ def run(*args):
                         capture_output=True, text=True, cwd=ROOT, timeout=600)
 
 
-@pytest.fixture(scope="module")
-def tiny_run(tmp_path_factory):
-  workdir = tmp_path_factory.mktemp("runs") / "tiny"
-  proc = run("--config", "configs/tiny.py", "--workdir", str(workdir),
-             "--config.learner.mean_threshold=100.0", "--config.learner.var_threshold=100.0")
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  return workdir, proc
-
-
-def test_writes_config_metrics_and_results(tiny_run):
-  workdir, proc = tiny_run
+def test_writes_config_metrics_and_results(tiny_reference):
+  """The session's tiny run (conftest.py), `launch/run.py` with tiny_run.OVERRIDES."""
+  workdir, (stdout, _) = tiny_reference, tiny_run.printed(tiny_reference)
   config = json.loads((workdir / "config.json").read_text())
-  assert config["learner"]["mean_threshold"] == 100.0  # the override is recorded
+  assert config["learner"]["mean_threshold"] == 6.0  # the override is recorded
   events = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
   assert all({"step", "samples_seen", "event"} <= set(e) for e in events)
   kinds = {e["event"] for e in events}
@@ -50,7 +47,42 @@ def test_writes_config_metrics_and_results(tiny_run):
   assert ("| sklearn_digits: 5 disjoint tasks, custom ViT, seed 0 | A_final % | Forgetting % |"
           " A_auc % | plateaus |\n|---|---|---|---|---|\n| Online-LoRA (`paper` fidelity) |"
           f" {pct(results['A_final'])} | {pct(results['forgetting'])} | {pct(results['A_auc'])}"
-          f" | {results['n_plateaus']} |") in proc.stdout
+          f" | {results['n_plateaus']} |") in stdout
+
+
+BAR_FRAME = re.compile(r"(\d+)/(\d+) \[([^<\]]*)<([^,\]]*)")  # n/total [elapsed<remaining
+
+
+def _frames(stderr: str) -> list[tuple[str, int, str]]:
+  """The progress bar's frames (tqdm redraws with carriage returns): (text, n, remaining)."""
+  return [(f, int(m[1]), m[4]) for f in re.split(r"[\r\n]", stderr)
+          if (m := BAR_FRAME.search(f))]
+
+
+def test_progress_bar_says_compiling_until_the_first_step_ends(tiny_reference):
+  frames = _frames(tiny_run.printed(tiny_reference)[1])
+  assert frames and frames[0][0].startswith(f"{trainer.COMPILING}:") and frames[0][1] == 0
+  assert not any(f.startswith(trainer.COMPILING) for f, n, _ in frames if n > 0)
+  # Step 1 compiled: no estimate from it ("?"), one from the steps after it.
+  assert [r for _, n, r in frames if n == 1] == ["?"]
+
+
+def test_progress_estimate_excludes_the_compile(capsys):
+  """A first step that compiled for an hour, then steps of 0.1 s: the estimate is the steady
+  steps' (about 99 s for 989 to go), never the compile's (which would be 90 hours)."""
+  bar = trainer._progress_bar(1000, 0, True)
+  bar.start_t -= 3600.0  # the first step's compile, since the bar was last drawn
+  bar.last_print_t -= 3600.0
+  progress = types.SimpleNamespace(plateau_steps=[])
+  trainer._advance(bar, 0, {"loss": 1.0}, progress)
+  for step in range(1, 11):
+    trainer._advance(bar, step, {"loss": 1.0}, progress)
+  bar.start_t -= 1.0  # the 10 steady steps took 1 s
+  bar.refresh()
+  bar.close()
+  frames = _frames(capsys.readouterr().err)
+  assert [r for _, n, r in frames if n == 1] == ["?"]
+  assert frames[-1][1] == 11 and re.fullmatch(r"0[01]:[0-5]\d", frames[-1][2]), frames[-1]
 
 
 def test_misspelt_key_is_an_error_and_writes_nothing(tmp_path):

@@ -1,12 +1,16 @@
 """Sweeps as SLURM job arrays against a real scheduler (`.ci/slurm.sh start` runs a single-node
-one): a 2 x 2 array finishes with the local sweep's results, a cell signalled before its time
-limit is requeued and resumes to the uninterrupted result, a failing cell is reported with its
-line and not requeued. Without a SLURM here these skip with one line, but in CI
-($OLORA_CI_SLURM set by .ci/run), where a missing SLURM fails them."""
+one): two grids submitted into one root at once both finish with the local sweep's results; the
+scheduler's signals (scancel --signal, a real time limit) requeue a cell, which resumes to the
+uninterrupted result, while SIGKILL and failures are final, each with its line, and
+--max_requeues and --fail_fast say what they did; --status asks the scheduler (queued, lost,
+never started); a cell of two processes under srun survives a signal. Without a SLURM here these
+skip with one line, but in CI ($OLORA_CI_SLURM set by .ci/run), where a missing SLURM fails
+them."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import pathlib
 import random
@@ -20,7 +24,7 @@ import pytest
 import tiny_run
 from tiny_run import ROOT, assert_same_run, results
 
-from launch import cells
+from launch import cells, slurm
 
 pytestmark = pytest.mark.slurm
 SWEEP = [sys.executable, str(ROOT / "launch" / "sweep.py")]
@@ -48,13 +52,23 @@ def slurm_running(slurm_state):
     pytest.skip(message)
 
 
-def _submit(root, *args: str, time_limit: str = "10", env=None) -> str:
-  proc = subprocess.run([*SWEEP, f"--root={root}", "--settings=configs/tiny.py",
-                         "--launcher=slurm", f"--time={time_limit}", *args], capture_output=True,
-                        text=True, timeout=120, cwd=ROOT, env=env)
-  assert proc.returncode == 0, proc.stderr[-2000:]
-  return next(line.split()[3].rstrip(":") for line in proc.stdout.splitlines()
+def _sweep(root, *args: str, time_limit: str = "10", cache=None) -> list[str]:
+  """The sweep command into `root` on the tiny config (the session's compilation cache shared by
+  every cell: `cache`, else the sweep's own under ROOT)."""
+  return [*SWEEP, f"--root={root}", "--settings=configs/tiny.py", "--launcher=slurm",
+          f"--time={time_limit}", *([f"--compilation_cache={cache}"] if cache else []), *args]
+
+
+def _job(stdout: str) -> str:
+  return next(line.split()[3].rstrip(":") for line in stdout.splitlines()
               if line.startswith("submitted job array"))
+
+
+def _submit(root, *args: str, time_limit: str = "10", env=None, cache=None) -> str:
+  proc = subprocess.run(_sweep(root, *args, time_limit=time_limit, cache=cache),
+                        capture_output=True, text=True, timeout=120, cwd=ROOT, env=env)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  return _job(proc.stdout)
 
 
 def _wait_for(job: str, timeout: float = 400) -> None:
@@ -70,102 +84,234 @@ def _status(root) -> str:
                         timeout=60).stdout
 
 
-def test_an_array_sweep_finishes_with_the_local_sweeps_results(tmp_path):
+def _log(root, task: str) -> str:
+  return (root / "slurm" / "logs" / f"{task}.out").read_text()
+
+
+def test_two_submissions_into_one_root_at_once_both_finish_with_the_local_results(
+    tmp_path, compilation_cache):
+  """Two grids submitted into one root at the same moment: sweep.json, changed under its lock,
+  holds all four cells, each array runs its own, and they end with the local sweep's results.
+  --status asks the scheduler: the cells it holds back are queued with its reason."""
   root, local = tmp_path / "slurm", tmp_path / "local"
-  grid = ["--methods=finetune,er", "--seeds=0,1", "--", *TINY]
-  job = _submit(root, *grid)
-  seen = ""
-  deadline = time.time() + 120
-  while "running, step" not in seen and time.time() < deadline:
+  grids = (["--methods=finetune", "--seeds=0,1"], ["--methods=er", "--seeds=0,1"])
+  procs = [subprocess.Popen(_sweep(root, *grid, "--", *TINY, cache=compilation_cache),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+           for grid in grids]
+  outs = [p.communicate(timeout=120) for p in procs]
+  assert all(p.returncode == 0 for p in procs), [err[-2000:] for _, err in outs]
+  jobs = [_job(out) for out, _ in outs]
+  assert sorted(out.split("cells ")[1].split()[0] for out, _ in outs) == ["0-1", "2-3"], outs
+  plan = json.loads((root / "sweep.json").read_text())["cells"]
+  assert sorted(c["workdir"] for c in plan) == sorted(
+      f"tiny/{m}/seed{s}" for m in ("finetune", "er") for s in (0, 1))  # relative to ROOT
+  seen, deadline = "", time.time() + 120
+  while not ("running, " in seen and "queued, waiting (scheduler: PENDING" in seen):
+    assert time.time() < deadline, seen
     seen = _status(root)
     time.sleep(0.3)
-  assert "running, step" in seen and "SLURM task" in seen, seen
-  proc = subprocess.run([*SWEEP, f"--root={local}", "--settings=configs/tiny.py", *grid],
-                        capture_output=True, text=True, timeout=600, cwd=ROOT)
+  assert "SLURM task" in seen and f"log {root}/slurm/logs/" in seen, seen
+  proc = subprocess.run([*SWEEP, f"--root={local}", "--settings=configs/tiny.py",
+                         "--methods=finetune,er", "--seeds=0,1", "--", *TINY],
+                        capture_output=True, text=True, timeout=600, cwd=ROOT,
+                        env=tiny_run.env(compilation_cache))
   assert proc.returncode == 0, proc.stderr[-2000:]
-  _wait_for(job)
+  for job in jobs:
+    _wait_for(job)
   status = _status(root)
-  assert status.splitlines()[-1] == ("4 cells: 4 finished, 0 running, 0 stopped, 0 failed,"
-                                     " 0 not started"), status
+  assert status.splitlines()[-1] == ("4 cells: 4 finished, 0 running, 0 queued, 0 stopped,"
+                                     " 0 lost, 0 failed, 0 not started"), status
   for method in ("finetune", "er"):
     for seed in (0, 1):
       cell = f"tiny/{method}/seed{seed}"
       assert_same_run(root / cell, local / cell)
-  # The same command again submits nothing: every cell is finished.
-  again = subprocess.run([*SWEEP, f"--root={root}", "--settings=configs/tiny.py",
-                          "--launcher=slurm", *grid], capture_output=True, text=True,
-                         timeout=120, cwd=ROOT)
-  assert again.returncode == 0 and "4 cells, 4 finished, 0 to submit" in again.stdout
+  # The same commands again submit nothing: every cell is finished.
+  for grid in grids:
+    again = subprocess.run(_sweep(root, *grid, "--", *TINY), capture_output=True, text=True,
+                           timeout=120, cwd=ROOT)
+    assert again.returncode == 0 and "2 cells, 2 finished, 0 to submit" in again.stdout
 
 
-def test_a_signalled_cell_is_requeued_and_resumes_identical(tmp_path, tiny_reference):
-  root = tmp_path / "slurm"
-  job = _submit(root, "--methods=online_lora", "--seeds=0", "--", *TINY)
-  workdir = root / "tiny" / "online_lora" / "seed0"
-  deadline = time.time() + 120
-  while not tiny_run.steps(workdir) and time.time() < deadline:  # a checkpoint: mid-run
+def _running(workdir, task: str, timeout: float = 180, after: int = -1) -> dict:
+  """The cell's running record once its run (of array task `task`) has started and, when
+  `after` is given, checkpointed past that step."""
+  deadline = time.time() + timeout
+  while True:
+    record = cells.read_record(str(workdir)) or {}
+    if (record.get("state") == "running" and record.get("slurm_task") == task
+        and record.get("pid") and (cells.newest_checkpoint(str(workdir)) or -1) > after):
+      return record
+    assert time.time() < deadline, f"task {task} did not get there in {timeout} s: {record}"
     time.sleep(0.05)
-  assert tiny_run.steps(workdir), "no checkpoint in time"
-  subprocess.run(["scancel", "--signal=USR1", "--batch", f"{job}_0"], check=True, timeout=30)
+
+
+def test_the_schedulers_signals_requeue_sigkill_does_not_and_the_limit_says_so(
+    tmp_path, tiny_reference, compilation_cache):
+  """One cell over four allocations: SIGKILL (what the out-of-memory killer sends) is final, with
+  its line, and --status shows the newest checkpoint's step; the scheduler's SIGUSR1 requeues it
+  until --max_requeues, which says so in one line; resubmitted, it ends identical to the
+  uninterrupted run, its wall time summed over its allocations."""
+  root = tmp_path / "slurm"
+  workdir = root / "tiny" / "online_lora" / "seed0"
+  submit = ("--methods=online_lora", "--seeds=0", "--max_requeues=1", "--", *TINY)
+  job = _submit(root, *submit, cache=compilation_cache)
+  record = _running(workdir, f"{job}_0", after=3)
+  os.kill(record["pid"], signal.SIGKILL)
   _wait_for(job)
-  log = (root / "slurm" / "logs" / f"{job}_0.out").read_text()
-  assert f"exit 143 (a signal): requeueing {job}_0" in log, log[-3000:]
-  assert "restart 1" in log
+  log = _log(root, f"{job}_0")
+  assert ("exit 137 (SIGKILL, not the scheduler's signal: the out-of-memory killer, or a kill):"
+          " not requeued; --requeue_on=137 requeues it") in log, log[-3000:]
+  assert "restart 1" not in log
+  step = cells.newest_checkpoint(str(workdir))
+  line = next(x for x in _status(root).splitlines() if x.startswith(f"{workdir}:"))
+  assert line.startswith(f"{workdir}: stopped, exit 137: killed by SIGKILL before it could"
+                         f" checkpoint; checkpoint at step {step} of {tiny_run.N_STEPS}"), line
+  # Submitted again: the scheduler's signal requeues it once, the second reaches the limit.
+  job = _submit(root, *submit, cache=compilation_cache)
+  for restart in (0, 1):
+    _running(workdir, f"{job}_0")
+    subprocess.run(["scancel", "--signal=USR1", "--batch", f"{job}_0"], check=True, timeout=30)
+    if restart == 0:
+      deadline = time.time() + 120
+      while (cells.read_record(str(workdir)) or {}).get("allocations") != 3:
+        assert time.time() < deadline, "the task was not requeued"
+        time.sleep(0.1)
+  _wait_for(job)
+  log = _log(root, f"{job}_0")
+  assert f"requeueing {job}_0 (requeue 1 of at most 1)" in log, log[-3000:]
+  assert ("stopped by the scheduler's signal, exit 143: not requeued, --max_requeues=1 reached;"
+          " submit the same command to resume it from its newest checkpoint") in log
+  for x in log.splitlines():  # the runner's lines start their own line, never the bar's
+    assert "requeueing" not in x or x.startswith("["), x
+  assert "running, running" not in log and f"{workdir}: resuming" in log
+  assert "--max_requeues=1 reached" in _status(root)
+  job = _submit(root, *submit, cache=compilation_cache)
+  _wait_for(job)
   assert cells.cell_status(str(workdir))[0] == "finished"
   assert_same_run(workdir, tiny_reference)
   assert results(workdir)["plateau_steps"] == [4, 13, 20, 30]
+  record = cells.read_record(str(workdir))
+  assert record["allocations"] == 4 and record["seconds"] > 0, record
+  assert f"finished, {record['seconds']:.0f} s over 4 allocations" in _status(root)
 
 
-def _next_time_limit_check(tmp_path) -> float:
-  """When slurmctld next checks time limits (it does so once a minute, for every job at once):
-  a probe job whose warning signal is due at once records the moment it comes."""
-  stamp = tmp_path / "probe_signal"
-  probe = subprocess.run(
-      ["sbatch", "--parsable", "--time=2", "--signal=B:USR1@119", "--output=/dev/null",
-       "--cpus-per-task=1", "--mem=100M", "--wrap",
-       f"trap 'date +%s.%N > {stamp}; exit 0' USR1; while true; do sleep 0.2; done"],
-      capture_output=True, text=True, timeout=30, check=True).stdout.strip()
-  _wait_for(probe, timeout=150)
-  return float(stamp.read_text()) + 60
+CHECK_PERIOD = 30  # s: slurmctld checks time limits (and sends --signal warnings) this often
 
 
-def test_a_cell_that_hits_its_real_time_limit_is_requeued_and_resumes_identical(tmp_path):
-  """A one-minute time limit, no scancel: the scheduler's own warning (SIGUSR1 at its first
-  time-limit check once the lead is reached; SLURM checks once a minute, so with a 59 s lead the
-  warning comes at the first check of each allocation) stops the run with a checkpoint and the
-  cell is requeued, until it ends identical to the same cell run locally. The cell is submitted
-  20 s before a check, so its first allocation ends mid-run, as would a real limit."""
-  # 720 steps: longer than the ~20 s of the first allocation and the ~30 s of a later one can
-  # hold on an idle machine with the compilation cache warm.
+def test_a_cell_that_hits_its_real_time_limit_is_requeued_and_resumes_identical(
+    tmp_path, compilation_cache):
+  """A real time limit, no scancel: once the cell is mid-run (its first checkpoint written), its
+  limit is lowered to the next whole minute past one minute from now, so that the scheduler's own
+  warning (SIGUSR1 at its first time-limit check within --signal_lead plus CHECK_PERIOD of the
+  limit) comes at its next check, at least 30 s before the limit. The run checkpoints and the
+  cell is requeued; its limit is raised again, and it resumes and ends identical to the same
+  cell run locally. (A limit of one minute from the start would warn every allocation at its
+  first check, however little it had run: a few seconds on a loaded machine.) The local run goes
+  meanwhile and fills the compilation cache the cell's allocations share."""
+  # 720 steps: the run is still going one check period after its first checkpoint.
   grid = ["--methods=finetune", "--seeds=0", "--", *TINY, "--config.learner.batch_size=2"]
   root, local = tmp_path / "slurm", tmp_path / "local"
-  # A compilation cache the cell's allocations share (sbatch passes the environment on): a
-  # requeued allocation of ~30 s on a loaded machine then spends it on steps, not compiling.
-  env = tiny_run.env(tmp_path / "cache")
-  time.sleep(max(0.0, _next_time_limit_check(tmp_path) - 20 - time.time()))
-  job = _submit(root, "--signal_lead=59", *grid, time_limit="1", env=env)
-  done = subprocess.run([*SWEEP, f"--root={local}", "--settings=configs/tiny.py", *grid],
-                        capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
-  assert done.returncode == 0, done.stderr[-2000:]
-  _wait_for(job, timeout=900)
-  log = (root / "slurm" / "logs" / f"{job}_0.out").read_text()
-  assert "SIGUSR1: stopping the run" in log and f"requeueing {job}_0" in log, log[-3000:]
+  done = subprocess.Popen([*SWEEP, f"--root={local}", "--settings=configs/tiny.py", *grid],
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                          env=tiny_run.env(compilation_cache))
+  job = _submit(root, "--signal_lead=119", *grid, time_limit="10", cache=compilation_cache)
+  workdir = root / "tiny" / "finetune" / "seed0"
+  _running(workdir, f"{job}_0", timeout=300, after=3)
+  elapsed = slurm.time_seconds(subprocess.run(
+      ["squeue", "-h", "-j", f"{job}_0", "-o", "%M"], capture_output=True, text=True,
+      timeout=30, check=True).stdout.strip())
+  minutes = -(-(elapsed + 60) // 60)  # the limit 60-120 s away: warned at the next check
+  subprocess.run(["scontrol", "update", f"JobId={job}_0", f"TimeLimit={minutes}"], check=True,
+                 timeout=30)
+  deadline = time.time() + 300
+  while f"requeueing {job}_0" not in _log_or_empty(root, f"{job}_0"):
+    assert not cells.is_finished(str(workdir)), (
+        "the run finished before the scheduler's warning: this machine runs the 720 steps faster"
+        " than the test assumes; give the cell more steps")
+    assert time.time() < deadline, _log_or_empty(root, f"{job}_0")[-3000:]
+    time.sleep(0.2)
+  subprocess.run(["scontrol", "update", f"JobId={job}_0", "TimeLimit=10"], check=True,
+                 timeout=30)
+  _, err = done.communicate(timeout=600)
+  assert done.returncode == 0, err[-2000:]
+  _wait_for(job, timeout=600)
+  log = _log(root, f"{job}_0")
+  assert "SIGUSR1: stopping the run" in log and "restart 1" in log, log[-3000:]
+  assert "error: stopped by signal 15 after stream step " in log, log[-3000:]  # mid-run
   assert "DUE TO TIME LIMIT" not in log, log[-3000:]  # never killed without its checkpoint
-  cell = "tiny/finetune/seed0"
-  assert cells.cell_status(str(root / cell))[0] == "finished"
-  assert_same_run(root / cell, local / cell)
+  assert cells.cell_status(str(workdir))[0] == "finished"
+  assert cells.read_record(str(workdir))["allocations"] == 2
+  assert_same_run(workdir, local / "tiny" / "finetune" / "seed0")
 
 
-def test_a_failing_cell_is_reported_with_its_line_and_not_requeued(tmp_path):
+def _log_or_empty(root, task: str) -> str:
+  try:
+    return _log(root, task)
+  except FileNotFoundError:
+    return ""
+
+
+def test_a_failing_cell_is_not_requeued_and_fail_fast_cancels_the_cells_not_started(tmp_path):
+  """A cell that fails (bad input, exit 2) is final, with its line; with --fail_fast its task
+  cancels the array's tasks not started yet. A record that says running while the scheduler no
+  longer runs its task is a lost cell, and a task whose run never started (a --setup line that
+  failed) shows the scheduler's state and its log's last line."""
   root = tmp_path / "slurm"
-  job = _submit(root, "--methods=finetune", "--seeds=0", "--", *TINY,
-                "--config.learner.batch_size=0")
+  job = _submit(root, "--methods=finetune", "--seeds=0,1", "--throttle=1", "--fail_fast",
+                "--", *TINY, "--config.learner.batch_size=0")
   _wait_for(job, timeout=200)
-  state, detail = cells.cell_status(str(root / "tiny" / "finetune" / "seed0"))
+  first, second = (str(root / "tiny" / "finetune" / f"seed{s}") for s in (0, 1))
+  state, detail = cells.cell_status(first)
   assert state == "failed" and detail.startswith("exit 2: ") and "batch_size" in detail, detail
-  log = (root / "slurm" / "logs" / f"{job}_0.out").read_text()
+  log = _log(root, f"{job}_0")
   assert "requeueing" not in log and "restart 1" not in log and "exit 2" in log
-  assert f"failed, exit 2: {detail[len('exit 2: '):]}" in _status(root)
+  assert (f"--fail_fast: cell 0 failed (exit 2): cancelling the sweep's tasks not started (jobs"
+          f" {job}); the running ones finish") in log, log[-3000:]
+  status = _status(root)
+  assert f"{first}: failed, exit 2: {detail[len('exit 2: '):]}" in status, status
+  assert cells.read_record(second) is None and not (root / "slurm" / "logs" /
+                                                    f"{job}_1.out").exists(), status
+  assert f"{second}: not started, cancelled before it started (scheduler: CANCELLED)" in status
+  # The record of a runner whose node died: it says running, the scheduler knows better.
+  cells.write_record(first, {"state": "running", "pid": 4321, "host": "node17",
+                             "since": cells.now(), "heartbeat": cells.now(),
+                             "slurm_task": f"{job}_0"})
+  line = next(x for x in _status(root).splitlines() if x.startswith(f"{first}:"))
+  assert line.startswith(f"{first}: lost, its record says running (pid 4321 on node17, SLURM task"
+                         f" {job}_0) but the scheduler "), line
+  assert "no checkpoint yet, it starts over" in line and f"log {root}/slurm/logs/" in line
+  # A set-up line that fails: the run never starts.
+  other = tmp_path / "setup"
+  job = _submit(other, "--methods=finetune", "--seeds=0",
+                "--setup=echo 'module: cuda/12.4 not found' >&2; exit 1", "--", *TINY)
+  _wait_for(job, timeout=200)
+  line = _status(other).splitlines()[0]
+  assert line.startswith(f"{other}/tiny/finetune/seed0: failed, its run never started: the"
+                         " scheduler says FAILED, exit 1"), line
+  assert "its log ends: module: cuda/12.4 not found" in line, line
+
+
+def test_a_two_process_cell_survives_a_signal_and_equals_one_process(
+    tmp_path, tiny_reference, compilation_cache):
+  """--ntasks=2: each cell is one run over two processes that srun starts inside the task. The
+  scheduler's SIGUSR1 mid-run reaches both through the step (never srun), both checkpoint the
+  same step, the task is requeued and resumes them both; the cell ends equal to the one-process
+  run within the tolerance of test_distributed."""
+  from test_distributed import _assert_close_to
+
+  root = tmp_path / "slurm"
+  workdir = root / "tiny" / "online_lora" / "seed0"
+  job = _submit(root, "--methods=online_lora", "--seeds=0", "--ntasks=2", "--mem=4G", "--",
+                *TINY, cache=compilation_cache)
+  _running(workdir, f"{job}_0", after=3)
+  subprocess.run(["scancel", "--signal=USR1", "--batch", f"{job}_0"], check=True, timeout=30)
+  _wait_for(job)
+  log = _log(root, f"{job}_0")
+  assert f"requeueing {job}_0" in log and "restart 1" in log, log[-3000:]
+  assert log.count("error: stopped by signal 15") == 2, log[-3000:]  # both processes
+  assert cells.cell_status(str(workdir))[0] == "finished"
+  assert (cells.read_record(str(workdir)) or {})["allocations"] == 2
+  _assert_close_to(workdir, tiny_reference)
 
 
 SRUN = ["srun", "-n2", "--cpus-per-task=1", "--mem=4G"]

@@ -6,6 +6,8 @@ shape (the SLURM runs themselves: test_slurm.py)."""
 from __future__ import annotations
 
 import argparse
+import datetime
+import errno
 import importlib.util
 import json
 import os
@@ -71,35 +73,71 @@ def test_a_failed_run_is_recorded_reported_and_run_again(tmp_path, capsys):
   assert cells.cell_status(never) == ("not started", "")
 
 
+def test_a_cell_whose_results_json_is_damaged_is_not_finished(tmp_path):
+  (tmp_path / "results.json").write_text('{"A_final": 0.5, "forg')  # cut short
+  cells.write_record(str(tmp_path), {"state": "exited", "code": 0})
+  assert not cells.is_finished(str(tmp_path))
+  (tmp_path / "results.json").write_text('{"A_final": 0.5}')
+  assert cells.is_finished(str(tmp_path))
+
+
+def _checkpoints(workdir, *steps: int) -> None:
+  for step in steps:
+    (workdir / "checkpoints" / str(step)).mkdir(parents=True)
+
+
 def test_status_reads_every_state_from_the_workdirs(tmp_path):
-  root = tmp_path / "sweep"
-  names = ["done", "failed", "stopped", "running", "gone", "waiting"]
-  cells.write_plan(str(root), [{"workdir": str(root / n), "command": [], "tuning": None}
-                               for n in names])
+  """Without a scheduler: each state from the workdir, the step shown the newest checkpoint's
+  (not the run log's last line), a running record judged by its pid on this host and by its
+  heartbeat elsewhere; the plan's workdirs are relative, so a moved root shows its own paths."""
+  old_root, root = tmp_path / "before", tmp_path / "sweep"
+  names = ["done", "failed", "stopped", "running", "gone", "silent", "waiting"]
+  cells.write_plan(str(old_root), [{"workdir": str(old_root / n), "command": [], "tuning": None}
+                                   for n in names])
+  assert json.loads((old_root / "sweep.json").read_text())["cells"][0]["workdir"] == "done"
+  old_root.rename(root)
   (root / "done").mkdir()
   (root / "done" / "results.json").write_text("{}")
-  cells.write_record(str(root / "done"), {"state": "exited", "code": 0, "seconds": 12.0})
+  cells.write_record(str(root / "done"), {"state": "exited", "code": 0, "seconds": 46.0,
+                                          "allocations": 6})
   cells.write_record(str(root / "failed"), {"state": "exited", "code": 2,
                                             "line": "learner.batch_size=0 must be >= 1"})
-  cells.write_record(str(root / "stopped"), {"state": "exited", "code": 143,
-                                             "line": "stopped by signal 15 after stream step 9"})
-  for name, pid in (("running", os.getpid()), ("gone", 2 ** 22 + 7)):
-    cells.write_record(str(root / name), {"state": "running", "pid": pid, "host": os.uname()[1],
-                                          "since": "now", "slurm_task": "7_3"})
+  cells.write_record(str(root / "stopped"), {"state": "exited", "code": 4, "line":
+                                             "cannot write to workdir (No space left on device)"})
+  cells.write_record(str(root / "stopped"), {"state": "exited", "code": 137,
+                                             "line": "killed by SIGKILL before it could checkpoint",
+                                             "seconds": 30.0, "allocations": 2})
+  stale = (datetime.datetime.now().astimezone() - datetime.timedelta(seconds=600)).isoformat()
+  for name, pid, host, beat in (("running", os.getpid(), os.uname()[1], cells.now()),
+                                ("gone", 2 ** 22 + 7, os.uname()[1], cells.now()),
+                                ("silent", 1234, "node17", stale)):
+    cells.write_record(str(root / name), {"state": "running", "pid": pid, "host": host,
+                                          "since": "then", "heartbeat": beat,
+                                          "slurm_task": "7_3"})
+  for name in ("stopped", "running", "gone", "silent"):
     (root / name / "stream_manifest.json").write_text(json.dumps({"steps": [[0]] * 46}))
-    (root / name / "metrics.jsonl").write_text('{"step": 0}\n{"step": 11, "event": "train"}\n')
+    # The run log is ahead of the newest checkpoint: a resume starts from the checkpoint.
+    (root / name / "metrics.jsonl").write_text('{"step": 0}\n{"step": 14, "event": "train"}\n')
+    _checkpoints(root / name, 8, 12)
   proc = subprocess.run([sys.executable, str(ROOT / "launch" / "sweep.py"), "--status",
                          str(root)], capture_output=True, text=True, timeout=60)
   assert proc.returncode == 0, proc.stderr
   lines = proc.stdout.splitlines()
-  assert lines[0] == f"{root}/done: finished, 12 s"
+  assert lines[0] == f"{root}/done: finished, 46 s over 6 allocations"
   assert lines[1] == f"{root}/failed: failed, exit 2: learner.batch_size=0 must be >= 1"
-  assert lines[2].startswith(f"{root}/stopped: stopped, exit 143: stopped by signal 15")
-  assert lines[3].startswith(f"{root}/running: running, step 12 of 46 (pid {os.getpid()} on")
-  assert "SLURM task 7_3" in lines[3]
-  assert lines[4].startswith(f"{root}/gone: stopped, killed (pid 4194311")
-  assert lines[5] == f"{root}/waiting: not started"
-  assert lines[6] == "6 cells: 1 finished, 1 running, 2 stopped, 1 failed, 1 not started"
+  assert lines[2] == (f"{root}/stopped: stopped, exit 137: killed by SIGKILL before it could"
+                      " checkpoint; checkpoint at step 12 of 46 (30 s over 2 allocations so far)")
+  assert lines[3].startswith(f"{root}/running: running, checkpoint at step 12 of 46 (pid"
+                             f" {os.getpid()} on {os.uname()[1]}, SLURM task 7_3, since then)")
+  assert lines[4] == (f"{root}/gone: lost, pid 4194311 on {os.uname()[1]}, SLURM task 7_3 is gone"
+                      " without an exit record; resumes from its checkpoint at step 12 of 46")
+  assert lines[5].startswith(f"{root}/silent: lost, no heartbeat from pid 1234 on node17, SLURM"
+                             " task 7_3 for ")
+  assert lines[5].endswith(f" s (stale after {cells.STALE_SECONDS} s); resumes from its"
+                           " checkpoint at step 12 of 46")
+  assert lines[6] == f"{root}/waiting: not started"
+  assert lines[7] == ("7 cells: 1 finished, 1 running, 0 queued, 1 stopped, 2 lost, 1 failed,"
+                      " 1 not started")
   (tmp_path / "empty").mkdir()
   for bad, says in ((tmp_path / "nope", "no such directory"),
                     (tmp_path / "empty", "no sweep there")):
@@ -122,7 +160,19 @@ def test_slurm_dry_run_prints_one_batch_script_and_writes_nothing(tmp_path):
                "#SBATCH --signal=B:USR1@300", "#SBATCH --requeue",
                f"sbatch --parsable --array=0-3%2 {root}/slurm/sweep.sbatch"):
     assert line in proc.stdout.splitlines()
-  assert 'scontrol requeue "${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"' in proc.stdout
+  assert not root.exists()
+  # A cell over several processes, set-up lines, one compilation cache for every cell.
+  multi = subprocess.run([*command, "--ntasks=4", "--gpus_per_task=1", "--gres=",
+                          "--setup=module load cuda/12.4", "--setup=source ~/venv/bin/activate"],
+                         capture_output=True, text=True, timeout=120, cwd=ROOT)
+  assert multi.returncode == 0, multi.stderr
+  lines = multi.stdout.splitlines()
+  for line in ("#SBATCH --ntasks=4", "#SBATCH --gpus-per-task=1", "module load cuda/12.4",
+               "source ~/venv/bin/activate", "export JAX_LOCAL_DEVICE_IDS=0",
+               f"export JAX_COMPILATION_CACHE_DIR={root}/jax_cache"):
+    assert line in lines, multi.stdout
+  assert lines.index("module load cuda/12.4") < next(
+      i for i, x in enumerate(lines) if "--run_cell" in x)
   assert not root.exists()
   # With --tune, the seeds wait for the tuning points (a second array, after the first).
   tuned = subprocess.run([*command, "--tune", "--grid=learning_rate=1e-3,1e-2"],
@@ -136,6 +186,11 @@ def test_slurm_dry_run_prints_one_batch_script_and_writes_nothing(tmp_path):
     (["--time=1:00:00"], "--time only apply to --launcher slurm; add it or drop them"),
     (["--launcher=slurm", "--throttle=-1"], "--throttle=-1 must be >= 0"),
     (["--launcher=slurm", "--cpus=0"], "--cpus=0 must be >= 1"),
+    (["--launcher=slurm", "--time=2", "--dry_run"],
+     "--signal_lead=120 is not shorter than --time=2 (120 s): the warning would come before the"
+     " cell could run; give a --signal_lead below 120"),
+    (["--launcher=slurm", "--requeue_on=kill"], "'kill': give exit codes 1-255"),
+    (["--setup=module load cuda"], "--setup only apply to --launcher slurm"),
 ])
 def test_bad_launcher_flags_are_one_line(tmp_path, flags, says):
   proc = subprocess.run([sys.executable, str(ROOT / "launch" / "sweep.py"),
@@ -246,3 +301,73 @@ def test_tuned_online_lora_runs_its_seed_with_the_pick_and_the_report_says_so(tm
                           capture_output=True, text=True, timeout=120)
   assert report.returncode == 0 and "| Online-LoRA | " in report.stdout
   assert "tuned" not in report.stdout
+
+
+def _script(body: str) -> list[str]:
+  return [sys.executable, "-c", body]
+
+
+def test_wall_time_sums_allocations_and_a_duplicate_leaves_a_finished_record(tmp_path):
+  workdir = str(tmp_path / "cell")
+  stop = _script("import sys, time; time.sleep(0.3); print('error: stopped by signal 15 after"
+                 " stream step 3', file=sys.stderr); sys.exit(143)")
+  for _ in range(2):  # two allocations, each stopped by the scheduler's signal
+    assert cells.run_cell(workdir, stop)[:2] == (143, "stopped by signal 15 after stream step 3")
+  record = cells.read_record(workdir)
+  assert record["allocations"] == 2 and 0.6 <= record["seconds"] < 30, record
+  # Another runner finishes the cell while this one's run goes: its record is kept.
+  finish = _script(
+      "import json, os, sys; w = sys.argv[1]; open(os.path.join(w, 'results.json'), 'w')"
+      ".write('{}'); json.dump({'state': 'exited', 'code': 0, 'run': 'other', 'seconds': 46.0,"
+      " 'allocations': 3}, open(os.path.join(w, 'exit.json'), 'w'))")
+  assert cells.run_cell(workdir, [*finish, workdir])[0] == 0
+  assert cells.read_record(workdir)["run"] == "other"
+  assert cells.cell_status(workdir) == ("finished", "46 s over 3 allocations")
+  # A duplicate task started once the cell finished runs nothing and writes nothing.
+  assert cells.run_cell(workdir, _script("raise SystemExit(9)")) == (0, "finished earlier", False)
+  assert cells.read_record(workdir)["seconds"] == 46.0
+  # A duplicate refused because the first holds the workdir leaves the first's record.
+  busy = str(tmp_path / "busy")
+  cells.write_record(busy, {"state": "running", "run": "first", "pid": 1, "host": "n1"})
+  refused = _script("import sys; print('error: workdir x is in use by pid 1 on host n1; wait',"
+                    " file=sys.stderr); sys.exit(4)")
+  assert cells.run_cell(busy, refused)[0] == 4
+  assert cells.read_record(busy)["run"] == "first"
+
+
+def test_the_exit_record_is_written_when_the_disk_is_full(tmp_path, monkeypatch):
+  """A full disk refuses the temporary file: the exit record overwrites the running one in
+  place, within the bytes it already holds, so --status still shows the run's line."""
+  workdir = str(tmp_path / "cell")
+  cells.write_record(workdir, {"state": "running", "pid": 1, "command": ["x"] * 50})
+  real_open = open
+
+  def full(path, *args, **kwargs):
+    if str(path).endswith(".tmp"):
+      raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    return real_open(path, *args, **kwargs)
+
+  monkeypatch.setattr("builtins.open", full)
+  line = ("cannot write to workdir (No space left on device); free space, then run the same"
+          " command: it resumes from checkpoint 8")
+  cells.update_record(workdir, lambda r: {**r, "state": "exited", "code": 4, "line": line})
+  monkeypatch.setattr("builtins.open", real_open)
+  assert cells.read_record(workdir)["line"] == line
+  assert os.path.getsize(os.path.join(workdir, cells.EXIT_RECORD)) == cells.RECORD_BYTES
+  assert not [f for f in os.listdir(workdir) if f.endswith(".tmp")]
+  assert cells.cell_status(workdir) == ("failed", f"exit 4: {line}")
+
+
+def test_only_the_schedulers_signals_requeue():
+  assert slurm.requeue_reason(0, False, []) is None
+  assert slurm.requeue_reason(143, True, []).startswith("stopped by the scheduler's signal")
+  assert slurm.requeue_reason(143, False, []).startswith("stopped by SIGTERM")
+  assert slurm.requeue_reason(137, False, []) == ""  # SIGKILL: the out-of-memory killer
+  assert slurm.requeue_reason(1, False, []) == ""
+  assert slurm.requeue_reason(137, False, [137]) == "exit 137, in --requeue_on"
+
+
+def test_time_seconds_reads_slurms_forms():
+  assert [slurm.time_seconds(t) for t in ("10", "1:30", "4:00:00", "2-0", "1-2:3",
+                                          "1-0:0:5", "soon")] == [
+      600, 90, 14400, 172800, 93780, 86405, None]

@@ -115,6 +115,18 @@ def test_timm_roundtrip_is_exact_and_an_older_layout_loads_the_same(tmp_path):
     pretrained.convert_checkpoint(old, SPEC, 10, "timm")
 
 
+def test_a_vit_file_for_a_swin_model_says_it_holds_a_vit_and_the_reverse():
+  """One line naming the backbone the file holds (not one Swin size after another), pointing at
+  the demo's Swin config."""
+  vit_file = Path(pretrained.__file__).parent / "assets" / "vit_tiny_digits.safetensors"
+  with pytest.raises(pretrained.CheckpointError, match=(
+      r"holds a ViT, but the model \(model.name\) is a Swin: .*configs/demo_swin.py")):
+    pretrained.load_pretrained(str(vit_file), SPEC, 10)
+  vit = models.spec_from_config(split_imagenet_s.get_config().model)
+  with pytest.raises(pretrained.CheckpointError, match=r"holds a Swin, but the model"):
+    pretrained.load_pretrained(str(TIMM_FILE), vit, 10)
+
+
 @pytest.mark.parametrize("change, match", [
     ("drop", r"missing 1 key\(s\) the model needs: layers.1.downsample.norm.bias"),
     ("extra", r"1 unexpected key\(s\): layers.0.blocks.0.attn.extra"),

@@ -83,6 +83,17 @@ def run(workdir: Path, cache: Path, *extra: str, **kwargs) -> subprocess.Complet
                         timeout=300, env=env(cache), **kwargs)
 
 
+def keep_printed(workdir: Path, done: subprocess.CompletedProcess) -> None:
+  """Keeps what a run printed beside its workdir (not in it: tests compare workdirs' files)."""
+  for name in ("stdout", "stderr"):
+    workdir.with_name(f"{workdir.name}.{name}").write_text(getattr(done, name))
+
+
+def printed(workdir: Path) -> tuple[str, str]:
+  """The (stdout, stderr) that keep_printed kept of the run in `workdir`."""
+  return tuple(workdir.with_name(f"{workdir.name}.{n}").read_text() for n in ("stdout", "stderr"))
+
+
 def steps(workdir: Path) -> list[int]:
   d = workdir / "checkpoints"
   return sorted(int(x) for x in os.listdir(d) if x.isdigit()) if d.is_dir() else []

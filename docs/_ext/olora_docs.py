@@ -4,13 +4,16 @@ make a missing docstring or an undocumented public name fail the build.
 Directives (each renders what the code says at build time, so the pages cannot drift):
   program-help PATH   the `--help` of a launcher (`--helpshort` for the absl ones: their own
                       flags, not absl's), run with the building Python from the repository root
-  config-keys         every key of `configs.common.get_config()` with its default value
+  config-keys         every key of `configs.common.get_config()`, one table per block: its
+                      default and its meaning, as declared beside the default
+                      (`olora_jax.config_keys`)
   metric-notes        every metric's definition as results.json's `metric_notes` records it
 
 Docstrings are prose written for `help()`; a paragraph laid out by indentation (an aligned
 table of names) is set as a literal block, so it reads the same on the site.
 
 Checks (logged as warnings; `sphinx -W` turns them into a failed build):
+  - a config key declared without a meaning (one line: the key and the file to declare it in);
   - an object autodoc documents (module, class, function, method) whose docstring is empty, or
     is the signature a dataclass writes for itself;
   - a name of `olora_jax.__all__` that no page documents.
@@ -33,11 +36,12 @@ LOGGER = logging.getLogger(__name__)
 CHECKED_KINDS = ("module", "class", "exception", "function", "method", "decorator")
 
 
-def table(header: list[str], rows: list[list[str]],
-          literal_columns: tuple[int, ...]) -> nodes.table:
-  """A docutils table of plain-text cells; the `literal_columns` are set as inline code."""
+def table(header: list[str], rows: list[list[str]], literal_columns: tuple[int, ...],
+          widths: tuple[int, ...] | None = None) -> nodes.table:
+  """A docutils table of plain-text cells; the `literal_columns` are set as inline code, the
+  columns' relative `widths` kept when given."""
   group = nodes.tgroup(cols=len(header))
-  group += [nodes.colspec(colwidth=1) for _ in header]
+  group += [nodes.colspec(colwidth=w) for w in (widths or [1] * len(header))]
 
   def row(cells: list[str], header_row: bool) -> nodes.row:
     out = nodes.row()
@@ -51,7 +55,7 @@ def table(header: list[str], rows: list[list[str]],
   head += row(header, True)
   body += [row(cells, False) for cells in rows]
   group += [head, body]
-  return nodes.table("", group)
+  return nodes.table("", group, classes=["colwidths-given"] if widths else [])
 
 
 class ProgramHelp(SphinxDirective):
@@ -76,26 +80,55 @@ class ProgramHelp(SphinxDirective):
     return [block]
 
 
-def flatten(config, prefix: str = "") -> list[tuple[str, str]]:
-  """(dotted key, repr of its default) of every leaf of a ConfigDict, in its own order."""
+def config_sections(config) -> list[tuple[str, str, list[tuple[str, object, str]]]]:
+  """(block, about, [(dotted key, default, meaning)]) of every block of a config declared with
+  `olora_jax.config_keys`: first the top-level keys ('' block), then each block in declared
+  order, the packaged methods' blocks last (Table 1's order), each read as "method='NAME'"."""
+  from olora_jax import config_keys, methods
+
+  given = config_keys.meanings(config)
+  names = {s.name: s.report_name for s in methods.specs()}
+  groups: dict[str, list[tuple[str, object, str]]] = {}
+  for key, default in config_keys.leaves(config):
+    block = key.rpartition(".")[0].split(".")[0]
+    groups.setdefault(block, []).append((key, default, given.get(key, "")))
   out = []
-  for key, value in config.items():
-    name = f"{prefix}{key}"
-    if hasattr(value, "items"):
-      out += flatten(value, name + ".")
-    else:
-      out.append((name, repr(value)))
-  return out
+  for block, rows in groups.items():
+    about = config_keys.about(config[block]) if block else config_keys.about(config)
+    if block in names:
+      about = f"read when method='{block}' ({names[block]}); docs/methods.md"
+    out.append((block, about, rows))
+  return sorted(out, key=lambda section: section[0] in names)  # the methods' blocks last
 
 
 class ConfigKeys(SphinxDirective):
-  """`config-keys`: every key of the shared defaults with its value."""
+  """`config-keys`: every key of the shared defaults, one table per block: key, default, meaning.
+  A key declared without a meaning is a warning (an error under `sphinx -W`) naming the key and
+  the file to declare its meaning in."""
 
   def run(self) -> list[nodes.Node]:
     from configs import common
+    from olora_jax import config_keys, methods
 
-    rows = [[key, value] for key, value in flatten(common.get_config())]
-    return [table(["key", "default (configs/common.py)"], rows, literal_columns=(0, 1))]
+    # The page is rebuilt when a file that declares keys changes (an incremental build).
+    for module in (common, config_keys, *(inspect.getmodule(s.config) for s in methods.specs()
+                                          if s.config is not None)):
+      self.env.note_dependency(inspect.getsourcefile(module))
+    config = common.get_config()
+    for line in common.unexplained_keys(config):
+      LOGGER.warning(line, location=self.get_location(), type="olora", subtype="config")
+    out = []
+    for block, about, rows in config_sections(config):
+      title = block or "top level"
+      section = nodes.section(ids=[nodes.make_id(f"keys-{title}")])
+      section += nodes.title("", "", nodes.literal(title, title) if block else nodes.Text(title))
+      if about:
+        section += nodes.paragraph(about, about[0].upper() + about[1:] + ".")
+      section += table(["key", "default", "meaning"],
+                       [[key, repr(default), meaning] for key, default, meaning in rows],
+                       literal_columns=(0, 1), widths=(3, 2, 7))
+      out.append(section)
+    return out
 
 
 class MetricNotes(SphinxDirective):

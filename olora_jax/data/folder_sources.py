@@ -456,15 +456,10 @@ def resized_images(pool: Pool, image_size: int, num_workers: int,
     try:
       images = _reserved_memmap(tmp, shape)
     except OSError as e:
-      with contextlib.suppress(OSError):
-        os.remove(tmp)
-      if made:
-        _remove_if_empty(target)
-      cause = errors.storage_cause(e) or errors.first_line(e)
-      raise errors.EnvironmentFailure(
-          f"{name}: cannot cache the {n} images resized to {image_size} px"
-          f" ({math.prod(shape) / 2**20:,.1f} MiB) in {target} ({cause}); free that much space"
-          " there, then run the same command") from e
+      raise _cache_failure(e, tmp, target if made else None,
+                           f"{name}: cannot cache the {n} images resized to {image_size} px"
+                           f" ({math.prod(shape) / 2**20:,.1f} MiB) in {target}",
+                           "free that much space there") from e
   sizes = np.empty((n, 2), np.int64)
 
   def load(i):
@@ -479,10 +474,10 @@ def resized_images(pool: Pool, image_size: int, num_workers: int,
     if tmp is not None:
       images.flush()
       del images
-      sizes_tmp = os.path.join(target, f"{key}.{os.getpid()}.tmp.sizes.npy")
-      np.save(sizes_tmp, sizes)
       # Atomic: a reader sees whole files (the images file last: its presence marks the cache).
-      os.replace(sizes_tmp, os.path.join(target, f"{key}.sizes.npy"))
+      _save_cache_file(os.path.join(target, f"{key}.{os.getpid()}.tmp.sizes.npy"),
+                       os.path.join(target, f"{key}.sizes.npy"), sizes,
+                       f"{name}: cannot cache the images' sizes")
       os.replace(tmp, os.path.join(target, f"{key}.npy"))
       logging.info("%s: %d images decoded and cached in %s", name, n, target)
       return np.load(os.path.join(target, f"{key}.npy"), mmap_mode="r"), sizes
@@ -526,12 +521,40 @@ def image_digests(pool: Pool, kind: str, num_workers: int, name: str) -> np.ndar
 
   with concurrent.futures.ThreadPoolExecutor(max(1, num_workers)) as workers:
     found = digests_lib.as_array(workers.map(digest, pool.paths))
-  target, _ = _cache_target(dirs)
+  target, made = _cache_target(dirs)
   if target is not None:
-    tmp = os.path.join(target, f"{key}.{os.getpid()}.tmp.npy")
-    np.save(tmp, found)
-    os.replace(tmp, os.path.join(target, key))  # atomic: a reader sees the whole file
+    _save_cache_file(os.path.join(target, f"{key}.{os.getpid()}.tmp.npy"),
+                     os.path.join(target, key), found, f"{name}: cannot keep the image digests",
+                     target if made else None)
   return found
+
+
+def _save_cache_file(tmp: str, path: str, array: np.ndarray, what: str,
+                     made: str | None = None) -> None:
+  """`np.save(path, array)` whole or not at all (to `tmp`, then an atomic rename). A
+  failed write (a full disk: NumPy's short write carries no errno) leaves nothing behind (the
+  temporary file, and the folder `made` when it is left empty) and is
+  `errors.EnvironmentFailure` (exit 4) naming `path`."""
+  try:
+    np.save(tmp, array)
+    os.replace(tmp, path)
+  except OSError as e:
+    raise _cache_failure(e, tmp, made, f"{what} in {path}") from e
+
+
+def _cache_failure(e: OSError, tmp: str, made: str | None, what: str,
+                   advice: str = "") -> errors.EnvironmentFailure:
+  """A cache file that could not be written: its temporary file `tmp` removed (and the cache
+  folder `made` when this run made it and it is left empty), and the one line (exit 4) of `what`
+  failed, its storage cause and `advice` (by default, the cause's: errors.storage_advice)."""
+  with contextlib.suppress(OSError):
+    os.remove(tmp)
+  if made:
+    _remove_if_empty(made)
+  cause = errors.storage_cause(e) or errors.first_line(e)
+  return errors.EnvironmentFailure(
+      f"{what} ({cause}); {advice or errors.storage_advice(cause, '')}, then run the same"
+      " command")
 
 
 # ----------------------------------------------------------------------------------------------

@@ -15,6 +15,9 @@ plateau:
               plateau, and (unless `check_partial_window`) the window is full.
 
 The window is not cleared at a plateau: the peak rule alone keeps one plateau from firing twice.
+The detector is *armed* while a peak has been seen since the last plateau (`armed` in
+`WindowStats`, at the step's plateau check): a plateau disarms it, a peak re-arms it (`rearmed`;
+the run log's `rearm` event), possibly in the step that fires the next plateau.
 """
 
 from __future__ import annotations
@@ -59,6 +62,11 @@ class WindowStats(NamedTuple):
   mean: float
   var: float
   fired: bool
+  # Whether the detector was armed at this step's plateau check (a peak seen since the last
+  # plateau, this step's included: a plateau could fire), and whether this step's peak re-armed
+  # it (disarmed since the last plateau until now). A plateau disarms it for the next steps.
+  armed: bool = True
+  rearmed: bool = False
 
 
 def init() -> PlateauState:
@@ -83,11 +91,12 @@ def update(state: PlateauState, value: float,
   full = len(values) == config.window
   fired = bool((full or config.check_partial_window) and peak_seen
                and mean < config.mean_threshold and var < config.var_threshold)
+  rearmed = peak_seen and not state.peak_seen
   if fired:
     state = PlateauState(values, False, float(mean), float(var), state.n_plateaus + 1)
   else:
     state = state._replace(values=values, peak_seen=peak_seen)
-  return state, WindowStats(float(mean), float(var), fired)
+  return state, WindowStats(float(mean), float(var), fired, peak_seen, rearmed)
 
 
 def to_json(state: PlateauState) -> dict:
@@ -101,3 +110,11 @@ def from_json(d: dict) -> PlateauState:
   d = dict(d)
   d["values"] = tuple(float(v) for v in d["values"])
   return PlateauState(**d)
+
+
+def rearm_event(stats: WindowStats, before: PlateauState) -> tuple[str, dict]:
+  """The run log's `rearm` event of a step whose peak re-armed the detector (`before`: the
+  detector before the step): the window mean that passed the bar, the bar (mean + sqrt(variance)
+  at the last plateau) and the plateaus so far."""
+  bar = np.float32(before.last_mean) + np.sqrt(np.float32(before.last_var))
+  return ("rearm", dict(window_mean=stats.mean, bar=float(bar), n_plateaus=before.n_plateaus))

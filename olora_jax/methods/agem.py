@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import jax
 
+from olora_jax.config_keys import Key
 from olora_jax.methods import base, common, replay
 from olora_jax.methods.er import init_with_buffer
 
@@ -49,9 +50,11 @@ def build(ctx: base.Context) -> base.Method:
 
 
 def config():
-  """The `agem` block. replay_batch: memory samples of the reference gradient."""
-  return common.baseline_block(learning_rate=1e-4, weight_decay=1e-4, buffer_size=500,
-                               replay_batch=10)
+  """The `agem` block: each key with its meaning (the paper's appendix values)."""
+  return common.baseline_block(
+      learning_rate=1e-4, weight_decay=1e-4, buffer_size=500,
+      replay_batch=Key(10, "stored samples drawn uniformly each step for the reference gradient"
+                       " g_ref, at most buffer_size; 0 = learner.batch_size"))
 
 
 PAPER_RESULTS = {

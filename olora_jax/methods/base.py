@@ -32,6 +32,11 @@ replicates it over the mesh, and hands it to these functions:
     init_host() -> dict                                the host hook's initial record
     finish(state, workdir)                             optional, after the last step (Online-
                                                        LoRA: export_online_lora)
+    trainable(state) -> pytree                         optional: what the method trains (its
+                                                       LoRA, head, prompts, ...) in the state the
+                                                       evaluator reads, written by eval.export
+                                                       (olora_jax/export.py); None: the state's
+                                                       `params` entry
     at_boundary(state, host) -> (state, host)          optional: told that a task boundary was
                                                        passed, by the run's boundary switch
                                                        (`boundaries.rule`: 'oracle' at each true
@@ -79,6 +84,7 @@ class Method:
   finish: Callable[[Any, str], None] | None = None
   at_boundary: Callable[[Any, dict], tuple[Any, dict]] | None = None
   anytime_eval: bool = True
+  trainable: Callable[[Any], Any] | None = None
   # The method trains on an i.i.d. shuffle of the stream's samples (the upper bound).
   iid_stream: bool = False
 
@@ -114,8 +120,9 @@ class MethodSpec:
   name         the `method` config key of a packaged method, and the name of the method's config
                block `config.<name>` (for a method outside the package, the block's name)
   build        `build(ctx: Context) -> Method`, reading its block as `ctx.config[name]`
-  config       `() -> ConfigDict`: the block's defaults, each key commented where it is set;
-               None: no block of its own (Online-LoRA reads the `learner` block)
+  config       `() -> ConfigDict`: the block's defaults, each key declared with its meaning,
+               `name=Key(default, meaning)` (olora_jax/config_keys.py; the config reference is
+               generated from them); None: no block of its own (Online-LoRA reads `learner`)
   report_name  the method's name in report tables (the paper's, for the paper's methods)
   table_row    where its row sits in a report table: the paper's Table 1 order (baselines from
                1, Online-LoRA 90, the upper bound 100); a method outside the package sorts by it

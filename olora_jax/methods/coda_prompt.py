@@ -54,6 +54,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from olora_jax.config_keys import Key
 from olora_jax.methods import base, common, prompt_pool
 
 BOUNDARY_SALT = 0x0C0DA  # folded into the step key for a new block's Gram-Schmidt draws
@@ -226,20 +227,24 @@ def build(ctx: base.Context) -> base.Method:
 
 
 def config():
-  """The `coda_prompt` block: the authors' ViT-B/16 ImageNet-R setting (their released script:
-  100 components, prompt length 8, orthogonality weight 0, Adam at 1e-3;
-  docs/methods/coda_prompt.md). trainable 'prompts': the components (keys, attention vectors,
-  prompts) and the head, on the frozen backbone. pool_size M: components per layer, in n_tasks
-  blocks of M // n_tasks (one block per task, as the authors' code); n_tasks: 0 = data.n_tasks, the
-  setting's task count, read from the config (never from a batch); past n_tasks boundaries the
-  last block keeps training; prompt_length Lp: tokens of a component
-  (even: Lp/2 key and Lp/2 value prefix tokens); layers: the blocks that take a prefix (indices
-  < model.depth; their 0-4 of ViT-B's 12); ortho_weight: weight of the orthogonality loss;
-  reset_optimizer: Adam restarts at each boundary. Batch 128 in the authors' runs (ours:
-  learner.batch_size)."""
+  """The `coda_prompt` block: the authors' ViT-B/16 ImageNet-R setting (their released script;
+  docs/methods/coda_prompt.md); batch 128 in the authors' runs (ours: learner.batch_size)."""
   return common.baseline_block(
-      trainable="prompts", learning_rate=1e-3, weight_decay=0.0, layers=(0, 1, 2, 3, 4),
-      pool_size=100, n_tasks=0, prompt_length=8, ortho_weight=0.0, reset_optimizer=True)
+      trainable=Key("prompts", "'prompts', the only value: the components (keys, attention"
+                    " vectors, prompts), plus the head, on the frozen backbone"),
+      learning_rate=1e-3, weight_decay=0.0,
+      layers=Key((0, 1, 2, 3, 4), "blocks that take a prompt prefix, indices < model.depth (the"
+                 " authors': 0-4 of ViT-B's 12)"),
+      pool_size=Key(100, "M, components per block, in n_tasks groups of M // n_tasks, one group"
+                    " per task; in [n_tasks, model width]"),
+      n_tasks=Key(0, "T, the groups the pool is split into; 0 = data.n_tasks (read from the"
+                  " config, never from a batch); past T boundaries the last group keeps"
+                  " training"),
+      prompt_length=Key(8, "Lp, tokens of a component: Lp/2 key and Lp/2 value prefix tokens"
+                        " (even)"),
+      ortho_weight=Key(0.0, "weight of the orthogonality loss on keys, attention vectors and"
+                       " prompts (>= 0; the authors' released script: 0)"),
+      reset_optimizer=Key(True, "Adam's state restarts at each boundary"))
 
 
 METHODS = (base.MethodSpec(name="coda_prompt", build=build, config=config,

@@ -22,6 +22,8 @@ import jax.numpy as jnp
 import ml_collections
 import optax
 
+from olora_jax import config_keys
+from olora_jax.config_keys import Key
 from olora_jax.learner.online_lora import masked_mean  # noqa: F401 (shared: mean over a mask)
 from olora_jax.methods import base
 from olora_jax.models import lora as lora_lib
@@ -32,14 +34,32 @@ TRAINABLE = ("all", "head", "lora", "prompts")
 ADAPTERS = ("lora", "prompt_pool")
 
 
-def baseline_block(**values) -> ml_collections.ConfigDict:
+# The meaning of a key many baseline blocks share, for a block that gives the key as a bare value;
+# a block whose key means something else (a schedule's peak, a scaled rate, a class-balanced
+# memory) or takes fewer values declares its own `Key(default, meaning)`.
+SHARED_MEANINGS = {
+    "trainable": "what the method trains: 'all' (the whole ViT with its fresh head, as the"
+                 " original code) | 'head' (the head only) | 'lora' (a LoRA of rank learner.rank"
+                 " on q and v, plus the head: Online-LoRA's budget)",
+    "learning_rate": "Adam's learning rate, constant (> 0)",
+    "weight_decay": "L2 weight added to the gradient before Adam, as PyTorch's"
+                    " Adam(weight_decay=...) (>= 0; 0 = none)",
+    "buffer_size": "replay memory, in samples, filled by reservoir sampling (>= 1)",
+}
+
+
+def baseline_block(**keys) -> ml_collections.ConfigDict:
   """A baseline's config block (its module's `config()`): `trainable` ('all' unless given), then
-  `values`. `trainable`: what the method trains: 'all' (the whole ViT with its fresh head, as the
-  original code does), 'head' (the head only), 'lora' (a LoRA of rank learner.rank on q and v,
-  plus the head: Online-LoRA's budget) or 'prompts' (the prompt methods' pool and the head).
-  `weight_decay` is L2 added to the gradient before Adam (PyTorch's Adam(weight_decay=...)).
-  Defaults are the paper's (appendix, hyperparameter table for ViT-B/16; buffer 500, Adam)."""
-  return ml_collections.ConfigDict({"trainable": "all", **values})
+  `keys`, each `name=Key(default, meaning)` (olora_jax/config_keys.py) or, for a key of
+  `SHARED_MEANINGS`, a bare default taking the shared meaning. `trainable`: what the method
+  trains; `weight_decay` is L2 added to the gradient before Adam (PyTorch's
+  Adam(weight_decay=...)). Defaults are the paper's (appendix, hyperparameter table for
+  ViT-B/16; buffer 500, Adam)."""
+  keys = {"trainable": "all", **keys}
+  return config_keys.block("", **{
+      name: Key(value, SHARED_MEANINGS[name])
+      if name in SHARED_MEANINGS and not isinstance(value, Key) else value
+      for name, value in keys.items()})
 
 
 # How often each jitted function of a baseline has been traced, by "method.function".

@@ -13,6 +13,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from olora_jax.config_keys import Key
 from olora_jax.methods import base, common, replay
 from olora_jax.methods.er import init_with_buffer
 
@@ -64,12 +65,21 @@ def build(ctx: base.Context) -> base.Method:
   return make(ctx, "der_pp", ctx.config.der_pp)
 
 
+def replay_keys() -> dict:
+  """DER++'s own keys, each `Key(default, meaning)` (the paper's values); LODE's block and EMA on
+  DER++'s declare them from here."""
+  return dict(
+      replay_batch=Key(0, "samples in each of DER++'s two replay draws per step, at most"
+                       " buffer_size; 0 = learner.batch_size (Mammoth's default)"),
+      alpha=Key(0.2, "weight of the MSE between replayed samples' logits and the logits stored"
+                " with them (>= 0)"),
+      beta=Key(0.5, "weight of the CE on the second replay draw's labels (>= 0)"))
+
+
 def config():
-  """The `der_pp` block. replay_batch: each of the two replay draws; 0 = learner.batch_size
-  (Mammoth's default: the batch size); alpha: the logit (MSE) term's weight; beta: the replayed
-  labels' CE weight."""
+  """The `der_pp` block: each key with its meaning (the paper's appendix values)."""
   return common.baseline_block(learning_rate=3e-4, weight_decay=0.0, buffer_size=500,
-                               replay_batch=0, alpha=0.2, beta=0.5)
+                               **replay_keys())
 
 
 PAPER_RESULTS = {

@@ -51,6 +51,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from olora_jax.config_keys import Key
 from olora_jax.methods import base, common, prompt_pool
 
 INIT_MAX = 0.01  # prompts and keys start uniform in [0, INIT_MAX) (the authors' initialiser)
@@ -171,20 +172,32 @@ def build(ctx: base.Context) -> base.Method:
 
 def config():
   """The `dualprompt` block: the authors' ViT-B/16 Split ImageNet-R setting (their code's config;
-  docs/methods/dualprompt.md). trainable 'prompts': G-prompt, E-prompt pool with its keys, and
-  the head, on the frozen backbone. g_layers / e_layers: the blocks that take the G- / E-prefix
-  (indices < model.depth; the paper's 0-1 and 2-4 of ViT-B's 12); g_prompt_length Lg and
-  prompt_length Le: prefix tokens per block (each for keys and for values); pool_size M: the
-  E-prompts (top_k per task, 10 tasks); top_k: E-prompts an image takes; key_loss_weight: lambda
-  of the matching loss; learning_rate: Adam's rate for a batch of lr_reference_batch, scaled
-  linearly to learner.batch_size (the authors' code: 5e-3 at 256; 0 = unscaled); clip_norm: the
-  global gradient norm clip; init_from_previous: a new task's E-prompts start as copies of the
-  previous task's; reset_optimizer: Adam restarts at each boundary. Batch 24 in the authors'
-  runs (ours: learner.batch_size)."""
+  docs/methods/dualprompt.md); batch 24 in the authors' runs (ours: learner.batch_size)."""
   return common.baseline_block(
-      trainable="prompts", learning_rate=5e-3, lr_reference_batch=256, weight_decay=0.0,
-      clip_norm=1.0, g_layers=(0, 1), g_prompt_length=5, e_layers=(2, 3, 4), prompt_length=20,
-      pool_size=10, top_k=1, key_loss_weight=1.0, init_from_previous=True, reset_optimizer=True)
+      trainable=Key("prompts", "'prompts', the only value: the G-prompt, the E-prompt pool with"
+                    " its keys, plus the head, on the frozen backbone"),
+      learning_rate=Key(5e-3, "Adam's learning rate for a batch of lr_reference_batch, scaled"
+                        " linearly to learner.batch_size, constant (> 0)"),
+      lr_reference_batch=Key(256, "the batch the learning rate is given for (the authors' 256);"
+                             " 0 = learning_rate unscaled"),
+      weight_decay=0.0,
+      clip_norm=Key(1.0, "the global gradient norm is clipped to this (>= 0; 0 = no clipping)"),
+      g_layers=Key((0, 1), "blocks that take the G-prompt prefix, indices < model.depth (the"
+                   " paper: 0-1 of ViT-B's 12)"),
+      g_prompt_length=Key(5, "Lg, G-prompt tokens per block, for keys and for values each"
+                          " (>= 1)"),
+      e_layers=Key((2, 3, 4), "blocks that take the E-prompt prefix, indices < model.depth (the"
+                   " paper: 2-4)"),
+      prompt_length=Key(20, "Le, E-prompt tokens per block, for keys and for values each (>= 1)"),
+      pool_size=Key(10, "M, E-prompts in the pool with one key each; task t trains prompts t k"
+                    " .. (t + 1) k - 1 while they last (>= 1)"),
+      top_k=Key(1, "k, E-prompts an image takes (in training, per task; at test, the nearest"
+                " keys), in [1, pool_size]"),
+      key_loss_weight=Key(1.0, "lambda of the key-matching loss sum (1 - cos(query, key)) (>= 0)"),
+      init_from_previous=Key(True, "at a boundary the new task's E-prompts start as copies of the"
+                             " previous task's (the authors' shared_prompt_pool)"),
+      reset_optimizer=Key(True, "Adam's state restarts at each boundary (the authors'"
+                          " reinit_optimizer)"))
 
 
 METHODS = (base.MethodSpec(name="dualprompt", build=build, config=config,

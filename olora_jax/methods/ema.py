@@ -14,6 +14,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from olora_jax.config_keys import Key
 from olora_jax.methods import base, common, der_pp, rar
 
 
@@ -50,23 +51,32 @@ def build_rar(ctx: base.Context) -> base.Method:
   return wrap(rar.make(ctx, "ema_rar", ctx.config.ema_rar), ctx.config.ema_rar)
 
 
-def _config(**values):
-  """EMA of the weights (lambda: ema_warmup_decay for ema_warmup_steps steps, *ours*, then
-  ema_decay); no WD in the paper's table."""
-  return common.baseline_block(learning_rate=2e-4, weight_decay=0.0, buffer_size=500,
-                               ema_decay=0.99, ema_warmup_decay=0.9, ema_warmup_steps=100,
-                               **values)
+def _config(**keys):
+  """The keys of the EMA wrapper (the paper's lambda 0.9 during warm-up, then 0.99; no WD in the
+  paper's table), then the inner method's `keys`."""
+  return common.baseline_block(
+      learning_rate=2e-4, weight_decay=0.0, buffer_size=500,
+      ema_decay=Key(0.99, "lambda of ema <- lambda * ema + (1 - lambda) * weights after the"
+                    " warm-up, in [0, 1); the evaluator reads the average"),
+      ema_warmup_decay=Key(0.9, "lambda during the first ema_warmup_steps steps, in [0, 1)"),
+      ema_warmup_steps=Key(100, "steps that use ema_warmup_decay (>= 0; *ours*)"),
+      **keys)
 
 
 def config_der_pp():
   """The `ema_der_pp` block: EMA on DER++ (its keys)."""
-  return _config(replay_batch=0, alpha=0.2, beta=0.5)  # 0: the learner's batch size
+  return _config(**der_pp.replay_keys())
 
 
 def config_rar():
-  """The `ema_rar` block: EMA on RAR (ER's keys; repeats: rehearsals per batch, *ours*; flip:
-  mirror images in RAR's augmentation)."""
-  return _config(replay_batch=10, repeats=3, flip=True)
+  """The `ema_rar` block: EMA on RAR (ER's keys, and RAR's repeats and flip, *ours*)."""
+  return _config(
+      replay_batch=Key(10, "stored samples drawn uniformly for each rehearsal, at most"
+                       " buffer_size; 0 = learner.batch_size"),
+      repeats=Key(3, "rehearsals of each incoming batch, each with a fresh replay draw and"
+                  " augmentation (>= 1; *ours*)"),
+      flip=Key(True, "RAR's augmentation mirrors images left-right (besides its random shift);"
+               " False for data a mirror changes, such as digits"))
 
 
 DER_PP_PAPER_RESULTS = {

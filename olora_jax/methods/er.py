@@ -12,6 +12,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from olora_jax.config_keys import Key
 from olora_jax.methods import base, common, replay
 
 
@@ -65,11 +66,12 @@ def build(ctx: base.Context) -> base.Method:
 
 
 def config():
-  """The `er` block. replay_batch: "episode memory per batch" (the online-continual-learning
-  codebase's eps_mem_batch, 10, its own setting beside the batch; 0 would mean the learner's batch
-  size)."""
-  return common.baseline_block(learning_rate=1e-4, weight_decay=1e-4, buffer_size=500,
-                               replay_batch=10)
+  """The `er` block: each key with its meaning (the paper's appendix values)."""
+  return common.baseline_block(
+      learning_rate=1e-4, weight_decay=1e-4, buffer_size=500,
+      replay_batch=Key(10, "stored samples drawn uniformly and replayed with each batch, at most"
+                       " buffer_size; 0 = learner.batch_size (the online-continual-learning"
+                       " codebase's eps_mem_batch, 10)"))
 
 
 PAPER_RESULTS = {

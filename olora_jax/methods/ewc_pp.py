@@ -18,6 +18,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from olora_jax.config_keys import Key
 from olora_jax.methods import base, common
 
 
@@ -92,12 +93,16 @@ def build(ctx: base.Context) -> base.Method:
 
 
 def config():
-  """The `ewc_pp` block. alpha: weight of the newest Fisher estimate in the running average;
-  fisher_every: train batches between Fisher (and anchor) updates; fisher_normalisation:
-  'min_max' (the source code's Fisher rescaled to [0, 1], for which lambda 100 is set) | 'none'
-  (raw)."""
-  return common.baseline_block(learning_rate=1e-4, weight_decay=1e-4, reg_lambda=100.0,
-                               alpha=0.9, fisher_every=50, fisher_normalisation="min_max")
+  """The `ewc_pp` block: each key with its meaning (the paper's appendix values)."""
+  return common.baseline_block(
+      learning_rate=1e-4, weight_decay=1e-4,
+      reg_lambda=Key(100.0, "lambda, the weight of the penalty sum F~ (theta - theta*)^2 (>= 0;"
+                     " set for the min_max Fisher)"),
+      alpha=Key(0.9, "weight of the newest Fisher estimate in the running average, in [0, 1]"),
+      fisher_every=Key(50, "train steps between Fisher (and anchor theta*) updates (>= 1)"),
+      fisher_normalisation=Key("min_max", "'min_max' (the source code's: the Fisher rescaled to"
+                               " [0, 1] over every trainable tensor together) | 'none' (the raw"
+                               " running Fisher)"))
 
 
 PAPER_RESULTS = {

@@ -19,6 +19,7 @@ import math
 import jax
 import optax
 
+from olora_jax.config_keys import Key
 from olora_jax.methods import base, common
 
 IID_SCHEDULES = ("constant", "cosine")
@@ -80,11 +81,14 @@ def config_finetune():
 
 
 def config_iid():
-  """The `iid` block: the upper bound, supervised training on the whole stream, `epochs` passes
-  over i.i.d. shuffles of its samples (finetune's learner); `schedule`: 'constant' | 'cosine'
-  (the learning rate decayed to 0 over all its steps)."""
-  return common.baseline_block(learning_rate=1e-4, weight_decay=1e-4, epochs=5,
-                               schedule="constant")
+  """The `iid` block: the upper bound, finetune's learner on i.i.d. shuffles of the stream."""
+  return common.baseline_block(
+      learning_rate=Key(1e-4, "Adam's learning rate (> 0): constant, or the start of the cosine"
+                        " with schedule='cosine'"),
+      weight_decay=1e-4,
+      epochs=Key(5, "passes over i.i.d. shuffles of all the stream's samples (>= 1)"),
+      schedule=Key("constant", "'constant' | 'cosine' (the learning rate decayed to 0 over all"
+                   " the passes' steps)"))
 
 
 IID_PAPER_RESULTS = {

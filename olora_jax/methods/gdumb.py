@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from olora_jax.config_keys import Key
 from olora_jax.methods import base, common, replay
 
 
@@ -91,10 +92,18 @@ def build(ctx: base.Context) -> base.Method:
 
 
 def config():
-  """The `gdumb` block. min_learning_rate: end of the cosine; epochs: over the buffer at each
-  evaluation."""
-  return common.baseline_block(learning_rate=1e-3, min_learning_rate=5e-4, weight_decay=1e-4,
-                               clip_norm=10.0, epochs=30, buffer_size=500)
+  """The `gdumb` block: each key with its meaning (the paper's appendix values)."""
+  return common.baseline_block(
+      learning_rate=Key(1e-3, "Adam's learning rate at the start of each training from the"
+                        " buffer, decayed by a cosine to min_learning_rate (> 0)"),
+      min_learning_rate=Key(5e-4, "the cosine's final learning rate, in (0, learning_rate]"),
+      weight_decay=1e-4,
+      clip_norm=Key(10.0, "the raw gradient's global norm is clipped to this (>= 0; 0 = no"
+                    " clipping)"),
+      epochs=Key(30, "passes over the buffer, in batches of learner.batch_size, each time a"
+                 " model is trained from it (at each evaluation) (>= 1)"),
+      buffer_size=Key(500, "class-balanced memory, in samples, filled by GDumb's greedy sampler"
+                      " (>= 1)"))
 
 
 PAPER_RESULTS = {

@@ -75,6 +75,7 @@ import math
 import jax
 import jax.numpy as jnp
 
+from olora_jax.config_keys import Key
 from olora_jax.methods import base, common
 from olora_jax.models import lora as lora_lib
 from olora_jax.models.vit import LORA_TARGETS
@@ -235,14 +236,17 @@ def build(ctx: base.Context) -> base.Method:
 
 
 def config():
-  """The `inflora` block (the code's ViT-B/16 ImageNet-R settings; module docstring):
-  `rank` r of each branch; Adam `learning_rate` (constant online), L2 `weight_decay`;
-  `threshold_start`, `threshold_end` the DualGPM threshold eps at the first and after the last
-  task (linear in between, the code's lamb and lame); `n_tasks` T of that schedule (0: the
-  stream's data.n_tasks). `trainable` is 'lora' (the up-projections and the head), the only
-  value the method has."""
-  return common.baseline_block(trainable="lora", learning_rate=5e-4, weight_decay=0.0, rank=10,
-                               threshold_start=0.98, threshold_end=1.0, n_tasks=0)
+  """The `inflora` block: the code's ViT-B/16 ImageNet-R settings (module docstring)."""
+  return common.baseline_block(
+      trainable=Key("lora", "'lora', the only value: the branches' up-projections, plus the"
+                    " head"),
+      learning_rate=Key(5e-4, "Adam's learning rate, constant online (> 0)"),
+      weight_decay=0.0,
+      rank=Key(10, "r of each task's branch, in [1, model width]"),
+      threshold_start=Key(0.98, "the DualGPM energy threshold eps at the first task (the code's"
+                          " lamb); 0 < threshold_start <= threshold_end <= 1"),
+      threshold_end=Key(1.0, "eps after the last task (the code's lame), linear in between"),
+      n_tasks=Key(0, "T of that threshold schedule; 0 = data.n_tasks"))
 
 
 METHODS = (base.MethodSpec(name="inflora", build=build, config=config, report_name="InfLoRA",

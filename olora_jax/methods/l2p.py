@@ -18,6 +18,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from olora_jax.config_keys import Key
 from olora_jax.methods import base, common, prompt_pool
 
 
@@ -67,12 +68,18 @@ def build(ctx: base.Context) -> base.Method:
 
 
 def config():
-  """The `l2p` block. trainable 'prompts': a pool of pool_size prompts of prompt_length tokens with
-  one key each, plus the head, on the frozen backbone; each image prepends the top_k prompts whose
-  keys are nearest its frozen class token. No weight decay in the paper's table. key_loss_weight:
-  L2P's lambda on the key-matching loss (ours: not in the paper's table)."""
-  return common.baseline_block(trainable="prompts", learning_rate=3e-3, weight_decay=0.0,
-                               pool_size=10, prompt_length=10, top_k=4, key_loss_weight=0.1)
+  """The `l2p` block: each key with its meaning (the paper's table: pool 10, length 10, 4
+  prompts, LR 3e-3, no weight decay)."""
+  return common.baseline_block(
+      trainable=Key("prompts", "'prompts', the only value: the prompt pool with its keys, plus"
+                    " the head, on the frozen backbone"),
+      learning_rate=3e-3, weight_decay=0.0,
+      pool_size=Key(10, "prompts in the pool, each with one key (>= 1)"),
+      prompt_length=Key(10, "tokens per prompt (>= 1)"),
+      top_k=Key(4, "prompts an image takes: those whose keys are nearest its frozen class"
+                " token, in [1, pool_size]"),
+      key_loss_weight=Key(0.1, "L2P's lambda on the key-matching loss sum (1 - cos(query, key))"
+                          " (>= 0; *ours*: not in the paper's table)"))
 
 
 PAPER_RESULTS = {

@@ -15,6 +15,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from olora_jax.config_keys import Key
 from olora_jax.methods import base, common, der_pp
 
 
@@ -57,10 +58,11 @@ def build(ctx: base.Context) -> base.Method:
 
 
 def config():
-  """The `lode` block: DER++'s keys and values (LR 3e-4) plus LODE's c (new classes' CE weight)
-  and rho (new-vs-old term weight, scaled by |new| / |old|)."""
-  return common.baseline_block(learning_rate=3e-4, weight_decay=0.0, buffer_size=500,
-                               replay_batch=0, alpha=0.2, beta=0.5, c=1.0, rho=0.1)
+  """The `lode` block: DER++'s keys and values plus LODE's C and rho (the paper's values)."""
+  return common.baseline_block(
+      learning_rate=3e-4, weight_decay=0.0, buffer_size=500, **der_pp.replay_keys(),
+      c=Key(1.0, "C, the weight of the CE over the new classes' logits only (> 0)"),
+      rho=Key(0.1, "rho, the weight of the new-vs-old term, scaled by |new| / |old| (>= 0)"))
 
 
 PAPER_RESULTS = {

@@ -12,6 +12,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from olora_jax.config_keys import Key
 from olora_jax.methods import base, common, er, replay
 
 
@@ -44,10 +45,15 @@ def build(ctx: base.Context) -> base.Method:
 
 
 def config():
-  """The `mir` block. n_candidates: "number of subsample"; replay_batch: most interfered samples
-  replayed."""
-  return common.baseline_block(learning_rate=1e-4, weight_decay=1e-4, buffer_size=500,
-                               n_candidates=50, replay_batch=10)
+  """The `mir` block: each key with its meaning (the paper's appendix values)."""
+  return common.baseline_block(
+      learning_rate=Key(1e-4, "Adam's learning rate, constant (> 0); also the step size of the"
+                        " virtual SGD step that scores interference"),
+      weight_decay=1e-4, buffer_size=500,
+      n_candidates=Key(50, "stored samples drawn uniformly each step as retrieval candidates"
+                       " (the paper's \"number of subsample\"), in [replay_batch, buffer_size]"),
+      replay_batch=Key(10, "candidates replayed per step: those whose loss a virtual step on the"
+                       " batch raises most, at most n_candidates; 0 = learner.batch_size"))
 
 
 PAPER_RESULTS = {

@@ -26,6 +26,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from olora_jax.config_keys import Key
 from olora_jax.methods import base, common, prompt_pool
 
 
@@ -155,20 +156,29 @@ def build(ctx: base.Context) -> base.Method:
 
 
 def config():
-  """The `mvp` block (prompts as L2P's). gamma: focal exponent of the gradient dissimilarity;
-  margin: m of the adaptive feature scale; alpha: weight of the focal term; pool_size,
-  prompt_length, top_k: ours (as L2P's pool, one prompt per image as MVP's selection size);
-  gamma: 1.0, the authors' code's default, which their script runs (the Online-LoRA paper's
-  table gives 2.0); query: where the frozen class token is read, 'penultimate' (after block
-  depth - 2, no LayerNorm: the authors' script, which leaves their use_last_layer off) | 'last'
-  (after the last block, before the final LayerNorm: their use_last_layer) | 'last_norm' (after
-  it, L2P's query); key_init: 'uniform' (L2P's) | 'normal' (the authors' code);
-  updates_per_batch: updates on each incoming batch (the authors' script's online_iter is 3; 1 is
-  every method's budget here)."""
-  return common.baseline_block(trainable="prompts", learning_rate=5e-3, weight_decay=0.0,
-                               pool_size=10, prompt_length=10, top_k=1, gamma=1.0, margin=0.5,
-                               alpha=0.5, query="penultimate", key_init="uniform",
-                               updates_per_batch=1)
+  """The `mvp` block: each key with its meaning (the Online-LoRA paper's table: m 0.5, alpha 0.5,
+  LR 5e-3)."""
+  return common.baseline_block(
+      trainable=Key("prompts", "'prompts', the only value: the prompt pool with its keys and"
+                    " mask logits, plus the head, on the frozen backbone"),
+      learning_rate=5e-3, weight_decay=0.0,
+      pool_size=Key(10, "prompts in the pool, each with one key (>= 2; *ours*, as L2P's)"),
+      prompt_length=Key(10, "tokens per prompt (>= 1; *ours*, as L2P's)"),
+      top_k=Key(1, "prompts an image takes, by the count-scaled key distance, in [1, pool_size"
+                " - 1] (MVP's selection size)"),
+      gamma=Key(1.0, "focal exponent on the gradient dissimilarity s_b (>= 0); the authors'"
+                " code runs 1.0, the Online-LoRA paper's table gives 2.0"),
+      margin=Key(0.5, "m of the adaptive feature scale 1 - cos(W_y, f) + m (> 0)"),
+      alpha=Key(0.5, "weight of the focal term: a sample's loss is ((1 - alpha) + alpha"
+                " s_b^gamma) CE, alpha in [0, 1]"),
+      query=Key("penultimate", "where the frozen class token that selects prompts is read:"
+                " 'penultimate' (after block depth - 2, no LayerNorm: the authors' script) |"
+                " 'last' (after the last block, before the final LayerNorm) | 'last_norm' (after"
+                " it: L2P's)"),
+      key_init=Key("uniform", "the keys' initialisation: 'uniform' (L2P's) | 'normal' (the"
+                   " authors' code)"),
+      updates_per_batch=Key(1, "optimizer updates on each incoming batch (>= 1; the authors'"
+                            " script's online_iter is 3, 1 is every method's budget here)"))
 
 
 PAPER_RESULTS = {

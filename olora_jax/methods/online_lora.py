@@ -73,18 +73,20 @@ def build(ctx: base.Context) -> base.Method:
       trace.record_step(step, scalars, None, scores, buffer_updated=False)
       return s, host, base.StepReport()
     if incremental:
-      window, stats = plateau_lib.update(window_from_json(host["window"]),
-                                         scalars["window_value"], plateau_config)
+      before = window_from_json(host["window"])
+      window, stats = plateau_lib.update(before, scalars["window_value"], plateau_config)
       host = {"window": window_to_json(window)}
       values = dict(window_mean=stats.mean, window_var=stats.var)
+      if stats.rearmed:  # a peak since the last plateau: a plateau may fire again
+        events = (plateau_lib.rearm_event(stats, before),)
       if stats.fired:
         # Importance on the buffer used in this step, then merge (paper steps 4a-4d).
         merged_lora = trace.fetch(state.trainable["lora"])  # consolidate donates the state
         state, frozen = learner.consolidate(state, frozen, s["buffer"])
         trace.record_plateau(step, merged_lora, state.omega,
                              frozen.get(online_lora.FROZEN_LORA))
-        events = (("plateau", dict(n_plateaus=window.n_plateaus, window_mean=stats.mean,
-                                   window_var=stats.var)),)
+        events += (("plateau", dict(n_plateaus=window.n_plateaus, window_mean=stats.mean,
+                                    window_var=stats.var)),)
     buf = learner.update_buffer(s["buffer"], batch, scores)  # paper step 5, after step 4
     trace.record_step(step, scalars, stats, scores, buffer_updated=True)
     return ({"state": state, "frozen": frozen, "buffer": buf}, host,
@@ -101,7 +103,8 @@ def build(ctx: base.Context) -> base.Method:
   return base.Method(name="online_lora", init=init, train_step=train_step, predict=predict,
                      after_step=after_step,
                      init_host=lambda: {"window": window_to_json(plateau_lib.init())},
-                     finish=finish if ctx.config.export_online_lora else None)
+                     finish=finish if ctx.config.export_online_lora else None,
+                     trainable=lambda s: s["state"].trainable)  # the current LoRA and the head
 
 
 PAPER_RESULTS = {

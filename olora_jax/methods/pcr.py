@@ -17,6 +17,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from olora_jax.config_keys import Key
 from olora_jax.methods import base, common, replay
 from olora_jax.methods.er import init_with_buffer
 
@@ -85,10 +86,15 @@ def build(ctx: base.Context) -> base.Method:
 
 
 def config():
-  """The `pcr` block. replay_batch: "episode memory per batch"; temperature: of the cosine logits;
-  warmup_batches: "warmup of buffer before retrieve" (steps before the first replay)."""
-  return common.baseline_block(learning_rate=1e-4, weight_decay=1e-4, buffer_size=500,
-                               replay_batch=10, temperature=0.09, warmup_batches=4)
+  """The `pcr` block: each key with its meaning (the paper's appendix values)."""
+  return common.baseline_block(
+      learning_rate=1e-4, weight_decay=1e-4, buffer_size=500,
+      replay_batch=Key(10, "stored samples drawn uniformly and replayed with each batch"
+                       " (\"episode memory per batch\"), at most buffer_size; 0 ="
+                       " learner.batch_size"),
+      temperature=Key(0.09, "the cosine logits between features and class proxies are divided"
+                      " by it (> 0)"),
+      warmup_batches=Key(4, "steps before the first replay, while the buffer warms up (>= 0)"))
 
 
 PAPER_RESULTS = {

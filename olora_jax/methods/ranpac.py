@@ -54,9 +54,10 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 
+from olora_jax import config_keys
+from olora_jax.config_keys import Key
 from olora_jax.methods import base, common
 
 HIGHEST = jax.lax.Precision.HIGHEST
@@ -168,14 +169,19 @@ def build(ctx: base.Context) -> base.Method:
 
 
 def config():
-  """The `ranpac` block. projection_dim: M, the random projection's width (the paper: 10,000);
-  log10_ridge_min, log10_ridge_max: the lambda grid 10^min .. 10^max (the released code: -8, 8);
-  holdout_every: every holdout_every-th sample is held out to choose lambda (5: 20%, the released
-  code's split); refit_every: the head the logged loss reads is refit every that many steps
-  (*ours*; evaluations always refit). Nothing is trained: no `trainable`, no learning rate."""
-  return ml_collections.ConfigDict({"projection_dim": 10000, "log10_ridge_min": -8,
-                                    "log10_ridge_max": 8, "holdout_every": 5,
-                                    "refit_every": 10})
+  """The `ranpac` block: nothing is trained (no `trainable`, no learning rate)."""
+  return config_keys.block(
+      "",
+      projection_dim=Key(10000, "M, the width of the fixed random projection (>= 1; the paper:"
+                         " 10,000)"),
+      log10_ridge_min=Key(-8, "the ridge lambda is chosen from the grid 10^min .. 10^max (integer;"
+                          " the released code: -8)"),
+      log10_ridge_max=Key(8, "top of that grid (integer >= log10_ridge_min; the released code:"
+                          " 8)"),
+      holdout_every=Key(5, "every holdout_every-th sample is held out to choose lambda (>= 2; 5:"
+                        " 20%, the released code's split)"),
+      refit_every=Key(10, "train steps between refits of the head the logged loss reads (>= 1;"
+                      " *ours*; evaluations always refit)"))
 
 
 METHODS = (base.MethodSpec(name="ranpac", build=build, config=config, report_name="RanPAC",

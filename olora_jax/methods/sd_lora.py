@@ -59,6 +59,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from olora_jax.config_keys import Key
 from olora_jax.methods import base, common
 from olora_jax.models.vit import LORA_TARGETS
 
@@ -168,13 +169,15 @@ def build(ctx: base.Context) -> base.Method:
 
 
 def config():
-  """The `sd_lora` block (the paper's ViT-B/16 ImageNet-R settings; module docstring): `rank`
-  r of each component; `magnitude_init` a new component's alpha (the code's 0.8); Adam
-  `learning_rate` (constant), L2 `weight_decay`; `n_tasks` T, the component slots (0: the
-  stream's data.n_tasks). `trainable` is 'lora' (components, magnitudes and the head), the only
-  value the method has."""
-  return common.baseline_block(trainable="lora", learning_rate=8e-3, weight_decay=0.0, rank=10,
-                               magnitude_init=0.8, n_tasks=0)
+  """The `sd_lora` block: the paper's ViT-B/16 ImageNet-R settings (module docstring)."""
+  return common.baseline_block(
+      trainable=Key("lora", "'lora', the only value: the components, their magnitudes, plus the"
+                    " head"),
+      learning_rate=8e-3, weight_decay=0.0,
+      rank=Key(10, "r of each component, in [1, model width]"),
+      magnitude_init=Key(0.8, "alpha, the magnitude a new component starts with (the code's"
+                         " 0.8)"),
+      n_tasks=Key(0, "T, the component slots (one per task); 0 = data.n_tasks"))
 
 
 METHODS = (base.MethodSpec(name="sd_lora", build=build, config=config, report_name="SD-LoRA",

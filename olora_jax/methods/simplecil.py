@@ -76,9 +76,10 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import optax
 
+from olora_jax import config_keys
+from olora_jax.config_keys import Key
 from olora_jax.methods import base, common
 
 
@@ -232,24 +233,32 @@ def build(ctx: base.Context) -> base.Method:
     return {**state, "adapting": jnp.zeros_like(state["adapting"])}, host
 
   return base.Method(name="simplecil", init=init, train_step=train_step, predict=predict,
-                     at_boundary=at_boundary if adapt else None)
+                     at_boundary=at_boundary if adapt else None,
+                     # the prototypes' sums and counts, and the adapted weights (first_phase)
+                     trainable=lambda s: {k: s[k] for k in ("params", "sums", "counts") if k in s})
 
 
 def config():
-  """The `simplecil` block. temperature: the cosine logits are cos / temperature (the argmax does
-  not depend on it; it scales the logged prequential loss; *ours*). first_phase: 'none' (SimpleCIL:
-  nothing is trained) or APER's adapted first phase, 'lora' (a LoRA of rank learner.rank on q and
-  v, plus the head) or 'all' (the whole ViT, APER's "finetune" variant), trained until the run's
-  boundary switch first calls the method (module docstring). The first phase's keys, the authors'
-  values by default: first_phase_head 'cosine' (sigma cos over the classes seen; 'linear': the
-  ViT's linear head over every class, ours before), first_phase_optimizer 'sgd' (momentum 0.9;
-  'adam': the baselines' Adam), learning_rate 0.01, weight_decay 5e-4 (L2), and
-  first_phase_cosine_steps 0 (a constant rate, the authors' first epoch; N > 0: a cosine anneal
-  to 0 over the phase's first N steps)."""
-  return ml_collections.ConfigDict({"temperature": 0.1, "first_phase": "none",
-                                    "first_phase_head": "cosine", "first_phase_optimizer": "sgd",
-                                    "learning_rate": 0.01, "weight_decay": 5e-4,
-                                    "first_phase_cosine_steps": 0})
+  """The `simplecil` block: SimpleCIL, or with `first_phase` APER's adapted first phase (module
+  docstring); the first phase's keys take the authors' values by default."""
+  return config_keys.block(
+      "",
+      temperature=Key(0.1, "the cosine logits are cos / temperature (> 0): the argmax does not"
+                      " depend on it, it scales the logged prequential loss (*ours*)"),
+      first_phase=Key("none", "'none' (SimpleCIL: nothing is trained) | 'lora' (APER: a LoRA of"
+                      " rank learner.rank on q and v, plus the head) | 'all' (APER's finetune:"
+                      " the whole ViT), trained until the boundary switch first calls the"
+                      " method"),
+      first_phase_head=Key("cosine", "the first phase's head: 'cosine' (sigma cos over the"
+                           " classes seen; the authors') | 'linear' (the ViT's linear head over"
+                           " every class)"),
+      first_phase_optimizer=Key("sgd", "'sgd' (momentum 0.9; the authors') | 'adam' (the"
+                                " baselines' Adam)"),
+      learning_rate=Key(0.01, "the first phase's learning rate (> 0)"),
+      weight_decay=Key(5e-4, "the first phase's L2 weight decay, added to the gradient (>= 0)"),
+      first_phase_cosine_steps=Key(0, "0 = a constant learning rate (the authors' first"
+                                   " epoch); N > 0 = a cosine anneal to 0 over the phase's first"
+                                   " N steps"))
 
 
 METHODS = (base.MethodSpec(name="simplecil", build=build, config=config,

@@ -41,8 +41,9 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 
+from olora_jax import config_keys
+from olora_jax.config_keys import Key
 from olora_jax.methods import base, common
 
 
@@ -117,9 +118,11 @@ def build(ctx: base.Context) -> base.Method:
 
 
 def config():
-  """The `slda` block. shrinkage: epsilon of the shrunk covariance (1 - epsilon) Sigma + epsilon I,
-  in (0, 1] (the paper: 1e-4). Nothing is trained: no `trainable`, no learning rate."""
-  return ml_collections.ConfigDict({"shrinkage": 1e-4})
+  """The `slda` block: nothing is trained (no `trainable`, no learning rate)."""
+  return config_keys.block(
+      "",
+      shrinkage=Key(1e-4, "epsilon of the shrunk covariance (1 - epsilon) Sigma + epsilon I, in"
+                    " (0, 1] (the paper: 1e-4)"))
 
 
 METHODS = (base.MethodSpec(name="slda", build=build, config=config, report_name="SLDA",

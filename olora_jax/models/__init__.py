@@ -29,6 +29,13 @@ VIT_ONLY_METHODS = {
 }
 
 
+# Methods that cannot run with model.scan_blocks, with why.
+UNSCANNED_METHODS = {
+    "inflora": "reads each block's input through Flax's capture_intermediates, which a scanned"
+               " block does not expose",
+}
+
+
 class ModelError(errors.BadInput):
   """A model config that cannot run with the chosen method or learner settings."""
 
@@ -71,10 +78,22 @@ def is_swin(spec: Any) -> bool:
 
 
 def build_model(config: Any, spec: vit.ViTSpec | swin.SwinSpec, num_classes: int):
-  """The Flax classifier of `spec` with a `num_classes` head in `model.compute_dtype`, after the
-  checks that need both the model and the method (before any compute): the VIT_ONLY_METHODS
-  need a ViT, and the LoRA rank must fit the narrowest adapted layer."""
+  """The Flax classifier of `spec` with a `num_classes` head in `model.compute_dtype` and
+  `model.matmul_precision` (`config` resolved by olora_jax/fidelity.py), after the checks that
+  need both the model and the method (before any compute): the VIT_ONLY_METHODS need a ViT, the
+  LoRA rank must fit the narrowest adapted layer, and model.scan_blocks needs a ViT and a method
+  outside UNSCANNED_METHODS."""
   dtype = vit.COMPUTE_DTYPES[config.model.compute_dtype]
+  precision = config.model.matmul_precision
+  if precision not in vit.MATMUL_PRECISIONS:
+    raise ModelError(f"model.matmul_precision={precision!r}: use one of {vit.MATMUL_PRECISIONS}"
+                     " (None takes the fidelity's default: resolve the config first)")
+  if config.model.scan_blocks and is_swin(spec):
+    raise ModelError("model.scan_blocks=True scans a ViT's encoder blocks and the Swin has none"
+                     " of one shape; set model.scan_blocks=False")
+  if config.model.scan_blocks and config.method in UNSCANNED_METHODS:
+    raise ModelError(f"model.scan_blocks=True: method={config.method!r}"
+                     f" {UNSCANNED_METHODS[config.method]}; set model.scan_blocks=False")
   if is_swin(spec):
     if config.method in VIT_ONLY_METHODS:
       raise ModelError(
@@ -85,5 +104,6 @@ def build_model(config: Any, spec: vit.ViTSpec | swin.SwinSpec, num_classes: int
       raise ModelError(
           f"learner.rank={config.learner.rank} is larger than the Swin's first-stage width"
           f" {narrowest} (LoRA sits on every stage's q and v); use learner.rank <= {narrowest}")
-    return swin.SwinTransformer(spec, num_classes, dtype=dtype)
-  return vit.VisionTransformer(spec, num_classes, dtype=dtype)
+    return swin.SwinTransformer(spec, num_classes, dtype=dtype, matmul_precision=precision)
+  return vit.VisionTransformer(spec, num_classes, dtype=dtype, matmul_precision=precision,
+                               scan_blocks=bool(config.model.scan_blocks))

@@ -48,7 +48,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 import numpy as np
 
-from olora_jax.models.vit import HEAD_KERNEL_INIT, LoRADense, MlpBlock
+from olora_jax.models.vit import HEAD_KERNEL_INIT, LoRADense, MlpBlock, matmul_precision
 
 LAYER_NORM_EPS = 1e-5
 MLP_RATIO = 4
@@ -288,30 +288,32 @@ class SwinTransformer(nn.Module):
   spec: SwinSpec
   num_classes: int
   dtype: Any = jnp.float32
+  matmul_precision: str = "default"  # as the ViT's (olora_jax/models/vit.py)
 
   @nn.compact
   def __call__(self, images: jnp.ndarray, lora: dict | None = None,
                pre_logits: bool = False, prompts: jnp.ndarray | None = None,
                pool: str = "token") -> jnp.ndarray:
-    if prompts is not None or pool != "token":
-      raise ValueError("prompt tokens (L2P, MVP) need a ViT backbone; the Swin takes none")
-    s = self.spec
-    x = nn.Conv(s.embed_dim, (s.patch_size, s.patch_size), strides=s.patch_size,
-                padding="VALID", dtype=self.dtype, name="patch_embed")(images)
-    x = nn.LayerNorm(epsilon=LAYER_NORM_EPS, dtype=self.dtype, name="patch_embed_norm")(x)
-    lora = lora or {}
-    for stage in range(s.num_stages):
-      if stage:
-        x = PatchMerging(self.dtype, name=f"stage{stage}_merge")(x)
-      for block in range(s.depths[stage]):
-        window, shift = s.window_and_shift(stage, block)
-        name = s.block_name(stage, block)
-        x = SwinBlock(s.num_heads[stage], window, shift, self.dtype, name=name)(
-            x, lora.get(name))
-      self.sow("intermediates", f"stage{stage}", x)
-    x = nn.LayerNorm(epsilon=LAYER_NORM_EPS, dtype=self.dtype, name="encoder_norm")(x)
-    features = jnp.mean(x.astype(jnp.float32), axis=(1, 2)).astype(self.dtype)  # (B, C_last)
-    if pre_logits:
-      return features.astype(jnp.float32)
-    return nn.Dense(self.num_classes, kernel_init=HEAD_KERNEL_INIT, dtype=self.dtype,
-                    name="head")(features).astype(jnp.float32)
+    with matmul_precision(self.matmul_precision):  # model.matmul_precision
+      if prompts is not None or pool != "token":
+        raise ValueError("prompt tokens (L2P, MVP) need a ViT backbone; the Swin takes none")
+      s = self.spec
+      x = nn.Conv(s.embed_dim, (s.patch_size, s.patch_size), strides=s.patch_size,
+                  padding="VALID", dtype=self.dtype, name="patch_embed")(images)
+      x = nn.LayerNorm(epsilon=LAYER_NORM_EPS, dtype=self.dtype, name="patch_embed_norm")(x)
+      lora = lora or {}
+      for stage in range(s.num_stages):
+        if stage:
+          x = PatchMerging(self.dtype, name=f"stage{stage}_merge")(x)
+        for block in range(s.depths[stage]):
+          window, shift = s.window_and_shift(stage, block)
+          name = s.block_name(stage, block)
+          x = SwinBlock(s.num_heads[stage], window, shift, self.dtype, name=name)(
+              x, lora.get(name))
+        self.sow("intermediates", f"stage{stage}", x)
+      x = nn.LayerNorm(epsilon=LAYER_NORM_EPS, dtype=self.dtype, name="encoder_norm")(x)
+      features = jnp.mean(x.astype(jnp.float32), axis=(1, 2)).astype(self.dtype)  # (B, C_last)
+      if pre_logits:
+        return features.astype(jnp.float32)
+      return nn.Dense(self.num_classes, kernel_init=HEAD_KERNEL_INIT, dtype=self.dtype,
+                      name="head")(features).astype(jnp.float32)

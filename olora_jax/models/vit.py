@@ -43,10 +43,12 @@ is a no-op and the model computes exactly what it did before the option existed.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from typing import Any
 
 import flax.linen as nn
+import jax
 import jax.numpy as jnp
 
 LAYER_NORM_EPS = 1e-6
@@ -57,6 +59,22 @@ LORA_TARGETS = ("query", "value")
 COMPUTE_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 # What the classifier reads: the class token, or the mean of the prompt tokens' outputs (L2P).
 POOLING = ("token", "prompts")
+# `model.matmul_precision`: 'default' leaves every matmul and convolution at JAX's default
+# precision (float32 inputs rounded to TF32 on NVIDIA GPUs since Ampere, to bfloat16 passes on
+# TPUs; exact float32 on CPUs), 'highest' computes them in full float32 on every device.
+MATMUL_PRECISIONS = ("default", "highest")
+
+
+def matmul_precision(precision: str):
+  """The context a model's forward pass is traced in: every matmul and convolution in it, and
+  in its backward pass (which inherits each product's precision), at `precision` (one of
+  MATMUL_PRECISIONS). 'default' adds nothing, so $JAX_DEFAULT_MATMUL_PRECISION still applies."""
+  if precision not in MATMUL_PRECISIONS:
+    raise ValueError(f"unknown model.matmul_precision={precision!r}; use one of"
+                     f" {MATMUL_PRECISIONS}")
+  if precision == "default":
+    return contextlib.nullcontext()
+  return jax.default_matmul_precision(precision)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -214,38 +232,75 @@ class VisionTransformer(nn.Module):
   spec: ViTSpec
   num_classes: int
   dtype: Any = jnp.float32  # the computation dtype (module docstring); parameters are float32
+  matmul_precision: str = "default"  # of every matmul and convolution (module docstring)
+  scan_blocks: bool = False  # run runs of like blocks as one scanned block (module docstring)
 
   @nn.compact
   def __call__(self, images: jnp.ndarray, lora: dict | None = None,
                pre_logits: bool = False, prompts: jnp.ndarray | None = None,
                pool: str = "token", prefixes: dict | None = None,
                final_norm: bool = True, blocks: int | None = None) -> jnp.ndarray:
-    if pool not in POOLING or (pool == "prompts" and prompts is None):
-      raise ValueError(f"pool={pool!r} must be one of {POOLING}; 'prompts' needs prompts")
-    s = self.spec
-    x = nn.Conv(s.width, (s.patch_size, s.patch_size), strides=s.patch_size, padding="VALID",
-                dtype=self.dtype, name="embedding")(images)
-    batch = x.shape[0]
-    x = x.reshape(batch, -1, s.width)  # (B, N, D)
-    cls = self.param("cls", nn.initializers.zeros, (1, 1, s.width))
-    x = jnp.concatenate([jnp.broadcast_to(cls, (batch, 1, s.width)).astype(x.dtype), x], axis=1)
-    pos = self.param("pos_embedding", nn.initializers.normal(0.02), (1, 1 + s.num_patches, s.width))
-    x = x + pos.astype(x.dtype)
-    if prompts is not None:  # (B, 1 + Lp + N, D): class token, prompts, patches
-      x = jnp.concatenate([x[:, :1], prompts.astype(x.dtype), x[:, 1:]], axis=1)
-    lora, prefixes = lora or {}, prefixes or {}
-    for i in range(s.depth if blocks is None else blocks):
-      name = f"encoderblock_{i}"
-      x = EncoderBlock(s.num_heads, s.mlp_dim, self.dtype, name=name)(x, lora.get(name),
-                                                                      prefixes.get(name))
-    if final_norm:
-      x = nn.LayerNorm(epsilon=LAYER_NORM_EPS, dtype=self.dtype, name="encoder_norm")(x)
-    if pool == "token":
-      features = x[:, 0]  # class-token pooling, (B, D)
-    else:
-      features = jnp.mean(x[:, 1:1 + prompts.shape[1]], axis=1)  # prompt tokens' mean, (B, D)
-    if pre_logits:
-      return features.astype(jnp.float32)
-    return nn.Dense(self.num_classes, kernel_init=HEAD_KERNEL_INIT, dtype=self.dtype,
-                    name="head")(features).astype(jnp.float32)
+    with matmul_precision(self.matmul_precision):  # model.matmul_precision
+      if pool not in POOLING or (pool == "prompts" and prompts is None):
+        raise ValueError(f"pool={pool!r} must be one of {POOLING}; 'prompts' needs prompts")
+      s = self.spec
+      x = nn.Conv(s.width, (s.patch_size, s.patch_size), strides=s.patch_size, padding="VALID",
+                  dtype=self.dtype, name="embedding")(images)
+      batch = x.shape[0]
+      x = x.reshape(batch, -1, s.width)  # (B, N, D)
+      cls = self.param("cls", nn.initializers.zeros, (1, 1, s.width))
+      x = jnp.concatenate([jnp.broadcast_to(cls, (batch, 1, s.width)).astype(x.dtype), x], axis=1)
+      pos = self.param("pos_embedding", nn.initializers.normal(0.02),
+                       (1, 1 + s.num_patches, s.width))
+      x = x + pos.astype(x.dtype)
+      if prompts is not None:  # (B, 1 + Lp + N, D): class token, prompts, patches
+        x = jnp.concatenate([x[:, :1], prompts.astype(x.dtype), x[:, 1:]], axis=1)
+      lora, prefixes = lora or {}, prefixes or {}
+      names = [f"encoderblock_{i}" for i in range(s.depth if blocks is None else blocks)]
+      if self.scan_blocks and not self.is_initializing():
+        x = self._scanned_blocks(x, names, lora, prefixes)
+      else:
+        for name in names:
+          x = EncoderBlock(s.num_heads, s.mlp_dim, self.dtype, name=name)(x, lora.get(name),
+                                                                          prefixes.get(name))
+      if final_norm:
+        x = nn.LayerNorm(epsilon=LAYER_NORM_EPS, dtype=self.dtype, name="encoder_norm")(x)
+      if pool == "token":
+        features = x[:, 0]  # class-token pooling, (B, D)
+      else:
+        features = jnp.mean(x[:, 1:1 + prompts.shape[1]], axis=1)  # prompt tokens' mean, (B, D)
+      if pre_logits:
+        return features.astype(jnp.float32)
+      return nn.Dense(self.num_classes, kernel_init=HEAD_KERNEL_INIT, dtype=self.dtype,
+                      name="head")(features).astype(jnp.float32)
 
+  def _scanned_blocks(self, x: jnp.ndarray, names: list[str], lora: dict,
+                      prefixes: dict) -> jnp.ndarray:
+    """The blocks `names` in order, each run of consecutive blocks with the same extra inputs
+    (LoRA or not, prefixes or not, of the same shapes) as one `jax.lax.scan` over their
+    parameters stacked on a leading axis: one block body to compile per run, not one per block.
+    Reads the same `encoderblock_{i}` parameters the unrolled loop creates."""
+    params = self.variables["params"]
+    block = EncoderBlock(self.spec.num_heads, self.spec.mlp_dim, self.dtype, parent=None)
+
+    def inputs(name):
+      return params[name], lora.get(name), prefixes.get(name)
+
+    def kind(name):  # blocks that can share one scanned body
+      return jax.tree.structure(inputs(name)), [a.shape for a in jax.tree.leaves(inputs(name))]
+
+    runs: list[list[str]] = []
+    for name in names:
+      if runs and kind(runs[-1][-1]) == kind(name):
+        runs[-1].append(name)
+      else:
+        runs.append([name])
+    for run in runs:
+      stacked = jax.tree.map(lambda *leaves: jnp.stack(leaves), *[inputs(n) for n in run])
+
+      def body(y, xs):
+        p, layer_lora, prefix = xs
+        return block.apply({"params": p}, y, layer_lora, prefix), None
+
+      x, _ = jax.lax.scan(body, x, stacked)
+    return x
