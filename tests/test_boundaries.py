@@ -167,7 +167,8 @@ def test_none_adds_nothing_and_reports_mark_the_rule(tmp_path):
 
 
 def test_a_method_without_the_hook_runs_identically_under_every_rule(tmp_path):
-  # What docs/methods.md's regime table relies on for the sixteen methods without `at_boundary`.
+  # What docs/methods/boundaries.md's regime table relies on for the sixteen methods without
+  # `at_boundary`.
   runs = {}
   for rule in ("none", "oracle"):
     config = tiny.get_config("finetune")

@@ -69,3 +69,130 @@ def test_python_block(where, code):
   done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                         timeout=300)
   assert done.returncode == 0, f"{where} fails:\n{done.stderr[-3000:]}"
+
+
+# One page per method (docs/methods/<method>.md), and the numbers the pages share.
+
+CARDS = ROOT / "docs" / "methods"
+TUTORIAL = ROOT / "docs" / "tutorials" / "first-comparison.md"
+PERFORMANCE = ROOT / "docs" / "performance.md"
+
+
+def section(text: str, heading: str) -> str:
+  """The text under the first heading that starts with `heading`, to the next heading of any
+  level ('' if none)."""
+  match = re.search(rf"^#+ {re.escape(heading)}.*?\n(.*?)(?=^#|\Z)", text, re.S | re.M)
+  return match.group(1) if match else ""
+
+
+def table_rows(text: str) -> list[list[str]]:
+  """The cells of every row of the Markdown tables in `text`, header and separator left out."""
+  rows = [line for line in text.splitlines() if line.startswith("|")]
+  cells = [[c.strip() for c in re.split(r"(?<!\\)\|", line.strip())[1:-1]] for line in rows]
+  return [c for c in cells if c and not set(c[0]) <= {"-"}][1:] if cells else []
+
+
+def demo_table_rows() -> list[str]:
+  """The rows of the tutorial's table of every method on the demos, as written."""
+  text = section(TUTORIAL.read_text(), "Every baseline on the same streams")
+  return [line for line in text.splitlines() if line.startswith("| ") and "±" in line]
+
+
+def parse_default(text: str):
+  import ast
+  text = text.strip("`")
+  try:
+    return ast.literal_eval(text)
+  except (ValueError, SyntaxError):
+    return text
+
+
+def test_every_method_has_a_page_in_the_index_and_the_toctree():
+  from olora_jax import methods
+  index = (ROOT / "docs" / "methods.md").read_text()
+  for spec in methods.specs():
+    assert (CARDS / f"{spec.name}.md").is_file(), f"no docs/methods/{spec.name}.md"
+    assert f"](methods/{spec.name}.md)" in index, f"docs/methods.md does not link {spec.name}"
+    assert f"\nmethods/{spec.name}\n" in index, f"{spec.name} is not in docs/methods.md's toctree"
+
+
+def test_each_method_page_lists_every_key_of_its_block_with_its_default():
+  from olora_jax import methods
+  for spec in methods.specs():
+    if spec.config is None:  # Online-LoRA: the `learner` block, in the config reference
+      continue
+    page = (CARDS / f"{spec.name}.md").read_text()
+    rows = table_rows(section(page, f"Keys (`config.{spec.name}`)"))
+    written = {row[0].strip("`"): parse_default(row[1]) for row in rows}
+    block = spec.config().to_dict()
+    assert set(written) == set(block), (
+        f"docs/methods/{spec.name}.md lists keys {sorted(written)}, the block has {sorted(block)}")
+    for key, value in block.items():
+      assert written[key] == value, (
+          f"docs/methods/{spec.name}.md: {key} is {written[key]!r}, its default {value!r}")
+
+
+def test_each_method_page_shows_its_rows_of_the_demo_table_and_its_cost():
+  from olora_jax import methods
+  demo = demo_table_rows()
+  header = next(line for line in section(TUTORIAL.read_text(), "Every baseline").splitlines()
+                if line.startswith("| method |"))
+  costs = {row[0]: row for row in table_rows(section(PERFORMANCE.read_text(), "What fits"))}
+  for spec in methods.specs():
+    page = (CARDS / f"{spec.name}.md").read_text()
+    shown = [line for line in section(page, "On the demos").splitlines()
+             if line.startswith("| ") and "±" in line]
+    assert shown, f"docs/methods/{spec.name}.md shows no demo row"
+    for line in shown:
+      assert line in demo, f"docs/methods/{spec.name}.md: {line!r} is not a row of {TUTORIAL.name}"
+    assert header in page.splitlines(), f"docs/methods/{spec.name}.md: not the tutorial's columns"
+    name = next(n for n in costs if spec.report_name in (n, f"{n} (DER++)"))
+    memory, step, passes = costs[name][1], costs[name][2].rstrip(" *"), costs[name][3]
+    cost = " ".join(section(page, "Cost").split())
+    for said in (f"{memory} GiB", f"{step} s a step", f"{passes} passes a step"):
+      assert said in cost, f"docs/methods/{spec.name}.md's cost lacks {said!r} ({PERFORMANCE.name})"
+
+
+# What the pages say twice must say the same.
+
+def bash_lines(path: Path) -> list[str]:
+  text = path.read_text()
+  blocks = re.findall(r"^```bash\n(.*?)^```", text, re.S | re.M)
+  return [line for block in blocks for line in block.splitlines()]
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/tutorials/quickstart.md"])
+def test_the_setup_creates_the_venv_before_a_command_uses_it(page):
+  lines = bash_lines(ROOT / page)
+  create = next(i for i, line in enumerate(lines) if "-m venv .venv" in line)
+  use = next(i for i, line in enumerate(lines) if ".venv/bin/" in line)
+  assert create <= use, f"{page}: `{lines[use]}` comes before the command that creates .venv"
+
+
+def test_the_pages_state_one_test_count_and_one_test_time():
+  said: dict[str, set[str]] = {"count": set(), "minutes": set(), "ci": set()}
+  patterns = {"count": r"(\d[\d,]*) tests\b", "minutes": r"about (\d+) minutes on a 2-core CPU",
+              "ci": r"\((\d+) s in CI"}
+  for path in DOCUMENTS:
+    text = " ".join(path.read_text().split())
+    for what, pattern in patterns.items():
+      said[what] |= set(re.findall(pattern, text))
+  assert len(said["count"]) == 1 and len(said["minutes"]) == 1, said
+  assert len(said["ci"]) <= 1, said
+
+
+def test_the_gpu_install_is_the_one_of_performance():
+  gpu = [line for line in bash_lines(ROOT / "docs" / "how-to" / "gpu.md") if "pip install" in line]
+  assert gpu, "docs/how-to/gpu.md shows no install command"
+  performance = bash_lines(PERFORMANCE)
+  for line in gpu:
+    assert line in performance, f"docs/how-to/gpu.md: {line!r} is not docs/performance.md's"
+
+
+def test_the_gpu_cost_rows_are_those_of_performance():
+  gpu = section((ROOT / "docs" / "how-to" / "gpu.md").read_text(), "What it costs")
+  rows = [line for line in gpu.splitlines() if line.startswith("| ") and "---" not in line][1:]
+  assert rows, "docs/how-to/gpu.md has no cost table"
+  performance = PERFORMANCE.read_text().splitlines()
+  for row in rows:
+    assert row in performance, f"docs/how-to/gpu.md: {row[:60]!r}... is not a row of performance.md"

@@ -572,7 +572,7 @@ def _ce(logits, labels):
 def test_mvp_mask_and_losses_against_numpy():
   """On a hand-made batch (3 valid images + 1 padded, D=3, C=4, pool of 3, 2 keys each): the
   instance mask, the focal/scaled loss with gradients taken by finite differences in float64,
-  and the contrastive key loss, all from the definitions in docs/methods.md."""
+  and the contrastive key loss, all from the definitions in docs/methods/mvp.md."""
   f = np.array([[1.0, 0.5, -0.2], [-0.3, 0.8, 0.4], [0.2, -0.6, 0.9], [5.0, 5.0, 5.0]])
   kernel = np.array([[0.4, -0.2, 0.1, 0.3], [-0.5, 0.6, 0.2, -0.1], [0.3, 0.1, -0.4, 0.5]])
   bias = np.array([0.1, -0.2, 0.05, 0.0])

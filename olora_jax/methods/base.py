@@ -47,7 +47,8 @@ replicates it over the mesh, and hands it to these functions:
                                                        end is evaluated before the change)
 
 The learner is task-free: a batch carries no task id, and no method hears of task boundaries
-unless the run's boundary switch is set (then results.json marks the run; docs/methods.md).
+unless the run's boundary switch is set (then results.json marks the run;
+docs/methods/boundaries.md).
 `anytime_eval=False` makes the loop evaluate at task ends only (GDumb, as the paper reports it).
 """
 

@@ -32,7 +32,7 @@ before it and normalised; for P the (Lp, D) prompt flattened), and the optimizer
 T - 1 boundaries the last block keeps training (the authors' code has no block past its task
 count).
 
-Readings (docs/methods.md "CODA-Prompt" lists them with the paper and the authors' code):
+Readings (docs/methods/coda_prompt.md lists them with the paper and the authors' code):
 - Initialisation as the authors' released code: block 0 by Gram-Schmidt at the start, each later
   block at its boundary (the paper: the whole pool orthogonal at the start); earlier components
   keep their trained values and the new block is orthogonal to their span. Ours is exactly
@@ -228,7 +228,7 @@ def build(ctx: base.Context) -> base.Method:
 
 def config():
   """The `coda_prompt` block: the authors' ViT-B/16 ImageNet-R setting (their released script;
-  docs/methods.md "CODA-Prompt"); batch 128 in the authors' runs (ours: learner.batch_size)."""
+  docs/methods/coda_prompt.md); batch 128 in the authors' runs (ours: learner.batch_size)."""
   return common.baseline_block(
       trainable=Key("prompts", "'prompts', the only value: the components (keys, attention"
                     " vectors, prompts), plus the head, on the frozen backbone"),

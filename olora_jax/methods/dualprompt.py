@@ -31,7 +31,7 @@ never a candidate). A stream with more boundaries than the pool holds tasks (M /
 as the authors' code does once its task's prompt mask would run past the pool, to free key
 selection in training.
 
-Readings (docs/methods.md "DualPrompt" lists them with the paper and the authors' code):
+Readings (docs/methods/dualprompt.md lists them with the paper and the authors' code):
 - Only the E-prompts and keys used in the step move (their rows of the pool;
   `prompt_pool.freeze_rows` zeroes the updates of the others, so neither weight decay nor Adam's
   moments move an earlier E-prompt); the G-prompt and the head train always.
@@ -172,7 +172,7 @@ def build(ctx: base.Context) -> base.Method:
 
 def config():
   """The `dualprompt` block: the authors' ViT-B/16 Split ImageNet-R setting (their code's config;
-  docs/methods.md "DualPrompt"); batch 24 in the authors' runs (ours: learner.batch_size)."""
+  docs/methods/dualprompt.md); batch 24 in the authors' runs (ours: learner.batch_size)."""
   return common.baseline_block(
       trainable=Key("prompts", "'prompts', the only value: the G-prompt, the E-prompt pool with"
                     " its keys, plus the head, on the frozen backbone"),

@@ -46,7 +46,8 @@ Online, task-free reading (ours; the paper trains each task for epochs with its 
   - The cross-entropy is over every class on one shared head (the project's fair setting, as
     for L2P): the code's per-task classifiers and current-task logit masking are not used.
 
-Where the paper and the released code differ (docs/methods.md; we follow the code unless said):
+Where the paper and the released code differ (docs/methods/inflora.md; we follow the code
+unless said):
   - adapted projections: the code adds the branch to k and v; we add it to q and v (the LoRA
     targets of this project, Online-LoRA's and SD-LoRA's). The design is the same for q, k and
     v (they share the input); only which output the up-projection writes to differs.

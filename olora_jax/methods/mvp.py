@@ -1,7 +1,7 @@
 """MVP, mask and visual prompt tuning (Moon et al., ICCV 2023, the Si-Blurry paper).
 
 On L2P's prompt pool (prompt_pool.py; the same input-level prompts, here read through the class
-token), MVP adds, per docs/methods.md "MVP" (where every reading we made is listed):
+token), MVP adds, per docs/methods/mvp.md (where every reading we made is listed):
 
 - instance-wise logit masks: each key j owns a mask logit vector mu_j (C,) (trainable, start -1);
   an image that selected keys S gets logits z * 2 sigmoid(mean_{j in S} mu_j);

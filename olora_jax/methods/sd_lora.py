@@ -27,7 +27,7 @@ kept as trained), a fresh A_{t+1} (kaiming-uniform) and B_{t+1} = 0 open slot t 
 alpha_{t+1} = `magnitude_init`, and the Adam state is reset (the code builds a new optimizer
 per task).
 
-Readings (ours; docs/methods.md says where paper and code differ):
+Readings (ours; docs/methods/sd_lora.md says where paper and code differ):
   - The live component is alpha_t B_t A_t, not normalised: B_t starts at 0 (so opening a
     component leaves the model's function unchanged), where a norm is undefined. The code does
     the same. Freezing it normalises it, which changes the function at the boundary unless

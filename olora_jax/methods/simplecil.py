@@ -62,11 +62,11 @@ The first phase as the authors' code (RevisitingCIL, `aper_finetune`) trains it,
 `first_phase_head='linear'` with `first_phase_optimizer='adam'` (learning_rate 1e-4,
 weight_decay 1e-4) is our earlier reading: the ViT's fresh C-way linear head over every class,
 trained with the baselines' Adam; on the demo its adapted half barely moved and APER scored as
-SimpleCIL (docs/methods.md). The stream is not seen again, so the prototypes of the samples met
-during the phase are accumulated from the adapted model as it stood when each sample arrived
-(before the step it was trained on), not recomputed with the final adapted model as the paper
-does; after the boundary the adapted model is fixed and every later sample's prototype uses it.
-`state["adapting"]` switches the phase off inside the one compiled train step;
+SimpleCIL (docs/methods/simplecil.md). The stream is not seen again, so the prototypes of the
+samples met during the phase are accumulated from the adapted model as it stood when each sample
+arrived (before the step it was trained on), not recomputed with the final adapted model as the
+paper does; after the boundary the adapted model is fixed and every later sample's prototype uses
+it. `state["adapting"]` switches the phase off inside the one compiled train step;
 host["adapted_until_step"] records the step it ended. The logged `loss` is the first phase's CE
 while adapting, the prequential prototype loss after (`prototype_loss` and `first_phase_ce` are
 logged beside it).
