@@ -42,6 +42,7 @@ import uuid
 
 # The `loggers` key's vocabulary lives with the config checks (validation imports no logger).
 from olora_jax import plots, tb_writer, validation
+from olora_jax import workdir as workdir_lib
 from olora_jax.validation import LOGGERS, PACKAGES, check_loggers, parse_loggers  # noqa: F401
 
 IDS_FILE = "loggers.json"  # the W&B and MLflow run ids, for a resume to log into the same runs
@@ -117,11 +118,7 @@ def _ids(workdir: str) -> dict:
 
 
 def _keep_id(workdir: str, name: str, run_id: str) -> None:
-  ids = {**_ids(workdir), name: run_id}
-  tmp = os.path.join(workdir, IDS_FILE + ".tmp")
-  with open(tmp, "w") as f:
-    json.dump(ids, f, indent=1)
-  os.replace(tmp, os.path.join(workdir, IDS_FILE))
+  workdir_lib.write_json(os.path.join(workdir, IDS_FILE), {**_ids(workdir), name: run_id})
 
 
 class WandbWriter(_Mirror):

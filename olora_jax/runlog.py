@@ -12,6 +12,7 @@ import os
 
 from olora_jax import errors, loggers
 from olora_jax.protocol import jsonable
+from olora_jax.workdir import write_json  # noqa: F401  (the run's JSON files)
 
 
 class RunLogChanged(errors.EnvironmentFailure):
@@ -125,11 +126,6 @@ def open_run_log(workdir: str, primary: bool, truncate_to: int, config=None
                 truncate_to=truncate_to)
 
 
-def write_json(path: str, obj) -> None:
-  tmp = path + ".tmp"
-  with open(tmp, "w") as f:
-    json.dump(obj, f, indent=1)
-  os.replace(tmp, path)  # atomic: a reader never sees half a file
 
 
 def read_json(path: str, fix: str):

@@ -18,6 +18,7 @@ import datetime
 import errno
 import fcntl
 import hashlib
+import json
 import os
 import socket
 
@@ -166,3 +167,11 @@ def finished_at(workdir: str) -> str:
 
 def missing_plots(workdir: str, plot_files: tuple[str, ...]) -> list[str]:
   return [f for f in plot_files if not os.path.exists(os.path.join(workdir, "plots", f))]
+
+
+def write_json(path: str, obj) -> None:
+  """`obj` as JSON at `path`, whole or not at all (a reader never sees half a file)."""
+  tmp = path + ".tmp"
+  with open(tmp, "w") as f:
+    json.dump(obj, f, indent=1)
+  os.replace(tmp, path)  # atomic: a reader never sees half a file
