@@ -317,13 +317,14 @@ def _seconds(record: dict) -> str:
   return f"{seconds:.0f} s" + (f" over {allocations} allocations" if allocations > 1 else "")
 
 
-def cell_status(workdir: str, task: dict | None = None, log: str | None = None
-                ) -> tuple[str, str]:
+def cell_status(workdir: str, task: dict | None = None, log: str | None = None,
+                slurm_task: str | None = None) -> tuple[str, str]:
   """(state, detail) of a cell, one of STATES. `task`: what the scheduler says of the cell's
   array task ({"state", "reason", "exit", "restarts"}; {} when it no longer knows it), None
   when there is no scheduler to ask (a local sweep, or none reachable): then a running record is
   judged by its heartbeat (and, on its own host, by its pid). `log`: the task's log file, whose
-  last line is shown for a task that never started its run."""
+  last line is shown for a task that never started its run. `slurm_task`: the cell's array task
+  id as the plan records it, named while the task runs but its run has not yet written a record."""
   record = read_record(workdir)
   if is_finished(workdir):
     return "finished", _seconds(record) if record else ""
@@ -357,7 +358,8 @@ def cell_status(workdir: str, task: dict | None = None, log: str | None = None
     return "running", f"{progress} ({where}, since {record.get('since')})"
   if record is None:
     if sched in ("RUNNING", "COMPLETING"):
-      return "running", f"setting up (scheduler: {sched})"
+      named = f"SLURM task {slurm_task}, " if slurm_task else ""
+      return "running", f"setting up ({named}scheduler: {sched})"
     if sched == "CANCELLED" and not _last_line(log):
       return "not started", "cancelled before it started (scheduler: CANCELLED)"
     if sched:  # ended without ever recording a run
@@ -510,7 +512,7 @@ def status_lines(root: str, scheduler=None) -> tuple[list[str], dict]:
     if slurm and slurm.get("task"):
       task = None if answers is None else answers.get(slurm["task"], {})
       log = os.path.join(os.path.abspath(root), "slurm", "logs", f"{slurm['task']}.out")
-    state, detail = cell_status(workdir, task, log)
+    state, detail = cell_status(workdir, task, log, (slurm or {}).get("task"))
     counts[state] = counts.get(state, 0) + 1
     line = f"{workdir}: {state}" + (f", {detail}" if detail else "")
     if log and state != "finished":

@@ -138,6 +138,9 @@ def test_status_reads_every_state_from_the_workdirs(tmp_path):
   assert lines[6] == f"{root}/waiting: not started"
   assert lines[7] == ("7 cells: 1 finished, 1 running, 0 queued, 1 stopped, 2 lost, 1 failed,"
                       " 1 not started")
+  # The scheduler runs a cell's task before its run has written a record: the line names the task.
+  assert cells.cell_status(str(root / "waiting"), {"state": "RUNNING"}, None, "7_4") == (
+      "running", "setting up (SLURM task 7_4, scheduler: RUNNING)")
   (tmp_path / "empty").mkdir()
   for bad, says in ((tmp_path / "nope", "no such directory"),
                     (tmp_path / "empty", "no sweep there")):
