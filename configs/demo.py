@@ -32,6 +32,7 @@ from configs import common
 STREAM_SAMPLES = 4000  # the demo stream's training samples
 REPLAY_SHARE = 0.01  # the paper's buffer share: 500 of Split CIFAR-100's 50,000
 REPLAY_BLOCKS = ("er", "der_pp", "agem", "mir", "gdumb", "pcr", "lode", "ema_der_pp", "ema_rar")
+REPLAY_BLOCKS += ("er_ace",)  # the online-continual-learning baselines of issue 51
 
 
 def get_config(method: str = "online_lora"):
