@@ -309,6 +309,12 @@ def check_method(config: ml_collections.ConfigDict, width: int | None = None) ->
   if "holdout_every" in values:
     _require(b.holdout_every >= 2, f"{p}holdout_every={b.holdout_every} must be >= 2 (5: every"
              " fifth sample held out, 20%)")
+  if "refresh_every" in values:  # LwF's teacher period (methods/lwf.py)
+    _require(isinstance(b.refresh_every, int) and b.refresh_every >= 0,
+             f"{p}refresh_every={b.refresh_every!r} must be an integer >= 0 (0: refresh only at"
+             " the boundaries of boundaries.rule)")
+  if "kd_weight" in values:  # LwF's lambda_o (0: the codebase's 1/(n+1) weighting)
+    _require(b.kd_weight >= 0, f"{p}kd_weight={b.kd_weight} must be >= 0")
   for key in ("fisher_every", "epochs", "repeats", "projection_dim", "refit_every"):
     if key in values:
       _require(values[key] >= 1, f"{p}{key}={values[key]} must be >= 1")

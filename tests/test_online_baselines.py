@@ -5,10 +5,13 @@ loss and nearest-class-mean rule, OnPro's prototype losses, each against NumPy."
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from numerics import assert_close
 from test_methods import _np_log_softmax, batch, context, init_params
 
-from olora_jax.methods import REGISTRY, er_ace
+from configs import tiny
+from olora_jax import validation
+from olora_jax.methods import REGISTRY, er_ace, lwf
 
 # --------------------------------------------------------------------------------------------
 # ER-ACE.
@@ -48,3 +51,69 @@ def test_er_ace_step_replays_with_full_ce_and_tracks_the_classes_met():
   assert float(scalars["ce_replay"]) > 0
   moved = np.abs(np.asarray(state["params"]["head"]["kernel"] - head["kernel"]))
   assert np.all(moved.max(axis=0) > 0)
+
+
+# --------------------------------------------------------------------------------------------
+# LwF.
+
+
+def test_lwf_distillation_against_numpy():
+  rng = np.random.default_rng(2)
+  logits, teacher = rng.normal(size=(2, 5, 6)).astype(np.float32) * 3
+  mask = np.array([True, True, True, False, True])
+  kd = lwf.distillation(jnp.asarray(logits), jnp.asarray(teacher), jnp.asarray(mask), 2.0)
+  target = np.exp(_np_log_softmax(teacher / 2.0))
+  per_item = -(target * _np_log_softmax(logits / 2.0)).sum(axis=1)
+  assert_close(float(kd), 4.0 * per_item[mask].mean(), rtol=1e-5)
+  # The codebase's weighting by n refreshes, and the paper's lambda_o.
+  ce, kd = jnp.float32(1.5), jnp.float32(0.5)
+  for n, expected in ((0, 1.5), (1, 1.0), (3, 0.25 * 1.5 + 0.75 * 0.5)):
+    assert_close(float(lwf.weighted_loss(ce, kd, jnp.int32(n), 0.0)), expected, rtol=1e-6)
+  assert_close(float(lwf.weighted_loss(ce, kd, jnp.int32(0), 2.0)), 1.5, rtol=1e-6)
+  assert_close(float(lwf.weighted_loss(ce, kd, jnp.int32(2), 2.0)), 2.5, rtol=1e-6)
+
+
+def test_lwf_teacher_refreshes_every_period_and_at_a_boundary():
+  method = REGISTRY["lwf"](context("lwf", trainable="head", learning_rate=1e-2, refresh_every=2))
+  step = jax.jit(method.train_step)
+  state = method.init(jax.random.key(0), init_params())
+  state, scalars, _ = step(state, batch(0))
+  assert int(scalars["teacher_refreshes"]) == 0 and float(scalars["distillation"]) >= 0
+  assert_close(float(scalars["loss"]), float(scalars["ce_current"]), rtol=1e-6)  # CE alone
+  state, _, _ = step(state, batch(1))
+  after_two = jax.tree.map(np.asarray, state["params"])
+  assert bool(state["refresh_due"])  # the period's end: the next step takes the teacher
+  state, scalars, _ = step(state, batch(2))
+  assert int(scalars["teacher_refreshes"]) == 1
+  jax.tree.map(np.testing.assert_array_equal, state["teacher"], after_two)
+  assert_close(float(scalars["loss"]),
+               0.5 * float(scalars["ce_current"]) + 0.5 * float(scalars["distillation"]),
+               rtol=1e-6)
+  # refresh_every 0: only the boundary switch refreshes, from the next step on.
+  method = REGISTRY["lwf"](context("lwf", trainable="head", learning_rate=1e-2, refresh_every=0))
+  step = jax.jit(method.train_step)
+  state = method.init(jax.random.key(0), init_params())
+  for i in range(3):
+    state, scalars, _ = step(state, batch(i))
+  assert int(scalars["teacher_refreshes"]) == 0
+  state, host = method.at_boundary(state, {})
+  before = jax.tree.map(np.asarray, state["params"])
+  state, scalars, _ = step(state, batch(3))
+  assert int(scalars["teacher_refreshes"]) == 1 and not bool(state["refresh_due"])
+  jax.tree.map(np.testing.assert_array_equal, state["teacher"], before)
+
+
+@pytest.mark.parametrize("key, value, match", [
+    ("er_ace.replay_batch", 30, r"er_ace.replay_batch=30 must be in \[1, er_ace.buffer_size=24\]"),
+    ("lwf.refresh_every", -1, r"lwf.refresh_every=-1 must be an integer >= 0"),
+    ("lwf.kd_weight", -0.5, r"lwf.kd_weight=-0.5 must be >= 0"),
+    ("lwf.temperature", 0.0, r"lwf.temperature=0.0 must be > 0"),
+])
+def test_bad_online_baseline_config_is_refused(key, value, match):
+  config = tiny.get_config()
+  section, _, leaf = key.rpartition(".")
+  config.method = section
+  config.er_ace.buffer_size = 24
+  setattr(config[section], leaf, value)
+  with pytest.raises(validation.InputError, match=match):
+    validation.check_method(config)

@@ -28,6 +28,7 @@ def small_config(method: str):
   c.mir.n_candidates = 8
   for block in ("er_ace",):  # the online-continual-learning baselines of issue 51
     c[block].update(buffer_size=24, replay_batch=4, learning_rate=3e-3)
+  c.lwf.update(learning_rate=3e-3, refresh_every=3)
   c.gdumb.epochs = 2
   c.ewc_pp.fisher_every = 3
   c.ema_der_pp.ema_warmup_steps = c.ema_rar.ema_warmup_steps = 3
