@@ -11,7 +11,7 @@ from test_methods import _np_log_softmax, batch, context, init_params
 
 from configs import tiny
 from olora_jax import validation
-from olora_jax.methods import REGISTRY, er_ace, lwf
+from olora_jax.methods import REGISTRY, er_ace, lwf, scr
 
 # --------------------------------------------------------------------------------------------
 # ER-ACE.
@@ -117,3 +117,87 @@ def test_bad_online_baseline_config_is_refused(key, value, match):
   setattr(config[section], leaf, value)
   with pytest.raises(validation.InputError, match=match):
     validation.check_method(config)
+
+
+# --------------------------------------------------------------------------------------------
+# SCR.
+
+
+def _np_supcon(z, labels, temperature):
+  """Khosla et al.'s loss as the SCR authors compute it (every view an anchor, no self-contrast),
+  transcribed: for each anchor the mean over its positives of the log-probability among all
+  other items."""
+  sim = z @ z.T / temperature
+  m = len(labels)
+  losses = []
+  for i in range(m):
+    others = [a for a in range(m) if a != i]
+    log_norm = np.log(np.sum(np.exp(sim[i, others])))
+    positives = [p for p in others if labels[p] == labels[i]]
+    losses.append(-np.mean([sim[i, p] - log_norm for p in positives]))
+  return float(np.mean(losses))
+
+
+def test_scr_contrastive_loss_against_numpy():
+  rng = np.random.default_rng(3)
+  raw = rng.normal(size=(6, 5))
+  z = raw / np.linalg.norm(raw, axis=1, keepdims=True)
+  labels = np.array([0, 1, 0, 2, 2, 1])
+  views = np.concatenate([z, np.roll(z, 1, axis=1)])  # two "views" of three classes
+  view_labels = np.tile(labels, 2)
+  loss = scr.supervised_contrastive_loss(jnp.asarray(views, jnp.float32),
+                                         jnp.asarray(view_labels), jnp.ones(12, bool), 0.07)
+  assert_close(float(loss), _np_supcon(views, view_labels, 0.07), rtol=1e-4)
+  # A padded item is neither an anchor nor a contrast: as if it were not there.
+  mask = np.ones(12, bool)
+  mask[[5, 11]] = False
+  masked = scr.supervised_contrastive_loss(jnp.asarray(views, jnp.float32),
+                                           jnp.asarray(view_labels), jnp.asarray(mask), 0.07)
+  assert_close(float(masked), _np_supcon(views[mask], view_labels[mask], 0.07), rtol=1e-4)
+
+
+def test_scr_nearest_class_mean_against_numpy():
+  rng = np.random.default_rng(4)
+  stored, labels = rng.normal(size=(7, 5)), np.array([0, 0, 2, 2, 2, 1, 3])
+  valid = np.array([True] * 6 + [False])  # class 3 only in an empty slot
+  means, present = scr.class_means(jnp.asarray(stored, jnp.float32), jnp.asarray(labels),
+                                   jnp.asarray(valid), 4)
+  unit = lambda x: x / np.linalg.norm(x, axis=-1, keepdims=True)  # noqa: E731
+  expected = np.stack([unit(unit(stored[(labels == c) & valid]).mean(0)) for c in range(3)])
+  assert_close(np.asarray(means)[:3], expected, rtol=1e-5)
+  np.testing.assert_array_equal(present, [True, True, True, False])
+  queries = rng.normal(size=(4, 5))
+  scores = np.asarray(scr.ncm_scores(jnp.asarray(queries, jnp.float32), means, present))
+  distance = ((unit(queries)[:, None] - expected[None]) ** 2).sum(-1)
+  assert_close(scores[:, :3], -distance, rtol=1e-5)
+  assert np.all(scores[:, 3] < -1e8)  # absent from the buffer: never predicted
+
+
+def test_scr_steps_only_with_a_memory_and_predicts_by_class_means():
+  method = REGISTRY["scr"](context("scr", trainable="all", buffer_size=8, replay_batch=4,
+                                   projection_dim=8, flip=False))
+  step = jax.jit(method.train_step)
+  state = method.init(jax.random.key(0), init_params())
+  params = jax.tree.map(np.asarray, state["params"])
+  state, scalars, _ = step(state, batch(0, labels=[0, 1] * 4))
+  assert int(scalars["replayed"]) == 0  # the first batch only enters the buffer
+  jax.tree.map(np.testing.assert_array_equal, state["params"], params)
+  state, scalars, _ = step(state, batch(1, labels=[2, 3] * 4))
+  assert int(scalars["replayed"]) == 4 and np.isfinite(float(scalars["loss"]))
+  moved = jax.tree.leaves(jax.tree.map(lambda a, b: np.any(np.asarray(a) != b),
+                                       state["params"], params))
+  assert any(moved)
+  view = method.eval_state(state)
+  logits = np.asarray(method.predict(view, jnp.asarray(batch(2)["images"])))
+  held = np.unique(np.asarray(state["buffer"].labels)[np.asarray(state["buffer"].valid)])
+  assert np.all(np.isin(logits.argmax(-1), held))
+
+
+def test_scr_augmentation_keeps_shape_range_and_is_seeded():
+  images = jnp.asarray(batch(5)["images"])
+  a = scr.augment(jax.random.key(0), images, "unit")
+  assert a.shape == images.shape and float(a.min()) >= 0 and float(a.max()) <= 1
+  np.testing.assert_array_equal(a, scr.augment(jax.random.key(0), images, "unit"))
+  assert np.any(np.asarray(a) != np.asarray(images))
+  signed = scr.augment(jax.random.key(0), 2 * images - 1, "signed")
+  assert_close(signed, 2 * a - 1, rtol=1e-5)
