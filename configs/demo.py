@@ -32,7 +32,7 @@ from configs import common
 STREAM_SAMPLES = 4000  # the demo stream's training samples
 REPLAY_SHARE = 0.01  # the paper's buffer share: 500 of Split CIFAR-100's 50,000
 REPLAY_BLOCKS = ("er", "der_pp", "agem", "mir", "gdumb", "pcr", "lode", "ema_der_pp", "ema_rar")
-REPLAY_BLOCKS += ("er_ace", "scr")  # the online-continual-learning baselines of issue 51
+REPLAY_BLOCKS += ("er_ace", "scr", "onpro")  # the online-continual-learning baselines of issue 51
 
 
 def get_config(method: str = "online_lora"):
@@ -64,7 +64,7 @@ def get_config(method: str = "online_lora"):
     config[block].buffer_size = buffer
   config.mir.n_candidates = min(config.mir.n_candidates, buffer)
   config.ema_rar.flip = False  # RAR's augmentation: a mirrored digit is another shape
-  config.scr.flip = False  # SCR's augmented view, likewise
+  config.scr.flip = config.onpro.flip = False  # SCR's and OnPro's augmented views, likewise
   # RanPAC's random projection: 256 wide here (the paper's 10,000 makes each refit an
   # eigendecomposition of a 10,000 x 10,000 matrix; one of 1,024 x 1,024 already took 11 s on 2
   # busy CPU cores).

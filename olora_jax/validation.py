@@ -313,12 +313,15 @@ def check_method(config: ml_collections.ConfigDict, width: int | None = None) ->
     _require(isinstance(b.refresh_every, int) and b.refresh_every >= 0,
              f"{p}refresh_every={b.refresh_every!r} must be an integer >= 0 (0: refresh only at"
              " the boundaries of boundaries.rule)")
+  for key in ("mixup_base_rate", "mixup_p", "mixup_upper"):  # OnPro's APF (methods/onpro.py)
+    if key in values:
+      _require(0 <= values[key] <= 1, f"{p}{key}={values[key]} must be in [0, 1]")
   if "kd_weight" in values:  # LwF's lambda_o (0: the codebase's 1/(n+1) weighting)
     _require(b.kd_weight >= 0, f"{p}kd_weight={b.kd_weight} must be >= 0")
   for key in ("fisher_every", "epochs", "repeats", "projection_dim", "refit_every"):
     if key in values:
       _require(values[key] >= 1, f"{p}{key}={values[key]} must be >= 1")
-  for key in ("temperature", "c"):
+  for key in ("temperature", "c", "proto_temperature", "instance_temperature", "mixup_alpha"):
     if key in values:
       _require(values[key] > 0, f"{p}{key}={values[key]} must be > 0")
   for key in ("warmup_batches", "rho", "ema_warmup_steps"):

@@ -11,7 +11,7 @@ from test_methods import _np_log_softmax, batch, context, init_params
 
 from configs import tiny
 from olora_jax import validation
-from olora_jax.methods import REGISTRY, er_ace, lwf, scr
+from olora_jax.methods import REGISTRY, er_ace, lwf, onpro, scr
 
 # --------------------------------------------------------------------------------------------
 # ER-ACE.
@@ -108,6 +108,9 @@ def test_lwf_teacher_refreshes_every_period_and_at_a_boundary():
     ("lwf.refresh_every", -1, r"lwf.refresh_every=-1 must be an integer >= 0"),
     ("lwf.kd_weight", -0.5, r"lwf.kd_weight=-0.5 must be >= 0"),
     ("lwf.temperature", 0.0, r"lwf.temperature=0.0 must be > 0"),
+    ("scr.temperature", -1.0, r"scr.temperature=-1.0 must be > 0"),
+    ("onpro.mixup_p", 1.5, r"onpro.mixup_p=1.5 must be in \[0, 1\]"),
+    ("onpro.proto_temperature", 0.0, r"onpro.proto_temperature=0.0 must be > 0"),
 ])
 def test_bad_online_baseline_config_is_refused(key, value, match):
   config = tiny.get_config()
@@ -201,3 +204,64 @@ def test_scr_augmentation_keeps_shape_range_and_is_seeded():
   assert np.any(np.asarray(a) != np.asarray(images))
   signed = scr.augment(jax.random.key(0), 2 * images - 1, "signed")
   assert_close(signed, 2 * a - 1, rtol=1e-5)
+
+
+# --------------------------------------------------------------------------------------------
+# OnPro.
+
+
+def _np_ope(z1, z2, labels, temperature):
+  """OnPro's OPE loss as the authors compute it, transcribed: class means of each view over the
+  classes present, normalised, 2K prototypes; positive: the same class in the other view;
+  denominator: every other prototype."""
+  classes = sorted(set(labels.tolist()))
+  unit = lambda x: x / np.linalg.norm(x, axis=-1, keepdims=True)  # noqa: E731
+  p1 = unit(np.stack([z1[labels == c].mean(0) for c in classes]))
+  p2 = unit(np.stack([z2[labels == c].mean(0) for c in classes]))
+  p, k = np.concatenate([p1, p2]), len(classes)
+  sim = p @ p.T / temperature
+  losses = []
+  for i in range(2 * k):
+    others = [j for j in range(2 * k) if j != i]
+    losses.append(-(sim[i, (i + k) % (2 * k)] - np.log(np.exp(sim[i, others]).sum())))
+  return float(np.mean(losses)), (p1, p2)
+
+
+def test_onpro_prototype_loss_against_numpy():
+  rng = np.random.default_rng(6)
+  z1, z2 = rng.normal(size=(2, 7, 5))
+  labels = np.array([0, 3, 3, 0, 1, 3, 2])
+  mask = np.array([True] * 6 + [False])  # class 2 only on a padded item: no prototype
+  loss, means, present = onpro.prototype_contrastive_loss(
+      jnp.asarray(z1, jnp.float32), jnp.asarray(z2, jnp.float32), jnp.asarray(labels),
+      jnp.asarray(mask), 5, 0.5)
+  expected, _ = _np_ope(z1[:6], z2[:6], labels[:6], 0.5)
+  assert_close(float(loss), expected, rtol=1e-5)
+  np.testing.assert_array_equal(present, [True, True, False, True, False])
+  raw = lambda z, c: z[:6][labels[:6] == c].mean(0)  # noqa: E731
+  assert_close(np.asarray(means)[3], (raw(z1, 3) + raw(z2, 3)) / 2, rtol=1e-5)
+  # APF's pair distribution: softmax over pairs of present classes of 1 / distance.
+  probs = np.asarray(onpro.pair_probabilities(means, present))
+  pairs = [(0, 1), (0, 3), (1, 3)]
+  m = np.asarray(means)
+  inv = np.array([1 / np.linalg.norm(m[a] - m[b]) for a, b in pairs])
+  expected_p = np.exp(inv - inv.max()) / np.exp(inv - inv.max()).sum()
+  assert_close(np.array([probs[a, b] for a, b in pairs]), expected_p, rtol=1e-5)
+  assert_close(probs.sum(), 1.0, rtol=1e-5)
+
+
+def test_onpro_step_trains_and_keeps_the_replay_prototypes():
+  method = REGISTRY["onpro"](context("onpro", trainable="all", buffer_size=8, replay_batch=4,
+                                     projection_dim=8, flip=False))
+  step = jax.jit(method.train_step)
+  state = method.init(jax.random.key(0), init_params())
+  state, scalars, _ = step(state, batch(0, labels=[0, 1] * 4))
+  assert not bool(np.any(state["class_means_present"]))  # an empty buffer: no prototypes yet
+  for i in range(1, 3):
+    state, scalars, _ = step(state, batch(i, labels=[2, 3] * 4))
+  assert all(np.isfinite(float(v)) for v in scalars.values())
+  held = set(np.asarray(state["buffer"].labels)[np.asarray(state["buffer"].valid)].tolist())
+  assert set(np.flatnonzero(state["class_means_present"]).tolist()) <= held
+  assert bool(np.any(state["class_means_present"]))
+  logits = method.predict(state, jnp.asarray(batch(4)["images"]))
+  assert logits.shape == (8, 4)

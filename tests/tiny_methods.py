@@ -26,9 +26,9 @@ def small_config(method: str):
   for block in ("er", "der_pp", "agem", "mir", "pcr", "lode", "ema_der_pp", "ema_rar"):
     c[block].replay_batch = 4
   c.mir.n_candidates = 8
-  for block in ("er_ace", "scr"):  # the online-continual-learning baselines of issue 51
+  for block in ("er_ace", "scr", "onpro"):  # the online-continual-learning baselines of issue 51
     c[block].update(buffer_size=24, replay_batch=4, learning_rate=3e-3)
-  c.scr.projection_dim = 8
+  c.scr.projection_dim = c.onpro.projection_dim = 8
   c.lwf.update(learning_rate=3e-3, refresh_every=3)
   c.gdumb.epochs = 2
   c.ewc_pp.fisher_every = 3
