@@ -120,33 +120,28 @@ def feedback_mix(key, mem: dict, buf: replay.ReplayBuffer, means, present, block
   return images, y_a, y_b, w, valid
 
 
+def linear_projection(key: jax.Array, width: int, out: int) -> dict:
+  """The projection's weights (width -> out), initialised as PyTorch's nn.Linear (uniform in
+  +-1/sqrt(width))."""
+  bound = 1.0 / np.sqrt(width)
+  k1, k2 = jax.random.split(key)
+  return {"kernel": jax.random.uniform(k1, (width, out), minval=-bound, maxval=bound),
+          "bias": jax.random.uniform(k2, (out,), minval=-bound, maxval=bound)}
+
+
 def build(ctx: base.Context) -> base.Method:
   """OnPro from the `onpro` block."""
   block, scale, num_classes = ctx.config.onpro, ctx.config.data.input_scale, ctx.num_classes
-  tx, model_apply = common.optimizer_and_apply(ctx, block)
+  tx = common.make_adam(block.learning_rate, block.weight_decay)
   n_replay = common.replay_batch(ctx, block)
-
-  def features(frozen, params, images):
-    return model_apply(frozen, {k: v for k, v in params.items() if k != "projection"}, images,
-                       pre_logits=True)
+  features, init_network = scr.projected_network(
+      ctx, block, tx, lambda key, width: linear_projection(key, width, block.projection_dim))
 
   def logits_of(params, f):
     return f @ params["head"]["kernel"] + params["head"]["bias"]
 
   def init(key, params):
-    head_key, key = jax.random.split(key)
-    trainable, frozen = common.split_trainable(params, block.trainable, key, ctx.spec,
-                                               ctx.config.learner.rank)
-    width = jax.eval_shape(features, frozen, trainable,
-                           jnp.zeros((1, *ctx.image_shape))).shape[-1]
-    bound = 1.0 / np.sqrt(width)
-    k1, k2 = jax.random.split(head_key)
-    trainable = {**trainable, "projection": {
-        "kernel": jax.random.uniform(k1, (width, block.projection_dim), minval=-bound,
-                                     maxval=bound),
-        "bias": jax.random.uniform(k2, (block.projection_dim,), minval=-bound, maxval=bound)}}
-    state = common.state_of(trainable, frozen, tx, key)
-    return {**state, "buffer": replay.init(block.buffer_size, ctx.image_shape),
+    return {**init_network(key, params),
             "class_means": jnp.zeros((num_classes, block.projection_dim), jnp.float32),
             "class_means_present": jnp.zeros((num_classes,), bool)}
 

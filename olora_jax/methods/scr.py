@@ -121,11 +121,12 @@ def ncm_scores(features: jax.Array, means: jax.Array, present: jax.Array) -> jax
   return common.restrict_logits(-distance, present)
 
 
-def build(ctx: base.Context) -> base.Method:
-  """SCR from the `scr` block."""
-  block, scale, num_classes = ctx.config.scr, ctx.config.data.input_scale, ctx.num_classes
-  tx, model_apply = common.optimizer_and_apply(ctx, block)
-  n_replay = common.replay_batch(ctx, block)
+def projected_network(ctx: base.Context, block, tx, init_head):
+  """What SCR and OnPro share: `features(frozen, params, images)`, the network's pooled features
+  (N, width) from a trainable tree that also holds a "projection" head, and `init(key, params)`,
+  the common state (common.py) whose trainable tree gains the head `init_head(key, width)`, plus
+  an empty reservoir buffer of `block.buffer_size`."""
+  model_apply = common.make_apply(ctx.model)
 
   def features(frozen, params, images):
     return model_apply(frozen, {k: v for k, v in params.items() if k != "projection"}, images,
@@ -137,10 +138,20 @@ def build(ctx: base.Context) -> base.Method:
                                                ctx.config.learner.rank)
     width = jax.eval_shape(features, frozen, trainable,
                            jnp.zeros((1, *ctx.image_shape))).shape[-1]
-    trainable = {**trainable, "projection": init_projection(head_key, width,
-                                                            block.projection_dim)}
+    trainable = {**trainable, "projection": init_head(head_key, width)}
     state = common.state_of(trainable, frozen, tx, key)
     return {**state, "buffer": replay.init(block.buffer_size, ctx.image_shape)}
+
+  return features, init
+
+
+def build(ctx: base.Context) -> base.Method:
+  """SCR from the `scr` block."""
+  block, scale, num_classes = ctx.config.scr, ctx.config.data.input_scale, ctx.num_classes
+  tx = common.make_adam(block.learning_rate, block.weight_decay)
+  n_replay = common.replay_batch(ctx, block)
+  features, init = projected_network(
+      ctx, block, tx, lambda key, width: init_projection(key, width, block.projection_dim))
 
   @common.train_step("scr")
   def train_step(state, batch):
