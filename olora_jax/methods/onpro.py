@@ -147,17 +147,18 @@ def build(ctx: base.Context) -> base.Method:
 
   @common.train_step("onpro")
   def train_step(state, batch):
-    keys = jax.random.split(common.step_key(state), 6)
+    keys = jax.random.split(common.step_key(state), 4)
     mem = replay.sample(state["buffer"], keys[0], n_replay, scale)
     has_mem = jnp.any(mem["mask"])
     mixed, y_a, y_b, w, mixed_valid = feedback_mix(
         keys[1], mem, state["buffer"], state["class_means"], state["class_means_present"], block,
         scale)
     b, r = batch["labels"].shape[0], n_replay
-    images = jnp.concatenate([
-        batch["images"], scr.augment(keys[2], batch["images"], scale, block.flip),
-        mem["images"], scr.augment(keys[3], mem["images"], scale, block.flip),
-        scr.augment(keys[4], mixed, scale, block.flip)])
+    # One augmentation call for every view (one program to compile, not three).
+    augmented = scr.augment(keys[2], jnp.concatenate([batch["images"], mem["images"], mixed]),
+                            scale, block.flip)
+    images = jnp.concatenate([batch["images"], augmented[:b], mem["images"],
+                              augmented[b:b + r], augmented[b + r:]])
 
     def loss_fn(params):
       f = features(state["frozen"], params, images)
@@ -190,7 +191,7 @@ def build(ctx: base.Context) -> base.Method:
     means, present = aux.pop("means"), aux.pop("present")
     state["class_means"] = jnp.where(has_mem, means, state["class_means"])
     state["class_means_present"] = jnp.where(has_mem, present, state["class_means_present"])
-    state["buffer"] = replay.reservoir_update(state["buffer"], batch, keys[5], scale)
+    state["buffer"] = replay.reservoir_update(state["buffer"], batch, keys[3], scale)
     return state, {"loss": loss, **aux}, {}
 
   def predict(state, images):
