@@ -258,9 +258,10 @@ def test_onpro_step_trains_and_keeps_the_replay_prototypes():
   state, scalars, _ = step(state, batch(0, labels=[0, 1] * 4))
   assert not bool(np.any(state["class_means_present"]))  # an empty buffer: no prototypes yet
   for i in range(1, 3):
+    # The prototypes come from this step's replay draw, taken before the batch enters the buffer.
+    held = set(np.asarray(state["buffer"].labels)[np.asarray(state["buffer"].valid)].tolist())
     state, scalars, _ = step(state, batch(i, labels=[2, 3] * 4))
   assert all(np.isfinite(float(v)) for v in scalars.values())
-  held = set(np.asarray(state["buffer"].labels)[np.asarray(state["buffer"].valid)].tolist())
   assert set(np.flatnonzero(state["class_means_present"]).tolist()) <= held
   assert bool(np.any(state["class_means_present"]))
   logits = method.predict(state, jnp.asarray(batch(4)["images"]))
