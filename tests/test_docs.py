@@ -149,6 +149,9 @@ def test_each_method_page_shows_its_rows_of_the_demo_table_and_its_cost():
     name = next(n for n in costs if spec.report_name in (n, f"{n} (DER++)"))
     memory, step, passes = costs[name][1], costs[name][2].rstrip(" *"), costs[name][3]
     cost = " ".join(section(page, "Cost").split())
+    if memory == "not measured":  # the table's footnote says why; the page must say so too
+      assert "not measured" in cost, f"docs/methods/{spec.name}.md's cost hides that"
+      continue
     for said in (f"{memory} GiB", f"{step} s a step", f"{passes} passes a step"):
       assert said in cost, f"docs/methods/{spec.name}.md's cost lacks {said!r} ({PERFORMANCE.name})"
 
