@@ -12,7 +12,7 @@ from olora_jax.methods import base
 from olora_jax.models.vit import VisionTransformer
 
 # Methods that use task boundaries run with the oracle switch (they are told of each task end).
-TOLD_BOUNDARIES = ("inflora", "sd_lora", "dualprompt", "coda_prompt")
+TOLD_BOUNDARIES = ("inflora", "sd_lora", "dualprompt", "coda_prompt", "slca")
 
 
 def small_config(method: str):
