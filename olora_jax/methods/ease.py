@@ -48,14 +48,12 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import optax
 
 from olora_jax.config_keys import Key
 from olora_jax.methods import base, common
 from olora_jax.models import lora as lora_lib
 
 HIGHEST = jax.lax.Precision.HIGHEST
-SGD_MOMENTUM = 0.9  # the authors' torch.optim.SGD(momentum=0.9, weight_decay=...)
 
 
 def unit(x: jax.Array) -> jax.Array:
@@ -109,8 +107,7 @@ def build(ctx: base.Context) -> base.Method:
   block = ctx.config.ease
   n_slots, num_classes = common.task_slots(ctx, block), ctx.num_classes
   apply = common.make_apply(ctx.model)
-  parts = [optax.add_decayed_weights(block.weight_decay)] if block.weight_decay > 0 else []
-  tx = optax.chain(*parts, optax.sgd(block.learning_rate, momentum=SGD_MOMENTUM))
+  tx = common.make_sgd(block.learning_rate, block.weight_decay)
 
   def features(frozen, adapter, images):
     return apply(frozen, {"lora": adapter}, images, pre_logits=True)

@@ -79,22 +79,16 @@ from olora_jax.methods import base, common
 
 HIGHEST = jax.lax.Precision.HIGHEST
 ALIGNMENTS = ("every_evaluation", "after_boundary", "none")
-SGD_MOMENTUM = 0.9  # the authors' torch.optim.SGD(momentum=0.9, weight_decay=...)
 OLDEST_MEAN_SCALE = 0.9  # the authors' CA draws old classes around (0.9 + decay) mu_c
-
-
-def sgd(learning_rate, weight_decay: float) -> optax.GradientTransformation:
-  """PyTorch's SGD with momentum 0.9 and L2 weight decay added to the gradient."""
-  parts = [optax.add_decayed_weights(weight_decay)] if weight_decay > 0 else []
-  return optax.chain(*parts, optax.sgd(learning_rate, momentum=SGD_MOMENTUM))
 
 
 def slow_learner(block) -> optax.GradientTransformation:
   """The slow learner's SGD: the head at `learning_rate`, everything else (the backbone, or its
   LoRA) at `learning_rate * backbone_lr_scale`."""
   return optax.multi_transform(
-      {"head": sgd(block.learning_rate, block.weight_decay),
-       "backbone": sgd(block.learning_rate * block.backbone_lr_scale, block.weight_decay)},
+      {"head": common.make_sgd(block.learning_rate, block.weight_decay),
+       "backbone": common.make_sgd(block.learning_rate * block.backbone_lr_scale,
+                                   block.weight_decay)},
       lambda params: {k: jax.tree.map(lambda _, group=("head" if k == "head" else "backbone"):
                                       group, v) for k, v in params.items()})
 
@@ -215,7 +209,7 @@ def build(ctx: base.Context) -> base.Method:
     class_slot = jnp.minimum(state["class_task"], n_slots - 1)
     labels = jnp.repeat(jnp.arange(num_classes), per_class)
     valid = jnp.repeat(seen, per_class)
-    ca_tx = sgd(1.0, block.weight_decay)  # the rate is applied per epoch below
+    ca_tx = common.make_sgd(1.0, block.weight_decay)  # the rate is applied per epoch below
     head = state["params"]["head"]
     key = jax.random.fold_in(jax.random.fold_in(state["key"], state["step"]), 1)
 
