@@ -12,7 +12,7 @@ from numerics import assert_close
 
 from configs import tiny
 from olora_jax import validation
-from olora_jax.methods import ease
+from olora_jax.methods import base, ease
 from olora_jax.models.vit import ViTSpec
 
 SPEC = ViTSpec(width=16, depth=1, num_heads=2, mlp_dim=32, patch_size=4, image_size=16)
@@ -111,3 +111,14 @@ def test_bad_ease_config_is_refused(key, value, match):
   setattr(config.ease, key, value)
   with pytest.raises(validation.InputError, match=match):
     validation.check_method(config, width=16)
+
+
+def test_a_backbone_without_attention_is_refused_in_one_line():
+  config = tiny.get_config()
+  config.method = "ease"
+  config.model.name = "resnet18_reduced"
+  spec = type("ConvSpec", (), {"width": 160})()  # no lora_layers: no q and v to adapt
+  with pytest.raises(ValueError, match=r"method='ease' puts a LoRA module per task on q and v"
+                     r" .* model.name='resnet18_reduced' does not have"):
+    ease.build(base.Context(config=config, model=None, spec=spec, num_classes=C, batch_size=8,
+                            image_shape=SHAPE))

@@ -105,6 +105,10 @@ def ensemble_logits(features: jax.Array, prototypes: jax.Array, class_task: jax.
 
 def build(ctx: base.Context) -> base.Method:
   block = ctx.config.ease
+  if not hasattr(ctx.spec, "lora_layers"):  # a backbone without attention projections
+    raise ValueError(f"method='ease' puts a LoRA module per task on q and v of a ViT's (or"
+                     f" Swin's) attention, which model.name={ctx.config.model.name!r} does not"
+                     " have; use a ViT or Swin model.name, or another method")
   n_slots, num_classes = common.task_slots(ctx, block), ctx.num_classes
   apply = common.make_apply(ctx.model)
   tx = common.make_sgd(block.learning_rate, block.weight_decay)
