@@ -283,6 +283,20 @@ def check_method(config: ml_collections.ConfigDict, width: int | None = None) ->
              f"unknown {p}schedule={b.schedule!r}; use 'constant' or 'cosine'")
   if "margin" in values:  # MVP's feature scale 1 - cos + m must stay positive
     _require(b.margin > 0, f"{p}margin={b.margin} must be > 0 (the paper: 0.5)")
+  if "alignment" in values:  # SLCA's classifier alignment (methods/slca.py)
+    _require(b.alignment in ("every_evaluation", "after_boundary", "none"),
+             f"unknown {p}alignment={b.alignment!r}; use 'every_evaluation' (ours),"
+             " 'after_boundary' (the authors') or 'none' (the slow learner alone)")
+    for key in ("alignment_epochs", "samples_per_class"):
+      _require(isinstance(b[key], int) and b[key] >= 1,
+               f"{p}{key}={b[key]!r} must be an integer >= 1 (the authors': 5 and 256)")
+    _require(b.backbone_lr_scale >= 0 and b.logit_norm_temperature >= 0,
+             f"{p}backbone_lr_scale={b.backbone_lr_scale} and {p}logit_norm_temperature="
+             f"{b.logit_norm_temperature} must be >= 0 (the authors': 0.01 and 0.1)")
+    _require(b.alignment_learning_rate > 0 and b.covariance_shrinkage > 0,
+             f"{p}alignment_learning_rate={b.alignment_learning_rate} and"
+             f" {p}covariance_shrinkage={b.covariance_shrinkage} must be > 0 (the authors': 0.01"
+             " and 1e-4)")
   if "first_phase" in values:  # SimpleCIL's APER variant: what its first phase adapts
     _require(b.first_phase in ("none", "lora", "all"),
              f"unknown {p}first_phase={b.first_phase!r}; use 'none' (SimpleCIL), 'lora' or"

@@ -33,6 +33,13 @@ def _session_root(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def session_root(tmp_path_factory) -> Path:
+  """The session's temporary directory, shared by pytest-xdist's workers: for runs made once in
+  the session under a lock, whichever worker needs one first."""
+  return _session_root(tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
 def compilation_cache(tmp_path_factory) -> Path:
   """One directory for the whole session, shared by pytest-xdist's workers (they write entries
   JAX reads back whole or not at all: a half-written entry fails to decompress and is compiled

@@ -8,6 +8,10 @@ what is tested: its exit code, its end-of-run figures and table); the stream is 
 Before issue 39's fix, SLDA, RanPAC and SimpleCIL exited 1 here after writing results.json, and
 every report over them ended in a traceback.
 
+One test per method (pytest-xdist spreads them over its workers, and a failure names its method);
+the runs live in one directory of the session, each made once under its own lock by whichever
+test needs it first, so the report tests read the same runs without running them again.
+
 The same runs hold each method to its budget of compiled programs: the compute ledger's
 `n_compilations` must be the number docs/performance.md states for it ("Programs a run
 compiles"), Online-LoRA's at most ONLINE_LORA_PROGRAMS, so a new program (an eager op, a
@@ -18,11 +22,14 @@ session's persistent compilation cache: the ledger counts a program loaded from 
 
 from __future__ import annotations
 
+import fcntl
 import json
 import re
 import subprocess
 import sys
+from pathlib import Path
 
+import pytest
 import tiny_methods
 import tiny_run
 
@@ -69,48 +76,73 @@ def _cli(script: str, *args, cache) -> subprocess.CompletedProcess:
                         env=tiny_run.env(cache))
 
 
-def test_every_registered_method_runs_from_the_command_line_and_reports(tmp_path,
-                                                                        compilation_cache):
-  runs = [(spec.name, spec.name, {}) for spec in methods.specs()]
-  runs.append((f"{SI_BLURRY[0]}_si_blurry", *SI_BLURRY))
-  failed, programs = [], {}
-  for name, method, extra in runs:
-    workdir = tmp_path / name
-    unread = (UNREAD,) if extra else ()
-    done = _cli("run.py", "--config", tiny_run.ROOT / "configs" / "tiny.py", "--workdir", workdir,
-                *_overrides(method, extra), *unread, cache=compilation_cache)
-    warned = [line.split("] ", 1)[-1] for line in done.stderr.splitlines()
-              if "does not read" in line]  # after absl's prefix
-    assert warned == ([f"method=slda does not read the er block: {UNREAD.split('=')[0]} changes"
-                       " nothing (it reads --config.slda.*)"] if unread else []), warned
-    config = workdir / "config.json"
-    drawn = plots.plot_files(json.loads(config.read_text()) if config.is_file() else {})
-    missing = [p for p in drawn if not (workdir / "plots" / p).is_file()]
-    if done.returncode != 0 or missing:
-      failed.append(f"{name}: exit {done.returncode}, missing plots {missing}:"
-                    f" {tiny_run.last_line(done.stderr)}")
-    elif not extra:
-      programs[name] = json.loads((workdir / "results.json").read_text())["compute"][
-          "n_compilations"]
-  assert not failed, "\n".join(failed)
+# (run name, method, overrides beyond STREAM): every packaged method, and the Si-Blurry run.
+RUNS = [(spec.name, spec.name, {}) for spec in methods.specs()] + [
+    (f"{SI_BLURRY[0]}_si_blurry", *SI_BLURRY)]
+
+
+@pytest.fixture(scope="session")
+def runs_root(session_root) -> Path:
+  """The session's directory of the runs below, shared by pytest-xdist's workers."""
+  path = session_root / "all_methods"
+  path.mkdir(exist_ok=True)
+  return path
+
+
+def _method_run(root: Path, name: str, method: str, extra: dict, cache
+                ) -> tuple[Path, int, str]:
+  """(workdir, exit code, stderr) of run `name`, made once in the session: the first test to
+  need it runs it under the run's lock while another waits; what it printed is kept beside it."""
+  workdir = root / name
+  with open(root / f"{name}.lock", "w") as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+    code_file = root / f"{name}.exit"
+    if not code_file.is_file():
+      unread = (UNREAD,) if extra else ()
+      done = _cli("run.py", "--config", tiny_run.ROOT / "configs" / "tiny.py", "--workdir",
+                  workdir, *_overrides(method, extra), *unread, cache=cache)
+      tiny_run.keep_printed(workdir, done)
+      code_file.write_text(str(done.returncode))
+  return workdir, int(code_file.read_text()), tiny_run.printed(workdir)[1]
+
+
+@pytest.mark.parametrize("name, method, extra", RUNS, ids=[r[0] for r in RUNS])
+def test_every_registered_method_runs_from_the_command_line(runs_root, compilation_cache, name,
+                                                            method, extra):
+  workdir, code, stderr = _method_run(runs_root, name, method, extra, compilation_cache)
+  warned = [line.split("] ", 1)[-1] for line in stderr.splitlines()
+            if "does not read" in line]  # after absl's prefix
+  assert warned == ([f"method=slda does not read the er block: {UNREAD.split('=')[0]} changes"
+                     " nothing (it reads --config.slda.*)"] if extra else []), warned
+  assert code == 0, f"{name}: exit {code}: {tiny_run.last_line(stderr)}"
+  drawn = plots.plot_files(json.loads((workdir / "config.json").read_text()))
+  missing = [p for p in drawn if not (workdir / "plots" / p).is_file()]
+  assert not missing, f"{name}: missing plots {missing}"
+  if extra:
+    return
   budget = documented_programs()
   assert budget["online_lora"] <= ONLINE_LORA_PROGRAMS, budget
-  wrong = {name: (n, budget.get(name)) for name, n in programs.items() if n != budget.get(name)}
-  assert not wrong, (f"programs compiled (method: (this run, docs/performance.md)): {wrong};"
-                     " run with JAX_LOG_COMPILES=1 to see each program, remove a new one at its"
-                     " cause or state the new count in the docs' table")
+  programs = json.loads((workdir / "results.json").read_text())["compute"]["n_compilations"]
+  assert programs == budget.get(name), (
+      f"{name} compiled {programs} programs, docs/performance.md says {budget.get(name)}:"
+      " run with JAX_LOG_COMPILES=1 to see each program, remove a new one at its cause or state"
+      " the new count in the docs' table")
 
-  table = _cli("report.py", tmp_path, cache=compilation_cache)
+
+def test_the_report_reads_every_method_in_each_layout(runs_root, compilation_cache, tmp_path):
+  for name, method, extra in RUNS:  # made by the tests above, or here if this test runs first
+    _method_run(runs_root, name, method, extra, compilation_cache)
+  table = _cli("report.py", runs_root, cache=compilation_cache)
   assert table.returncode == 0, table.stderr[-2000:]
   for spec in methods.specs():
     assert f"| {spec.report_name} " in table.stdout, (spec.name, table.stdout)  # [boundaries]
   for layout in ("table1", "table2"):
     done = _cli("report.py", "--layout", layout, "--csv", tmp_path / f"{layout}.csv", "--plots",
-                tmp_path / layout, tmp_path, cache=compilation_cache)
+                tmp_path / layout, runs_root, cache=compilation_cache)
     assert done.returncode == 0, f"{layout}: {done.stderr[-2000:]}"
     assert (tmp_path / layout / "anytime_overlay.png").is_file()
   assert "| SLDA |" in done.stdout  # the Si-Blurry run, in Table 2
   # No Swin-T run among them: the layout says so in one line (exit 2), not a traceback.
-  done = _cli("report.py", "--layout", "swin", tmp_path, cache=compilation_cache)
+  done = _cli("report.py", "--layout", "swin", runs_root, cache=compilation_cache)
   assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
   assert tiny_run.last_line(done.stderr).startswith("error: no run with"), done.stderr

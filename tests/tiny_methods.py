@@ -12,7 +12,7 @@ from olora_jax.methods import base
 from olora_jax.models.vit import VisionTransformer
 
 # Methods that use task boundaries run with the oracle switch (they are told of each task end).
-TOLD_BOUNDARIES = ("inflora", "sd_lora", "dualprompt", "coda_prompt")
+TOLD_BOUNDARIES = ("inflora", "sd_lora", "dualprompt", "coda_prompt", "slca", "ease")
 
 
 def small_config(method: str):
@@ -43,7 +43,7 @@ def small_config(method: str):
   c.l2p.top_k = 2
   c.ranpac.projection_dim = 32  # the paper's 10,000 is two 400 MB Gram matrices
   c.ranpac.refit_every = 4  # the loss's head refit inside the train step
-  for block in ("inflora", "sd_lora"):  # branches of rank 2 on the width-16 model
+  for block in ("inflora", "sd_lora", "ease"):  # branches of rank 2 on the width-16 model
     c[block].rank = 2
   # The prefix-tuning prompt methods on the 1-block ViT (the stream's 5 tasks pass the pool's 4
   # E-prompts and CODA-Prompt's 4 blocks: DualPrompt then selects freely, CODA-Prompt keeps

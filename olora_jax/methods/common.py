@@ -119,6 +119,14 @@ def make_adam(learning_rate, weight_decay: float, clip_norm: float = 0.0
   return optax.chain(*parts)
 
 
+def make_sgd(learning_rate, weight_decay: float, momentum: float = 0.9
+             ) -> optax.GradientTransformation:
+  """PyTorch's SGD with momentum and L2 weight decay added to the gradient (SLCA's and EASE's
+  authors' optimiser): v <- momentum v + (grad + weight_decay theta), theta <- theta - lr v."""
+  parts = [optax.add_decayed_weights(weight_decay)] if weight_decay > 0 else []
+  return optax.chain(*parts, optax.sgd(learning_rate, momentum=momentum))
+
+
 def optimizer_and_apply(ctx, block) -> tuple[optax.GradientTransformation, object]:
   """(tx, apply) of a baseline: Adam with its block's `learning_rate` and `weight_decay`
   (`make_adam`) and the split-aware forward pass of the run's model (`make_apply`)."""
