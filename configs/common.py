@@ -48,7 +48,9 @@ def get_config(method: str = "online_lora") -> ml_collections.ConfigDict:
           "the backbone (docs/models.md)",
           name=Key("vit_b16", "'vit_ti16' | 'vit_s16' | 'vit_b16' | 'vit_l16' | 'vit_h14' |"
                    " 'custom' (a ViT of the sizes below) | 'swin_t' | 'swin_s' | 'swin_b' |"
-                   " 'swin_custom' (a Swin of the sizes below); paper: ViT-B/16 and ViT-S/16"),
+                   " 'swin_custom' (a Swin of the sizes below) | 'resnet18_reduced' (online"
+                   " CL's reduced ResNet-18, nf 20, trained from scratch by whole-model"
+                   " methods); paper: ViT-B/16 and ViT-S/16"),
           image_size=Key(224, "input side in pixels (images are resized to it); pretrained"
                          " position embeddings are resampled to it; paper: 224"),
           width=Key(64, "'custom': the model width D; 'swin_custom': the first stage's"
@@ -103,7 +105,7 @@ def get_config(method: str = "online_lora") -> ml_collections.ConfigDict:
       pretrained=block(
           "the checkpoint the backbone starts from (docs/models.md)",
           path=Key("", "local checkpoint file of the backbone; '' = random initialisation (for"
-                   " tests only)"),
+                   " tests only; 'resnet18_reduced' always: it is trained from scratch)"),
           format=Key("auto", "the checkpoint's layout: 'auto' (told from the file) | 'timm'"
                      " (safetensors) | 'augreg' | 'big_vision' (npz) | 'online_lora' (the"
                      " authors' safetensors)"),
