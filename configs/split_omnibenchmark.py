@@ -1,0 +1,20 @@
+"""Split OmniBenchmark: disjoint class-incremental, 10 tasks of 30 classes (label order), one pass;
+the 300-class OmniBenchmark of the pretrained-model class-incremental papers (APER, EASE).
+
+    .venv/bin/python launch/run.py --config configs/split_omnibenchmark.py \
+        --workdir runs/split_omnibenchmark --config.data.data_dir=DIR/omnibenchmark
+
+Read from the authors' released split folder (`train/<class>/*` and `test/<class>/*`, the two
+ImageFolder trees; 300 class folders), classes in sorted folder order. Online-LoRA: no paper
+thresholds; Split ImageNet-R's 5.2 / 0.02. No paper number is quoted here: none was checked
+against its table for this config yet.
+"""
+
+from configs.benchmark import benchmark_config
+
+
+def get_config(backbone="vit_b16"):
+  config = benchmark_config(backbone, dataset="omnibenchmark", scenario="disjoint", n_tasks=10,
+                            mean_threshold=5.2, var_threshold=0.02)
+  config.data.source = "folder"
+  return config
