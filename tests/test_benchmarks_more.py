@@ -14,7 +14,7 @@ from PIL import Image
 from test_configs import load_config
 
 from olora_jax import errors, trainer
-from olora_jax.data import folder_sources, sources, sequences
+from olora_jax.data import folder_sources, sequences, sources
 from tests.data_fixtures import no_network  # noqa: F401
 
 pytestmark = pytest.mark.usefixtures("no_network")
