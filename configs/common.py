@@ -118,8 +118,11 @@ def get_config(method: str = "online_lora") -> ml_collections.ConfigDict:
           "the dataset, the stream and the input pipeline (docs/streams.md)",
           dataset=Key("mnist_5k", "embedded 'mnist_5k' | 'sklearn_digits' | 'rotated_mnist_5k',"
                       " TFDS 'cifar100' | 'imagenet_r' | 'imagenet_sketch' | 'caltech_birds2011'"
-                      " | 'core50', a name of your own with source='folder', or your function"
-                      " 'module:function' | 'path/to/file.py:function' (docs/extending.md)"),
+                      " | 'core50' | 'cifar10' | 'imagenet_a' | 'mnist' | 'fashion_mnist' |"
+                      " 'svhn_cropped', with source='folder' 'tiny_imagenet' | 'vtab' |"
+                      " 'omnibenchmark' or a name of your own, datasets in sequence"
+                      " 'five_datasets' | 'domainnet', or your function 'module:function' |"
+                      " 'path/to/file.py:function' (docs/extending.md)"),
           scenario=Key("disjoint", "the stream: 'disjoint' (class-incremental, n_tasks equal"
                        " groups of classes) | 'si_blurry' (si_blurry_n, si_blurry_m) | 'domain'"
                        " (one task per domain of a dataset with domain ids; n_tasks unused)"),

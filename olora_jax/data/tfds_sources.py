@@ -15,6 +15,9 @@ array_record format, and their `data_dir` is given as `config.data.data_dir`:
 | `imagenet_sketch`   | imagenet_sketch   | 1000    | 80% of test (50,889) | 20% of test          |
 | `caltech_birds2011` | caltech_birds2011 | 200     | train (5,994)        | test (5,794)         |
 | `core50`            | core50 (ours)     | 50      | sessions 1 2 4 5 6 8 9 11 | sessions 3 7 10 |
+| `cifar10`           | cifar10           | 10      | train (50,000)       | test (10,000)        |
+| `imagenet_a`        | imagenet_a        | 200     | 80% of test (7,500)  | 20% of test          |
+| `mnist`, `fashion_mnist`, `svhn_cropped` | the same | 10 | train      | test                 |
 
 ImageNet-R and ImageNet-Sketch ship a single split and no official test split: as
 docs/streams.md fixes, 20% of every class is held out, drawn per class with
@@ -22,7 +25,10 @@ docs/streams.md fixes, 20% of every class is held out, drawn per class with
 order, a permutation of its ids; the first round(test_fraction * n), at least one, are test). Both
 sources keep each row's index in the TFDS split (`record_ids`), which the stream manifest records.
 TFDS labels ImageNet-R with ImageNet-1k indices; its 200 classes (`IMAGENET_R_WNIDS`) are
-renumbered 0..199 in sorted WordNet-id order.
+renumbered 0..199 in sorted WordNet-id order. ImageNet-A likewise, its classes being those its
+split holds (`PRESENT`), renumbered in ImageNet-1k index order (which is sorted WordNet-id
+order); it too is split 80/20 per class. The datasets in sequence (5-datasets, DomainNet) read
+their TFDS parts through `load_tfds_dataset` (olora_jax/data/sequences.py).
 
 Labels (and CORe50's `session`) are read once from every record, with its image left encoded,
 together with the image's digest (data/digests.py: the stored file's bytes hashed; CIFAR-100's
