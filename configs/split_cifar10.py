@@ -6,8 +6,8 @@
         --workdir runs/split_cifar10_er --config.data.data_dir=DIR  # online CL's setting
 
 `:resnet18_reduced` is the setting of the online continual-learning papers (GEM's reduced
-ResNet-18 trained from scratch at 32 px, 5 tasks of 2 classes, batch 10 from the stream, buffers
-of 100 to 1,000 samples: e.g. SCR, OCM, OnPro); it runs ER with a 200-sample buffer and batch 10
+ResNet-18 trained from scratch at 32 px, 5 tasks of 2 classes, a small batch from the stream);
+it runs ER with a 200-sample buffer (OnPro's released command for CIFAR-10) and batch 10
 (--config.method and --config.<method>.buffer_size choose another). Online-LoRA on a ViT:
 the paper gives no thresholds for CIFAR-10; Split CIFAR-100's 2.6 / 0.03 are used. No paper
 number is quoted here: none was checked against its table for this config yet.

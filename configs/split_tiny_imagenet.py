@@ -7,8 +7,8 @@ WordNet ids), one pass; read from the dataset's own folder (no TFDS builder exis
 DIR/tiny-imagenet-200 is the archive as its authors ship it: training images in
 `train/<wnid>/images/*.JPEG`, the labelled validation images in `val/images/` with
 `val/val_annotations.txt`; val/ is the test set (test/ has no labels). `:resnet18_reduced` trains
-the reduced ResNet-18 from scratch at the images' 64 px (ER, a 1,000-sample buffer, batch 10);
-online continual-learning papers also run 100 tasks of 2 classes (--config.data.n_tasks=100).
+the reduced ResNet-18 from scratch at the images' 64 px (ER, a 1,000-sample buffer as OnPro's
+released command, batch 10); --config.data.n_tasks sets another split of the 200 classes.
 Online-LoRA on a ViT: no paper thresholds; Split CIFAR-100's 2.6 / 0.03. No paper number is quoted
 here: none was checked against its table for this config yet.
 """

@@ -7,9 +7,10 @@ disjoint tasks of 10 classes in label order, one pass.
 
 Read from the authors' released folder (`vtab/train/<class>/*` and `vtab/test/<class>/*`, the two
 ImageFolder trees; 50 class folders), whose classes in sorted folder order are the label order,
-so each task is the papers' (class-incremental, the class order as their folder gives it).
-Online-LoRA: no paper thresholds; Split ImageNet-R's 5.2 / 0.02. No paper number is quoted here:
-none was checked against its table for this config yet.
+the tasks taking them 10 at a time (the authors' released configs: init_cls 10, increment 10, in
+a class order drawn with seed 1993; give it as data.class_order to match). Their released log of
+SimpleCIL (ViT-B/16-IN21K; RevisitingCIL's logs/simplecil/vtab): last accuracy 84.37, average
+over tasks 85.94 (%). Online-LoRA: no paper thresholds; Split ImageNet-R's 5.2 / 0.02.
 """
 
 from configs.benchmark import benchmark_config

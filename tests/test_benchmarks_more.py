@@ -24,7 +24,7 @@ NEW_BENCHMARKS = {
     "split_cifar10": ("cifar10", "disjoint", 5, 10),
     "split_tiny_imagenet": ("tiny_imagenet", "disjoint", 10, 200),
     "five_datasets": ("five_datasets", "disjoint", 5, 50),
-    "split_imagenet_a": ("imagenet_a", "disjoint", 10, 200),
+    "split_imagenet_a": ("imagenet_a", "disjoint", 20, 200),
     "split_vtab": ("vtab", "disjoint", 5, 50),
     "split_omnibenchmark": ("omnibenchmark", "disjoint", 10, 300),
     "domainnet": ("domainnet", "domain", 6, 345),
