@@ -96,7 +96,8 @@ def test_config_builds_its_stream_on_a_stand_in(name, tmp_path):
   dataset, scenario, n_tasks, num_classes = NEW_BENCHMARKS[name]
   config = load_config(name)
   assert config.is_locked and config.model.name == "vit_b16"
-  assert (config.data.dataset, config.data.scenario) == (dataset, scenario)
+  assert (config.data.dataset, config.data.scenario, config.data.n_tasks) == (
+      dataset, scenario, n_tasks)
   examples = MOCK_EXAMPLES
   if dataset == "imagenet_a":  # mock labels are drawn over ImageNet-1k's 1000 classes: it keeps
     # those present (a few images each, not 200 classes of 37): one task of them all
