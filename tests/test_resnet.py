@@ -151,19 +151,18 @@ def test_a_pretrained_checkpoint_is_refused(tmp_path):
   assert not (tmp_path / "run").exists()
 
 
-@pytest.mark.parametrize("method", ["gdumb", "der_pp"])
-def test_whole_model_methods_run_on_it(method, tmp_path):
-  """GDumb trains a fresh model (and fresh running statistics) from its buffer at evaluation;
-  DER++ replays logits computed with batch statistics. Both end with finite accuracies."""
-  config = _config(method)
+def test_gdumb_runs_on_it_with_running_statistics_of_its_own_training(tmp_path):
+  """GDumb trains a fresh model from its buffer at each evaluation: its running statistics start
+  afresh and move through that training (the loop's per-step statistics are of the untrained
+  model it keeps). It ends with finite accuracies, its step traced once."""
+  config = _config("gdumb")
   config.learner.batch_size = 64
   config.data.test_fraction = 0.7
   config.eval.eval_every, config.eval.write_plots, config.checkpoint_every = 600, False, 0
   config.gdumb.epochs, config.gdumb.buffer_size = 1, 40
-  config.der_pp.buffer_size = 40
   common.TRACE_COUNTS.clear()
-  trainer.train_and_evaluate(config, str(tmp_path / method), progress=False)
-  results = json.loads((tmp_path / method / "results.json").read_text())
-  assert common.TRACE_COUNTS[f"{method}.train_step"] == 1
+  trainer.train_and_evaluate(config, str(tmp_path / "gdumb"), progress=False)
+  results = json.loads((tmp_path / "gdumb" / "results.json").read_text())
+  assert common.TRACE_COUNTS["gdumb.train_step"] == 1
   assert len(results["acc_matrix"]) == 5 and 0 <= results["A_final"] <= 1
   assert results["nonfinite_steps"] == []
