@@ -166,3 +166,28 @@ def test_gdumb_runs_on_it_with_running_statistics_of_its_own_training(tmp_path):
   assert common.TRACE_COUNTS["gdumb.train_step"] == 1
   assert len(results["acc_matrix"]) == 5 and 0 <= results["A_final"] <= 1
   assert results["nonfinite_steps"] == []
+
+
+def test_reset_batch_statistics_restores_the_initial_mean_and_variance():
+  model = _model(4, 16)
+  params = model.init(jax.random.key(0), jnp.zeros((1, 16, 16, 3)))["params"]
+  _, frozen = common.split_trainable(params, "all", jax.random.key(1), model.spec, 4)
+  moved = common.moved_batch_statistics(model, frozen, {k: v for k, v in params.items()
+                                                        if k != resnet.BATCH_STATS},
+                                        jnp.ones((2, 16, 16, 3)), jnp.ones(2, bool))
+  assert not np.allclose(moved[resnet.BATCH_STATS]["stem"]["bn"]["var"], 1.0)
+  for path, x in jax.tree_util.tree_leaves_with_path(common.reset_batch_statistics(moved)):
+    np.testing.assert_array_equal(x, 1.0 if path[-1].key == "var" else 0.0)
+  assert common.reset_batch_statistics({"head": 1}) == {"head": 1}  # no statistics: unchanged
+
+
+def test_a_size_key_given_for_it_on_the_command_line_is_refused(tmp_path):
+  run = subprocess.run(
+      [sys.executable, str(ROOT / "launch" / "run.py"), "--config", str(ROOT / "configs" /
+       "tiny.py"), "--workdir", str(tmp_path / "run"), "--config.method=er",
+       "--config.model.name=resnet18_reduced", "--config.model.width=64"],
+      capture_output=True, text=True, cwd=ROOT)
+  assert run.returncode == 2
+  last = run.stderr.strip().splitlines()[-1]
+  assert "--config.model.width would change nothing; drop it" in last
+  assert not (tmp_path / "run").exists()

@@ -67,6 +67,10 @@ _SWIN_SIZE_KEYS = (("width", "embed_dim"), ("stage_depths", "depths"),
                    ("patch_size", "patch_size"))
 
 
+# Every size key of the `model` block (the ViT's and the Swin's); the ResNet reads none.
+SIZE_KEYS = frozenset(key for key, _ in _VIT_SIZE_KEYS + _SWIN_SIZE_KEYS)
+
+
 def preset_sizes(name: str) -> tuple[str, dict[str, Any]] | None:
   """For a preset `model.name`: (the custom name that takes sizes from the config, {model key:
   the preset's value} of every size key the preset ignores); None for 'custom', swin_custom or
