@@ -7,13 +7,13 @@
 DIR holds the TFDS datasets `cifar10`, `mnist`, `svhn_cropped` and `fashion_mnist` (`tfds build
 NAME --file_format=array_record --data_dir=DIR`) and notMNIST's letter folders in
 DIR/notMNIST_small/A..J (the archive notMNIST_small.tar.gz unpacked; it has no test split: 20% of
-every letter is held out, seeded by data.split_seed; two of its files are known to be unreadable:
-the run names any such file before computing, delete it). Each dataset's classes follow the
-previous one's (labels 0-9 CIFAR-10, 10-19 MNIST, ...), so 5 disjoint tasks in label order are the
-five datasets in this order (the order of Ebrahimi et al. 2020 and of the prompt methods' papers);
-grey images are repeated to 3 channels and every image is resized to model.image_size. Online-LoRA
-on a ViT: no paper thresholds; Split CIFAR-100's 2.6 / 0.03. No paper number is quoted here: none
-was checked against its table for this config yet.
+every letter is held out, seeded by data.split_seed; an unreadable file is named before any
+compute: delete it). Each dataset's classes follow the previous one's (labels 0-9 CIFAR-10, 10-19
+MNIST, ...), so 5 disjoint tasks in label order are the five datasets in this order (another
+dataset order: an explicit data.class_order moving whole blocks of 10 labels); grey images are
+repeated to 3 channels and every image is resized to model.image_size. Online-LoRA on a ViT: no
+paper thresholds; Split CIFAR-100's 2.6 / 0.03. No paper number is quoted here: none was checked
+against its table for this config yet.
 """
 
 from configs.benchmark import benchmark_config
