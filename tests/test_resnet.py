@@ -191,3 +191,12 @@ def test_a_size_key_given_for_it_on_the_command_line_is_refused(tmp_path):
   last = run.stderr.strip().splitlines()[-1]
   assert "--config.model.width would change nothing; drop it" in last
   assert not (tmp_path / "run").exists()
+
+
+def test_reports_name_it_as_it_is_not_as_a_vit():
+  from olora_jax import reporting
+
+  assert reporting.setting_title({"data.dataset": "cifar10", "data.n_tasks": 5,
+                                  "data.scenario": "disjoint",
+                                  "model.name": "resnet18_reduced"}) == (
+      "cifar10: 5 disjoint tasks, resnet18_reduced")
