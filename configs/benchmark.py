@@ -6,8 +6,11 @@ ViT-S/16 with `--config=configs/SETTING.py:vit_s16`, which sets the model, its c
 paper's ViT-S learning rate (5e-4) together; `:swin_t` the Swin-T of the paper's appendix
 (Online-LoRA learning rate 3e-4; run there on Split ImageNet-S and CORe50, the other settings
 accept it too); `:vit_l16` and `:vit_h14` (ViT-L/16, ViT-H/14, beyond the paper, with ViT-B's
-learning rate) likewise. The ViTs are ImageNet-21k backbones; all are in timm's safetensors
-layout, as the released code uses them; they are never downloaded. Put the files at
+learning rate) likewise; `:resnet18_reduced` the reduced ResNet-18 of online continual learning,
+trained from scratch at the dataset's own image size, running ER (`--config.method` picks another
+method that trains the whole model; docs/models.md). The ViTs are ImageNet-21k backbones; all are
+in timm's safetensors layout, as the released code uses them; they are never downloaded. Put the
+files at
 
     checkpoints/vit_base_patch16_224.augreg2_in21k_ft_in1k.safetensors   (timm, ViT-B/16)
     checkpoints/vit_small_patch16_224.augreg_in21k_ft_in1k.safetensors   (timm, ViT-S/16)
@@ -45,24 +48,36 @@ BACKBONES = {
 }
 
 
+# The backbone trained from scratch (olora_jax/models/resnet.py): `:resnet18_reduced` runs ER on
+# it, at the dataset's own image size (`native_size`), reading no checkpoint; the other
+# whole-model baselines with --config.method.
+FROM_SCRATCH = "resnet18_reduced"
+
+
 def benchmark_config(backbone: str, *, dataset: str, scenario: str, n_tasks: int,
-                     mean_threshold: float, var_threshold: float,
+                     mean_threshold: float, var_threshold: float, native_size: int = 32,
                      **learner_overrides) -> ml_collections.ConfigDict:
   """The common config with one benchmark's data and thresholds on the chosen backbone."""
-  if backbone not in BACKBONES:
+  if backbone not in BACKBONES and backbone != FROM_SCRATCH:
     raise ValueError(
-        f"unknown backbone {backbone!r} after the config file's ':'; use one of {tuple(BACKBONES)}")
-  name, checkpoint, learning_rate = BACKBONES[backbone]
+        f"unknown backbone {backbone!r} after the config file's ':'; use one of"
+        f" {(*BACKBONES, FROM_SCRATCH)}")
   config = common.get_config()
-  config.model.name = name
-  config.model.image_size = 224  # paper appendix: inputs resized to 224x224, pixels in [0, 1]
-  config.pretrained.path = checkpoint
-  config.pretrained.format = "timm"
+  if backbone == FROM_SCRATCH:
+    config.method = "er"
+    config.model.name = FROM_SCRATCH
+    config.model.image_size = native_size
+  else:
+    name, checkpoint, learning_rate = BACKBONES[backbone]
+    config.model.name = name
+    config.model.image_size = 224  # paper appendix: inputs resized to 224x224, pixels in [0, 1]
+    config.pretrained.path = checkpoint
+    config.pretrained.format = "timm"
+    config.learner.learning_rate = learning_rate
   config.data.dataset = dataset
   config.data.scenario = scenario
   config.data.n_tasks = n_tasks
   # B = 64, K = 4, r = 4, lambda = 2000, window 5 are common.py's (the paper's) defaults.
-  config.learner.learning_rate = learning_rate
   config.learner.mean_threshold = mean_threshold
   config.learner.var_threshold = var_threshold
   for key, value in learner_overrides.items():

@@ -48,7 +48,9 @@ def get_config(method: str = "online_lora") -> ml_collections.ConfigDict:
           "the backbone (docs/models.md)",
           name=Key("vit_b16", "'vit_ti16' | 'vit_s16' | 'vit_b16' | 'vit_l16' | 'vit_h14' |"
                    " 'custom' (a ViT of the sizes below) | 'swin_t' | 'swin_s' | 'swin_b' |"
-                   " 'swin_custom' (a Swin of the sizes below); paper: ViT-B/16 and ViT-S/16"),
+                   " 'swin_custom' (a Swin of the sizes below) | 'resnet18_reduced' (online"
+                   " CL's reduced ResNet-18, nf 20, trained from scratch by whole-model"
+                   " methods); paper: ViT-B/16 and ViT-S/16"),
           image_size=Key(224, "input side in pixels (images are resized to it); pretrained"
                          " position embeddings are resampled to it; paper: 224"),
           width=Key(64, "'custom': the model width D; 'swin_custom': the first stage's"
@@ -103,7 +105,7 @@ def get_config(method: str = "online_lora") -> ml_collections.ConfigDict:
       pretrained=block(
           "the checkpoint the backbone starts from (docs/models.md)",
           path=Key("", "local checkpoint file of the backbone; '' = random initialisation (for"
-                   " tests only)"),
+                   " tests only; 'resnet18_reduced' always: it is trained from scratch)"),
           format=Key("auto", "the checkpoint's layout: 'auto' (told from the file) | 'timm'"
                      " (safetensors) | 'augreg' | 'big_vision' (npz) | 'online_lora' (the"
                      " authors' safetensors)"),
@@ -116,8 +118,11 @@ def get_config(method: str = "online_lora") -> ml_collections.ConfigDict:
           "the dataset, the stream and the input pipeline (docs/streams.md)",
           dataset=Key("mnist_5k", "embedded 'mnist_5k' | 'sklearn_digits' | 'rotated_mnist_5k',"
                       " TFDS 'cifar100' | 'imagenet_r' | 'imagenet_sketch' | 'caltech_birds2011'"
-                      " | 'core50', a name of your own with source='folder', or your function"
-                      " 'module:function' | 'path/to/file.py:function' (docs/extending.md)"),
+                      " | 'core50' | 'cifar10' | 'imagenet_a' | 'mnist' | 'fashion_mnist' |"
+                      " 'svhn_cropped', with source='folder' 'tiny_imagenet' | 'vtab' |"
+                      " 'omnibenchmark' or a name of your own, datasets in sequence"
+                      " 'five_datasets' | 'domainnet', or your function 'module:function' |"
+                      " 'path/to/file.py:function' (docs/extending.md)"),
           scenario=Key("disjoint", "the stream: 'disjoint' (class-incremental, n_tasks equal"
                        " groups of classes) | 'si_blurry' (si_blurry_n, si_blurry_m) | 'domain'"
                        " (one task per domain of a dataset with domain ids; n_tasks unused)"),

@@ -242,6 +242,16 @@ def _refuse_preset_size_overrides(name: str) -> None:
   """A size key given on the command line for a preset that sizes itself (e.g.
   --config.model.window_size=4 with model.name=swin_t) would change nothing: refused in one
   line."""
+  if name == models.resnet.NAME:  # fixed sizes, none of the size keys
+    given = [a[len("--config.model."):].partition("=")[0] for a in sys.argv[1:]
+             if a.startswith("--config.model.")]
+    ignored = [key for key in given if key in models.SIZE_KEYS]
+    if ignored:
+      raise errors.BadInput(
+          f"model.name={name!r} has fixed sizes (20 initial filters, 2-2-2-2 BasicBlocks): "
+          + ", ".join(f"--config.model.{k}" for k in ignored) + " would change nothing; drop"
+          " it (model.image_size sets its input size)")
+    return
   preset = models.preset_sizes(name)
   if preset is None:
     return

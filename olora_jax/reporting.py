@@ -341,7 +341,7 @@ def setting_title(config: dict) -> str:
   custom ViT' (and ', reversed order' for another class order, `class_order_label`; `config`: a
   run's flattened config)."""
   scenario, model = config.get("data.scenario"), str(config.get("model.name"))
-  backbone = model if model.startswith(("vit", "swin")) else f"{model} ViT"
+  backbone = model if model.startswith(("vit", "swin", "resnet")) else f"{model} ViT"
   order = class_order_label(config.get("data.class_order", "label"))
   return (f"{dataset_name(config.get('data.dataset'))}: {config.get('data.n_tasks')}"
           f" {SCENARIO_NAMES.get(scenario, scenario)} tasks, {backbone}"

@@ -46,6 +46,7 @@ from olora_jax import (
   distributed,
   errors,
   evaluate,
+  models,
   reporting,
   run_control,
   runlog,
@@ -157,7 +158,8 @@ def load_params(setup: Setup, config: ml_collections.ConfigDict) -> dict | None:
   """The checkpoint of pretrained.path read and placed on the device (a bad file fails here,
   before any compute), or None when the backbone is randomly initialised."""
   if not config.pretrained.path:
-    logging.warning("pretrained.path is empty: the backbone is randomly initialised")
+    if not models.is_resnet(setup.spec):  # the ResNet is always trained from scratch
+      logging.warning("pretrained.path is empty: the backbone is randomly initialised")
     return None
   return pretrained_lib.load_pretrained(config.pretrained.path, setup.spec, setup.num_classes,
                                         config.pretrained.format,

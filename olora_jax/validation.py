@@ -30,7 +30,7 @@ from collections.abc import Mapping
 import ml_collections
 import numpy as np
 
-from olora_jax import errors
+from olora_jax import errors, models
 from olora_jax.data.preprocess import PREPROCESS_MODES
 from olora_jax.data.streams import SCENARIOS
 from olora_jax.models.vit import COMPUTE_DTYPES, spec_from_config
@@ -97,6 +97,7 @@ MAX_SEED = 2**32 - 1
 def check_config(config: ml_collections.ConfigDict, width: int) -> None:
   """Checks every value the run depends on; `width` is the model width (bounds the rank)."""
   c, lr = config, config.learner
+  models.check_method(c)  # a model that cannot run the method: refused first
   for key, value in flatten(c).items():
     if isinstance(value, float) and not math.isfinite(value):
       raise InputError(f"{key}={value} must be a finite number; give a real value")

@@ -107,8 +107,8 @@ def test_unprepared_dataset_says_how_to_prepare(tmp_path):
     sources.load_sources(_data_config(dataset="cifar100", data_dir=str(tmp_path)), 16)
   with pytest.raises(FileNotFoundError, match="python -m olora_jax.data.core50"):
     sources.load_sources(_data_config(dataset="core50", data_dir=str(tmp_path)), 16)
-  with pytest.raises(ValueError, match="unknown data.dataset='cifar10'"):
-    sources.load_sources(_data_config(dataset="cifar10", data_dir=str(tmp_path)), 16)
+  with pytest.raises(ValueError, match="unknown data.dataset='cifar1000'"):
+    sources.load_sources(_data_config(dataset="cifar1000", data_dir=str(tmp_path)), 16)
   assert not os.listdir(tmp_path) or not any("cifar100" in p for p in os.listdir(tmp_path))
 
 

@@ -12,7 +12,9 @@ TensorFlow: `data.source='folder'`, with `data.data_dir` the dataset's folder.
   `images/<class>/*`): CUB's own split;
 - `core50`, with `core50_128x128/s<k>/o<j>/C_kk_jj_fff.png`: train on sessions 1 2 4 5 6 8 9 11,
   test on 3 7 10, the session as domain (as the TFDS builder in data/core50.py);
-- `cifar100`, with `cifar-100-python/` (the pickles `train` and `test`, `fine_labels`).
+- `cifar100`, with `cifar-100-python/` (the pickles `train` and `test`, `fine_labels`);
+- `tiny_imagenet`, with tiny-imagenet-200/'s `train/<wnid>/images/*.JPEG`, `val/images/` and
+  `val/val_annotations.txt`: train on train/, test on the labelled val/ (its test/ has no labels).
 
 Classes are the sorted names of the class folders, as torchvision's `ImageFolder` numbers them
 (its image extensions, its recursive walk, files in sorted order), so class indices match the
@@ -106,9 +108,13 @@ CORE50_TEST_SESSIONS = (3, 7, 10)
 CORE50_OBJECTS = 50
 _CORE50_FRAME = re.compile(r"^C_(\d+)_(\d+)_(\d+)\.png$")
 
+TINY_IMAGENET_CLASSES = 200
+
 # The number of classes each benchmark has; a folder with another count is refused.
 BENCHMARK_CLASSES = {"cifar100": 100, "imagenet_r": 200, "imagenet_sketch": 1000,
-                     "caltech_birds2011": 200, "core50": CORE50_OBJECTS}
+                     "caltech_birds2011": 200, "core50": CORE50_OBJECTS,
+                     "tiny_imagenet": TINY_IMAGENET_CLASSES, "imagenet_a": 200, "vtab": 50,
+                     "omnibenchmark": 300}
 
 
 def _bad(message: str) -> errors.BadInput:
@@ -187,6 +193,45 @@ def list_train_test(root: str) -> tuple[Pool, Pool]:
   # Paths relative to `root`, so the manifest says which tree each file is in.
   return tuple(dataclasses.replace(p, root=root, paths=tuple(f"{s}/{x}" for x in p.paths))
                for s, p in (("train", train), ("test", test)))
+
+
+TINY_IMAGENET_VAL_TABLE = "val/val_annotations.txt"  # file, wnid, box: the validation labels
+
+
+def list_tiny_imagenet(root: str) -> tuple[Pool, Pool]:
+  """TinyImageNet's folder as its authors ship it (tiny-imagenet-200/): training images in
+  `train/<wnid>/images/*.JPEG` (an ImageFolder tree, classes the sorted WordNet ids), the
+  labelled validation images in `val/images/` with their classes in `val/val_annotations.txt`
+  (tab separated: file, WordNet id, box), which is the test set; `test/` has no labels and is
+  not read."""
+  table = os.path.join(root, TINY_IMAGENET_VAL_TABLE)
+  if not os.path.isfile(table):
+    raise _bad(f"data.dataset='tiny_imagenet' reads {table}, which is missing; point"
+               " data.data_dir at tiny-imagenet-200/ (train/, val/images/ and"
+               " val/val_annotations.txt)")
+  train = list_image_folder(os.path.join(root, "train"))
+  index = {name: i for i, name in enumerate(train.class_names)}
+  paths, labels = [], []
+  with open(table) as f:
+    for number, line in enumerate(f, 1):
+      if not line.strip():
+        continue
+      fields = line.rstrip("\n").split("\t")
+      if len(fields) < 2 or fields[1] not in index:
+        raise _bad(f"{table} line {number}: expected 'file<TAB>wnid<TAB>box' with a wnid of"
+                   f" train/'s class folders, got {line.strip()[:60]!r}; restore the file from"
+                   " the dataset's archive")
+      paths.append(f"val/images/{fields[0]}")
+      labels.append(index[fields[1]])
+  missing = [p for p in paths if not os.path.isfile(os.path.join(root, p))]
+  if missing:
+    raise _bad(f"{table} names {len(missing)} image(s) missing from {root}/val/images (e.g."
+               f" {missing[0]}); restore them from the dataset's archive")
+  order = np.argsort(np.asarray(paths), kind="stable")  # record ids: the files in sorted order
+  train = dataclasses.replace(train, root=root, paths=tuple(f"train/{x}" for x in train.paths))
+  test = Pool(root, tuple(paths[i] for i in order), np.asarray(labels, np.int64)[order],
+              train.class_names)
+  return train, test
 
 
 def find_cub_root(data_dir: str) -> str:
@@ -655,7 +700,10 @@ def load_folder_sources(data_config, image_size: int) -> tuple[FolderSource, Fol
     raise FileNotFoundError(f"data.data_dir={data_dir!r} is not a folder; give the folder that"
                             " holds the dataset's images (docs/streams.md)")
   seeded = False
-  if all(os.path.isdir(os.path.join(data_dir, s)) for s in ("train", "test")):
+  if name == "tiny_imagenet":  # its test/ has no labels: the labelled val/ is the test set
+    train_pool, test_pool = list_tiny_imagenet(data_dir)
+    layout, split = "tiny_imagenet", None
+  elif all(os.path.isdir(os.path.join(data_dir, s)) for s in ("train", "test")):
     train_pool, test_pool = list_train_test(data_dir)
     layout, split = "train-test", None
   elif name == "cifar100":

@@ -19,7 +19,8 @@ benchmarks of `tfds_sources` (`cifar100`, `imagenet_r`, `imagenet_sketch`, `calt
 `core50`), the same benchmarks (or any ImageFolder tree) read from image files on disk with
 `data.source='folder'` (`folder_sources`), or a user dataset given as an importable callable,
 `data.dataset="module:function"` or `data.dataset="path/to/file.py:function"` (see
-`load_user_sources` and docs/extending.md).
+`load_user_sources` and docs/extending.md), or several datasets in sequence (`five_datasets`,
+`domainnet`: olora_jax/data/sequences.py).
 
 Embedded datasets (no network, no download; real data shipped inside Python packages):
 
@@ -317,7 +318,16 @@ def load_sources(data_config: ml_collections.ConfigDict, image_size: int):
   source = c.get("source", "tfds")
   if source not in SOURCES:
     raise ValueError(f"unknown data.source={source!r}; use one of {SOURCES}")
-  if source == "folder":
+  from olora_jax.data import sequences  # several datasets in sequence (5-datasets, DomainNet)
+
+  if c.dataset in sequences.SEQUENCES:
+    if source != "tfds":
+      raise ValueError(
+          f"data.dataset={c.dataset!r} reads its parts as olora_jax/data/sequences.py lists them"
+          " (TFDS, and its folder parts from sub-folders of data.data_dir); drop"
+          " data.source='folder'")
+    sources = sequences.load_sequence_sources(c, image_size)
+  elif source == "folder":
     if c.dataset in EMBEDDED_DATASETS or is_user_dataset(c.dataset):
       raise ValueError(
           f"data.source='folder' reads images from data.data_dir, but data.dataset={c.dataset!r}"

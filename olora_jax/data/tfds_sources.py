@@ -15,6 +15,9 @@ array_record format, and their `data_dir` is given as `config.data.data_dir`:
 | `imagenet_sketch`   | imagenet_sketch   | 1000    | 80% of test (50,889) | 20% of test          |
 | `caltech_birds2011` | caltech_birds2011 | 200     | train (5,994)        | test (5,794)         |
 | `core50`            | core50 (ours)     | 50      | sessions 1 2 4 5 6 8 9 11 | sessions 3 7 10 |
+| `cifar10`           | cifar10           | 10      | train (50,000)       | test (10,000)        |
+| `imagenet_a`        | imagenet_a        | 200     | 80% of test (7,500)  | 20% of test          |
+| `mnist`, `fashion_mnist`, `svhn_cropped` | the same | 10 | train      | test                 |
 
 ImageNet-R and ImageNet-Sketch ship a single split and no official test split: as
 docs/streams.md fixes, 20% of every class is held out, drawn per class with
@@ -22,7 +25,10 @@ docs/streams.md fixes, 20% of every class is held out, drawn per class with
 order, a permutation of its ids; the first round(test_fraction * n), at least one, are test). Both
 sources keep each row's index in the TFDS split (`record_ids`), which the stream manifest records.
 TFDS labels ImageNet-R with ImageNet-1k indices; its 200 classes (`IMAGENET_R_WNIDS`) are
-renumbered 0..199 in sorted WordNet-id order.
+renumbered 0..199 in sorted WordNet-id order. ImageNet-A likewise, its classes being those its
+split holds (`PRESENT`), renumbered in ImageNet-1k index order (which is sorted WordNet-id
+order); it too is split 80/20 per class. The datasets in sequence (5-datasets, DomainNet) read
+their TFDS parts through `load_tfds_dataset` (olora_jax/data/sequences.py).
 
 Labels (and CORe50's `session`) are read once from every record, with its image left encoded,
 together with the image's digest (data/digests.py: the stored file's bytes hashed; CIFAR-100's
@@ -53,8 +59,12 @@ class TfdsDataset:
   train_split: str
   test_split: str | None  # None: a seeded per-class split of `train_split` (data.test_fraction)
   metadata_keys: tuple[str, ...] = ()
-  # Keep only these class names, renumbered 0..len-1 in this (sorted) order; None keeps all.
-  class_subset: tuple[str, ...] | None = None
+  # Keep only these class names, renumbered 0..len-1 in this (sorted) order; None keeps all;
+  # PRESENT keeps the classes the split holds, renumbered in label order (ImageNet-A).
+  class_subset: tuple[str, ...] | str | None = None
+
+
+PRESENT = "present"
 
 
 TFDS_DATASETS = {
@@ -63,6 +73,14 @@ TFDS_DATASETS = {
     "imagenet_sketch": TfdsDataset("imagenet_sketch", "test", None),
     "caltech_birds2011": TfdsDataset("caltech_birds2011", "train", "test"),
     "core50": TfdsDataset("core50", "train", "test", metadata_keys=("session",)),
+    "cifar10": TfdsDataset("cifar10", "train", "test"),
+    # ImageNet-A: one split of 7,500 images of 200 ImageNet classes, labelled with ImageNet-1k
+    # indices: its classes renumbered 0..199 in that (sorted WordNet id) order, 80/20 per class.
+    "imagenet_a": TfdsDataset("imagenet_a", "test", None, class_subset=PRESENT),
+    # The parts of the sequences of olora_jax/data/sequences.py, also usable alone.
+    "mnist": TfdsDataset("mnist", "train", "test"),
+    "fashion_mnist": TfdsDataset("fashion_mnist", "train", "test"),
+    "svhn_cropped": TfdsDataset("svhn_cropped", "train", "test"),
 }
 
 
@@ -256,19 +274,31 @@ def load_tfds_sources(data_config: ml_collections.ConfigDict,
     raise ValueError(
         f"unknown TFDS dataset data.dataset={c.dataset!r}; available: {tuple(TFDS_DATASETS)}"
         " (the other datasets are loaded by sources.load_sources)")
-  spec = TFDS_DATASETS[c.dataset]
+  return load_tfds_dataset(TFDS_DATASETS[c.dataset], c.dataset, c, image_size)
+
+
+def load_tfds_dataset(spec: TfdsDataset, name: str, data_config: ml_collections.ConfigDict,
+                      image_size: int) -> tuple[TfdsSource, TfdsSource]:
+  """(train, test) sources of the TFDS dataset `spec`, named `name` (its data.dataset, or a part
+  of a sequence: olora_jax/data/sequences.py), read as `data_config` says."""
+  c = data_config
   workers = c.num_workers
   if workers < 1:
     raise ValueError(f"data.num_workers={workers} must be >= 1")
 
   def open_split(split):
     ds = open_data_source(spec.tfds_name, split, c.data_dir)
-    return ds, read_columns(ds, spec.metadata_keys, workers, digests_lib.kind_of(c.dataset))
+    return ds, read_columns(ds, spec.metadata_keys, workers, digests_lib.kind_of(name))
 
   train_ds, train_columns = open_split(spec.train_split)
   label_feature = train_ds.dataset_info.features["label"]
   num_classes, relabel = label_feature.num_classes, None
-  if spec.class_subset is not None:
+  if spec.class_subset == PRESENT:
+    relabel = np.full(num_classes, -1, np.int64)
+    present = np.unique(train_columns["label"])
+    relabel[present] = np.arange(len(present))
+    num_classes = len(present)
+  elif spec.class_subset is not None:
     # ImageNet-R: ImageNet-1k indices -> 0..199 in sorted WordNet-id order (the order of a
     # torchvision ImageFolder over the class folders, as the released code reads it).
     relabel = np.full(num_classes, -1, np.int64)
@@ -283,7 +313,7 @@ def load_tfds_sources(data_config: ml_collections.ConfigDict,
     columns["label"] = relabel[columns["label"]]
     ids = np.flatnonzero(columns["label"] >= 0)
     if len(ids) < len(columns["label"]):
-      logging.warning("%s: %d records outside its %d classes are left out", c.dataset,
+      logging.warning("%s: %d records outside its %d classes are left out", name,
                       len(columns["label"]) - len(ids), num_classes)
     return ids
 
@@ -297,8 +327,8 @@ def load_tfds_sources(data_config: ml_collections.ConfigDict,
     test_ds, test_columns = open_split(spec.test_split)
     train_ids, test_ids = kept(train_columns), kept(test_columns)
   seeded = spec.test_split is None
-  train = TfdsSource(c.dataset, "train", train_ds, train_ids, train_columns, num_classes,
+  train = TfdsSource(name, "train", train_ds, train_ids, train_columns, num_classes,
                      image_size, workers, seeded)
-  test = TfdsSource(c.dataset, "test", test_ds, test_ids, test_columns, num_classes,
+  test = TfdsSource(name, "test", test_ds, test_ids, test_columns, num_classes,
                     image_size, workers, seeded, cache_resized=c.cache_test_images)
   return train, test

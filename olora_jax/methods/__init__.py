@@ -118,8 +118,11 @@ def unread_overrides(method: str, keys) -> list[str]:
 
 
 def build(ctx: base.Context) -> base.Method:
-  """The method named by `ctx.config.method`; ValueError for an unknown name."""
-  return resolve(ctx.config.method).build(ctx)
+  """The method named by `ctx.config.method`; ValueError for an unknown name. On a model with
+  BatchNorm its steps also move the running statistics (`common.with_batch_statistics`)."""
+  from olora_jax.methods import common
+
+  return common.with_batch_statistics(resolve(ctx.config.method).build(ctx), ctx.model)
 
 
 def __getattr__(attribute: str):

@@ -15,6 +15,7 @@ All functions are pure; none takes a task id.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import functools
 
 import jax
@@ -27,6 +28,7 @@ from olora_jax.config_keys import Key
 from olora_jax.learner.online_lora import masked_mean  # noqa: F401 (shared: mean over a mask)
 from olora_jax.methods import base
 from olora_jax.models import lora as lora_lib
+from olora_jax.models import resnet
 
 TRAINABLE = ("all", "head", "lora", "prompts")
 # Trainable entries that are not ViT weights: inputs of the forward pass (LoRA factors; the prompt
@@ -79,8 +81,9 @@ def split_trainable(params: dict, mode: str, key: jax.Array, spec, rank: int,
                      " theirs only; use 'all', 'head' or 'lora' for the other methods")
   params = jax.tree.map(jnp.array, params)
   backbone = {k: v for k, v in params.items() if k != "head"}
-  if mode == "all":
-    return params, {}
+  if mode == "all":  # BatchNorm's running statistics (a from-scratch ResNet) are never trained
+    return ({k: v for k, v in params.items() if k != resnet.BATCH_STATS},
+            {k: v for k, v in params.items() if k == resnet.BATCH_STATS})
   if mode == "head":
     return {"head": params["head"]}, backbone
   if mode == "prompts":
@@ -98,6 +101,52 @@ def make_apply(model):
                        **model_kwargs)
 
   return apply
+
+
+def with_batch_statistics(method: base.Method, model) -> base.Method:
+  """`method` on a model with BatchNorm (olora_jax/models/resnet.py), or `method` itself on any
+  other model. Each train step first moves the running statistics (the frozen tree's
+  `batch_stats`) by a training-mode forward pass of the step's valid stream samples with the
+  weights before the step, as PyTorch's BatchNorm2d does during the training forward pass (theirs
+  also sees the replayed samples concatenated to the batch); every forward pass of the method's
+  own step normalises with its batch's statistics. `predict` (the evaluator's) normalises with
+  the running statistics."""
+  if not isinstance(model, resnet.ReducedResNet):
+    return method
+  inner_step, inner_predict = method.train_step, method.predict
+
+  def train_step(state, batch):
+    frozen = moved_batch_statistics(model, state["frozen"], state["params"], batch["images"],
+                                    batch["mask"])
+    return inner_step({**state, "frozen": frozen}, batch)
+
+  def predict(state, images):
+    with resnet.running_statistics():
+      return inner_predict(state, images)
+
+  return dataclasses.replace(method, train_step=train_step, predict=predict)
+
+
+def reset_batch_statistics(frozen: dict) -> dict:
+  """`frozen` with BatchNorm's running statistics, if it holds any, back at their initial values
+  (mean 0, variance 1): a model trained afresh (GDumb) starts from them."""
+  if resnet.BATCH_STATS not in frozen:
+    return frozen
+  fresh = jax.tree_util.tree_map_with_path(
+      lambda path, x: (jnp.ones_like(x) if path[-1].key == "var" else jnp.zeros_like(x)),
+      frozen[resnet.BATCH_STATS])
+  return {**frozen, resnet.BATCH_STATS: fresh}
+
+
+def moved_batch_statistics(model, frozen: dict, params: dict, images, mask) -> dict:
+  """`frozen` with its running statistics moved by one training-mode forward pass of `images`'
+  valid rows (`mask`) with `params`; `frozen` itself when it holds none."""
+  if resnet.BATCH_STATS not in frozen:
+    return frozen
+  weights = {k: v for k, v in params.items() if k not in ADAPTERS}
+  _, moved = model.apply({"params": {**frozen, **weights}}, images, update_statistics=True,
+                         mask=mask)
+  return {**frozen, resnet.BATCH_STATS: moved}
 
 
 def task_slots(ctx: base.Context, block) -> int:

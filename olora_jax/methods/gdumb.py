@@ -20,6 +20,7 @@ import optax
 
 from olora_jax.config_keys import Key
 from olora_jax.methods import base, common, replay
+from olora_jax.models import resnet
 
 
 def build(ctx: base.Context) -> base.Method:
@@ -68,23 +69,30 @@ def build(ctx: base.Context) -> base.Method:
       in_range = jnp.arange(padded) < capacity
 
       def step(s, carry):
-        params, opt_state = carry
         idx = jax.lax.dynamic_slice(order, (s * batch_size,), (batch_size,))
         mask = jax.lax.dynamic_slice(in_range, (s * batch_size,), (batch_size,)) & buf.valid[idx]
 
         def update(carry):
-          params, opt_state = carry
-          grads = jax.grad(ce)(params, frozen, images[idx], buf.labels[idx], mask)
+          params, stats, opt_state = carry
+          # A model with BatchNorm moves its running statistics (`stats`; {} on other models)
+          # as it trains.
+          now = {**frozen, **stats}
+          stats = common.moved_batch_statistics(ctx.model, now, params, images[idx], mask)
+          grads = jax.grad(ce)(params, now, images[idx], buf.labels[idx], mask)
           updates, opt_state = tx.update(grads, opt_state, params)
-          return optax.apply_updates(params, updates), opt_state
+          return (optax.apply_updates(params, updates),
+                  {k: v for k, v in stats.items() if k in carry[1]}, opt_state)
 
         return jax.lax.cond(jnp.any(mask), update, lambda c: c, carry)
 
       return jax.lax.fori_loop(0, steps_per_epoch, step, carry)
 
-    params, _ = jax.lax.fori_loop(0, block.epochs, epoch,
-                                  (state["params"], tx.init(state["params"])))
-    return {"params": params, "frozen": frozen}
+    # The model is trained afresh: BatchNorm's running statistics (if any) start afresh too.
+    stats = {k: v for k, v in common.reset_batch_statistics(frozen).items()
+             if k == resnet.BATCH_STATS}
+    params, stats, _ = jax.lax.fori_loop(0, block.epochs, epoch,
+                                         (state["params"], stats, tx.init(state["params"])))
+    return {"params": params, "frozen": {**frozen, **stats}}
 
   return base.Method(name="gdumb", init=init, train_step=train_step,
                      predict=lambda s, x: apply(s["frozen"], s["params"], x),

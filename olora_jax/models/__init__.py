@@ -5,7 +5,9 @@ a Swin preset (`swin_t`, `swin_s`, `swin_b`) or `swin_custom` (a Swin of the con
 `model.width` the embedding width, `model.stage_depths`, `model.stage_heads`,
 `model.window_size`, `model.patch_size`). Both backbones take the same call
 (`model.apply({"params": ...}, images, lora=...)`) and the same LoRA tree layout
-(olora_jax/models/lora.py), so every method runs on either.
+(olora_jax/models/lora.py), so every method runs on either ViT or Swin; the ResNet has no
+attention and no pretrained weights, and runs the methods that train the whole model
+(`check_method`).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import Any
 
 from olora_jax import errors
 from olora_jax.models import lora as lora_lib
-from olora_jax.models import swin, vit
+from olora_jax.models import resnet, swin, vit
 
 # Methods built on the ViT's structure alone, with why: the prompt methods prompt a ViT's token
 # sequence or its attention (olora_jax/methods/prompt_pool.py), and InfLoRA / SD-LoRA stack their
@@ -40,17 +42,20 @@ class ModelError(errors.BadInput):
   """A model config that cannot run with the chosen method or learner settings."""
 
 
-def spec_from_config(model_config: Any) -> vit.ViTSpec | swin.SwinSpec:
+def spec_from_config(model_config: Any) -> vit.ViTSpec | swin.SwinSpec | resnet.ResNetSpec:
   """The backbone's static sizes from the `model` config section: a `ViTSpec` for a ViT preset or
-  `custom`, a `SwinSpec` for a Swin preset or `swin_custom` (module docstring). Validated."""
+  `custom`, a `SwinSpec` for a Swin preset or `swin_custom`, a `ResNetSpec` for
+  `resnet18_reduced` (module docstring). Validated."""
   name = model_config.name
+  if name == resnet.NAME:
+    return resnet.spec_from_config(model_config)
   if name in swin.PRESETS or name == swin.CUSTOM:
     return swin.spec_from_config(model_config)
   if name in vit.PRESETS or name == "custom":
     return vit.spec_from_config(model_config)
   raise ValueError(
       f"unknown model.name={name!r}; use one of {sorted(vit.PRESETS)}, 'custom' (a ViT),"
-      f" {sorted(swin.PRESETS)} or {swin.CUSTOM!r}")
+      f" {sorted(swin.PRESETS)}, {swin.CUSTOM!r} or {resnet.NAME!r}")
 
 
 # The model keys a preset sizes itself, each as (config key, the preset's own value's key): they
@@ -60,6 +65,10 @@ _VIT_SIZE_KEYS = (("width", "width"), ("depth", "depth"), ("num_heads", "num_hea
 _SWIN_SIZE_KEYS = (("width", "embed_dim"), ("stage_depths", "depths"),
                    ("stage_heads", "num_heads"), ("window_size", "window_size"),
                    ("patch_size", "patch_size"))
+
+
+# Every size key of the `model` block (the ViT's and the Swin's); the ResNet reads none.
+SIZE_KEYS = frozenset(key for key, _ in _VIT_SIZE_KEYS + _SWIN_SIZE_KEYS)
 
 
 def preset_sizes(name: str) -> tuple[str, dict[str, Any]] | None:
@@ -77,7 +86,48 @@ def is_swin(spec: Any) -> bool:
   return isinstance(spec, swin.SwinSpec)
 
 
-def build_model(config: Any, spec: vit.ViTSpec | swin.SwinSpec, num_classes: int):
+def is_resnet(spec: Any) -> bool:
+  return isinstance(spec, resnet.ResNetSpec)
+
+
+def check_method(config: Any) -> None:
+  """Refuses (one line, before any compute) `model.name=resnet18_reduced` with what it cannot
+  run: a pretrained checkpoint (it is trained from scratch), and any method that does not train
+  the whole model (`<method block>.trainable='all'`): Online-LoRA, the LoRA, prompt and adapter
+  methods, and those that read a pretrained backbone's features (SLDA, RanPAC, SimpleCIL)."""
+  if config.model.name != resnet.NAME:
+    return
+  method = config.method
+  block = config.get(method) if isinstance(method, str) and ":" not in method else None
+  trainable = block.get("trainable") if block is not None else None
+  if method == "online_lora" or trainable != "all":
+    if method == "online_lora":
+      why = "adds LoRA to a pretrained transformer's attention"
+    elif trainable is None:
+      why = "trains no whole model (it reads a pretrained backbone's features)"
+    else:
+      why = f"trains {trainable!r}, not the whole model"
+    whole = trainable is not None and _default_trainable(method) == "all"
+    fix = f"set {method}.trainable='all'" if whole else "use a ViT or Swin model.name for it"
+    raise ModelError(
+        f"method={method!r} {why}, and model.name={resnet.NAME!r} is trained from scratch by"
+        f" the methods that train the whole model; {fix}, or run a whole-model method (er,"
+        f" der_pp, finetune, ...) on the ResNet")
+  if config.pretrained.path:
+    raise ModelError(
+        f"pretrained.path={config.pretrained.path!r}: model.name={resnet.NAME!r} is trained from"
+        " scratch and reads no checkpoint; set pretrained.path='' (or use a ViT/Swin model.name)")
+
+
+def _default_trainable(method: str):
+  from olora_jax import methods  # the registry imports the models
+
+  block = methods.resolve(method).config
+  return block().get("trainable") if block is not None else None
+
+
+def build_model(config: Any, spec: vit.ViTSpec | swin.SwinSpec | resnet.ResNetSpec,
+                num_classes: int):
   """The Flax classifier of `spec` with a `num_classes` head in `model.compute_dtype` and
   `model.matmul_precision` (`config` resolved by olora_jax/fidelity.py), after the checks that
   need both the model and the method (before any compute): the VIT_ONLY_METHODS need a ViT, the
@@ -88,6 +138,12 @@ def build_model(config: Any, spec: vit.ViTSpec | swin.SwinSpec, num_classes: int
   if precision not in vit.MATMUL_PRECISIONS:
     raise ModelError(f"model.matmul_precision={precision!r}: use one of {vit.MATMUL_PRECISIONS}"
                      " (None takes the fidelity's default: resolve the config first)")
+  if is_resnet(spec):
+    check_method(config)
+    if config.model.scan_blocks:
+      raise ModelError(f"model.scan_blocks=True scans a ViT's encoder blocks and"
+                       f" model.name={resnet.NAME!r} has none; set model.scan_blocks=False")
+    return resnet.ReducedResNet(spec, num_classes, dtype=dtype, matmul_precision=precision)
   if config.model.scan_blocks and is_swin(spec):
     raise ModelError("model.scan_blocks=True scans a ViT's encoder blocks and the Swin has none"
                      " of one shape; set model.scan_blocks=False")

@@ -1,0 +1,24 @@
+"""5-datasets: CIFAR-10, MNIST, SVHN, notMNIST and Fashion-MNIST in sequence, one task per dataset
+(10 classes each, 50 in all), class-incremental across them, one pass.
+
+    .venv/bin/python launch/run.py --config configs/five_datasets.py \
+        --workdir runs/five_datasets --config.data.data_dir=DIR
+
+DIR holds the TFDS datasets `cifar10`, `mnist`, `svhn_cropped` and `fashion_mnist` (`tfds build
+NAME --file_format=array_record --data_dir=DIR`) and notMNIST's letter folders in
+DIR/notMNIST_small/A..J (the archive notMNIST_small.tar.gz unpacked; it has no test split: 20% of
+every letter is held out, seeded by data.split_seed; an unreadable file is named before any
+compute: delete it). Each dataset's classes follow the previous one's (labels 0-9 CIFAR-10, 10-19
+MNIST, ...), so 5 disjoint tasks in label order are the five datasets in this order (another
+dataset order: an explicit data.class_order moving whole blocks of 10 labels); grey images are
+repeated to 3 channels and every image is resized to model.image_size. Online-LoRA on a ViT: no
+paper thresholds; Split CIFAR-100's 2.6 / 0.03. No paper number is quoted here: none was checked
+against its table for this config yet.
+"""
+
+from configs.benchmark import benchmark_config
+
+
+def get_config(backbone="vit_b16"):
+  return benchmark_config(backbone, dataset="five_datasets", scenario="disjoint", n_tasks=5,
+                          mean_threshold=2.6, var_threshold=0.03, native_size=32)
