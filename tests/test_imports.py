@@ -135,3 +135,18 @@ def copy_declared_packages(src: Path, lib: Path) -> None:
       for data in (src / package.replace(".", "/")).glob(pattern):
         (lib / data.relative_to(src)).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(data, lib / data.relative_to(src))
+
+
+def test_importing_every_module_starts_no_jax_backend():
+  """No module makes a JAX array at import: that starts the XLA backend, and a multi-process run
+  must call jax.distributed.initialize before it starts (an SCR constant once broke every
+  `srun -n2` run with 'must be called before any JAX calls')."""
+  code = ("import pkgutil, importlib, olora_jax\n"
+          "from jax._src import xla_bridge\n"
+          "for m in pkgutil.walk_packages(olora_jax.__path__, 'olora_jax.'):\n"
+          "  importlib.import_module(m.name)\n"
+          "from olora_jax import methods\n"
+          "methods.specs()\n"
+          "assert not xla_bridge.backends_are_initialized()\n")
+  done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+  assert done.returncode == 0, done.stderr[-2000:]

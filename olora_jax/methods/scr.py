@@ -32,7 +32,9 @@ CROP_AREA = (0.2, 1.0)  # the authors' RandomResizedCrop scale
 CROP_LOG_RATIO = (float(np.log(3 / 4)), float(np.log(4 / 3)))  # its default aspect ratios
 JITTER = 0.4  # brightness, contrast and saturation factors drawn in [1 - 0.4, 1 + 0.4]
 JITTER_PROBABILITY, GRAYSCALE_PROBABILITY = 0.8, 0.2
-LUMA = jnp.array([0.299, 0.587, 0.114])  # ITU-R 601 grayscale weights
+# ITU-R 601 grayscale weights; a NumPy constant: a jnp array made at import would start JAX's
+# backend, which a multi-process run must first connect (jax.distributed.initialize).
+LUMA = np.array([0.299, 0.587, 0.114], np.float32)
 
 
 def _resized_crop(image, key):
