@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import tiny_run
 
 from configs import tiny
 from olora_jax import models, trainer
@@ -107,7 +108,8 @@ def test_er_runs_on_it_from_the_command_line(tmp_path):
        "--config.learner.batch_size=64", "--config.er.buffer_size=50",
        "--config.er.learning_rate=0.003", "--config.data.test_fraction=0.7",
        "--config.eval.eval_every=600", "--config.eval.write_plots=False",
-       "--config.checkpoint_every=0"], capture_output=True, text=True, cwd=ROOT)
+       "--config.checkpoint_every=0"], capture_output=True, text=True, cwd=ROOT,
+      env=tiny_run.default_level_env())
   assert run.returncode == 0, run.stderr[-2000:]
   results = json.loads((workdir / "results.json").read_text())
   assert len(results["acc_matrix"]) == 5 and 0 <= results["A_final"] <= 1
@@ -157,7 +159,9 @@ def test_gdumb_runs_on_it_with_running_statistics_of_its_own_training(tmp_path):
   model it keeps). It ends with finite accuracies, its step traced once."""
   config = _config("gdumb")
   config.learner.batch_size = 64
-  config.data.test_fraction = 0.7
+  # 540 test images (GDumb trains and evaluates a ResNet at each task end, at the session's XLA
+  # level 0, where convolutions run several times slower than at XLA's default)
+  config.data.test_fraction = 0.3
   config.eval.eval_every, config.eval.write_plots, config.checkpoint_every = 600, False, 0
   config.gdumb.epochs, config.gdumb.buffer_size = 1, 40
   common.TRACE_COUNTS.clear()
