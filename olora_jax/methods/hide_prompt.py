@@ -261,11 +261,10 @@ def build(ctx: base.Context) -> base.Method:
              "class_task": jnp.where(new, t, state["class_task"])}
     return state, {"loss": loss, **aux, "e_prompt": t, "n_classes": jnp.sum(counts > 0)}, {}
 
-  def aligned(state, layer, means, scatter, logits_fn, salt, per_class, epochs, rate):
-    """`layer` after alignment on features drawn from every seen class's Gaussian."""
+  def aligned(state, layer, means, factors, logits_fn, salt, per_class, epochs, rate):
+    """`layer` after alignment on features drawn from every seen class's Gaussian N(means_c,
+    factors_c factors_c^T)."""
     seen = state["counts"] > 0
-    factors = jnp.linalg.cholesky(slca.class_covariances(state["counts"], scatter,
-                                                         block.covariance_shrinkage))
     key = jax.random.fold_in(jax.random.fold_in(state["key"], state["step"]), salt)
 
     def ce(layer, f, y, valid):
@@ -281,11 +280,17 @@ def build(ctx: base.Context) -> base.Method:
     params = state["params"]
 
     def align_both(state):
+      # Both sets of covariances in ONE factorisation: two Cholesky kernels running at once can
+      # each hold a thread of XLA:CPU's pool while waiting for the other's (a hang on 2 cores).
+      covariances = jnp.concatenate([
+          slca.class_covariances(state["counts"], scatter, block.covariance_shrinkage)
+          for scatter in (state["scatter"], state["tii_scatter"])])
+      factors = jnp.split(jnp.linalg.cholesky(covariances), 2)
       scale = (ctx.batch_size / block.lr_reference_batch if block.lr_reference_batch else 1.0)
-      head = aligned(state, params["head"], state["means"], state["scatter"], linear, 1,
+      head = aligned(state, params["head"], state["means"], factors[0], linear, 1,
                      block.tap_samples_per_class, block.tap_epochs, block.tap_learning_rate)
-      tii = aligned(state, params["tii"], state["tii_means"], state["tii_scatter"], tii_logits,
-                    2, block.tii_samples_per_class, block.tii_alignment_epochs,
+      tii = aligned(state, params["tii"], state["tii_means"], factors[1], tii_logits, 2,
+                    block.tii_samples_per_class, block.tii_alignment_epochs,
                     block.tii_alignment_learning_rate * scale)
       return head, tii
 
