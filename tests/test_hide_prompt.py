@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import tiny_methods
+from jax.extend import core as jax_core
 from numerics import assert_close, vit_rtol
 
 from configs import tiny
@@ -109,6 +110,19 @@ def test_alignment_uses_every_seen_class_and_tii_names_the_task_on_a_copy():
       == [0, 0, 1, 1]
   # the state's own layers are untouched: the alignment serves prediction only
   np.testing.assert_array_equal(np.asarray(state["params"]["head"]["bias"]), [0, 0, 0, 5.0, 0])
+
+
+def test_both_alignments_factor_their_covariances_in_one_cholesky():
+  """Two Cholesky kernels in one program can each hold a thread of XLA:CPU's pool while waiting
+  for the other (an evaluation hung so on 2 cores): eval_state factors both sets at once."""
+  method, state, _ = tiny_methods.build(hide_prompt, SPEC, C, **SMALL)
+
+  def count(jaxpr):
+    return sum((eqn.primitive.name == "cholesky")
+               + sum(count(sub) for sub in jax_core.jaxprs_in_params(eqn.params))
+               for eqn in jaxpr.eqns)
+
+  assert count(jax.make_jaxpr(method.eval_state)(state).jaxpr) == 1
 
 
 def test_predict_takes_the_prompts_of_the_task_tii_names():
