@@ -76,4 +76,6 @@ def get_config(method: str = "online_lora"):
   # 768).
   config.dualprompt.update(g_layers=(0,), e_layers=(1,))
   config.coda_prompt.update(layers=(0, 1), pool_size=60)
+  # HiDe-Prompt's task prompts in both blocks (the authors': blocks 0-4 of 12).
+  config.hide_prompt.e_layers = (0, 1)
   return config

@@ -298,6 +298,24 @@ def check_method(config: ml_collections.ConfigDict, width: int | None = None) ->
              f"{p}alignment_learning_rate={b.alignment_learning_rate} and"
              f" {p}covariance_shrinkage={b.covariance_shrinkage} must be > 0 (the authors': 0.01"
              " and 1e-4)")
+  if "tii_hidden_ratio" in values:  # HiDe-Prompt (methods/hide_prompt.py)
+    _require(b.align in ("every_evaluation", "none"),
+             f"unknown {p}align={b.align!r}; use 'every_evaluation' (ours) or 'none'")
+    _require(0 <= b.prompt_momentum < 1, f"{p}prompt_momentum={b.prompt_momentum} must be in"
+             " [0, 1) (the authors': 0.01)")
+    _require(isinstance(b.tii_hidden_ratio, int) and b.tii_hidden_ratio >= 0,
+             f"{p}tii_hidden_ratio={b.tii_hidden_ratio!r} must be an integer >= 0 (the"
+             " authors': 2; 0: a linear layer)")
+    for key in ("tap_epochs", "tap_samples_per_class", "tii_alignment_epochs",
+                "tii_samples_per_class"):
+      _require(isinstance(b[key], int) and b[key] >= 1,
+               f"{p}{key}={b[key]!r} must be an integer >= 1")
+    for key in ("head_lr_scale", "tii_learning_rate", "tap_learning_rate",
+                "tii_alignment_learning_rate", "contrastive_temperature",
+                "covariance_shrinkage"):
+      _require(b[key] > 0, f"{p}{key}={b[key]} must be > 0")
+    for key in ("contrastive_weight", "alignment_weight_decay"):
+      _require(b[key] >= 0, f"{p}{key}={b[key]} must be >= 0")
   if "first_phase" in values:  # SimpleCIL's APER variant: what its first phase adapts
     _require(b.first_phase in ("none", "lora", "all"),
              f"unknown {p}first_phase={b.first_phase!r}; use 'none' (SimpleCIL), 'lora' or"

@@ -105,11 +105,12 @@ def test_runs_end_to_end_and_traces_each_function_once(runs):
   name, traces, (results, metrics, _), _, workdir = runs
   assert traces[f"{name}.train_step"] == 1
   # a model made (SLCA: its head aligned; EASE: its prototypes) per evaluation: one trace in all
-  if name in ("gdumb", "slda", "ranpac", "slca", "ease"):
+  if name in ("gdumb", "slda", "ranpac", "slca", "ease", "hide_prompt"):
     assert traces[f"{name}.eval_state"] == 1
   if name in TOLD_BOUNDARIES:  # told at each of the 5 task ends
     assert results["boundaries"]["n_signalled"] == 5
-  if name in ("inflora", "sd_lora", "slca", "ease"):  # a jitted hook: one trace for all of them
+  # a jitted hook: one trace for all of them
+  if name in ("inflora", "sd_lora", "slca", "ease", "hide_prompt"):
     assert traces[f"{name}.at_boundary"] == 1
   if name == "gdumb":  # trained from the buffer at each task end
     assert results["A_auc"] is None  # evaluated at task ends only, as the paper reports it

@@ -12,7 +12,8 @@ from olora_jax.methods import base
 from olora_jax.models.vit import VisionTransformer
 
 # Methods that use task boundaries run with the oracle switch (they are told of each task end).
-TOLD_BOUNDARIES = ("inflora", "sd_lora", "dualprompt", "coda_prompt", "slca", "ease")
+TOLD_BOUNDARIES = ("inflora", "sd_lora", "dualprompt", "coda_prompt", "slca", "ease",
+                   "hide_prompt")
 
 
 def small_config(method: str):
@@ -51,6 +52,8 @@ def small_config(method: str):
   c.dualprompt.update(g_layers=(0,), e_layers=(0,), g_prompt_length=2, prompt_length=2,
                       pool_size=4)
   c.coda_prompt.update(layers=(0,), pool_size=8, n_tasks=4, prompt_length=4, ortho_weight=0.1)
+  c.hide_prompt.update(e_layers=(0,), prompt_length=2, pool_size=4, tap_epochs=2,
+                       tii_alignment_epochs=2, tap_samples_per_class=8, tii_samples_per_class=8)
   if method in TOLD_BOUNDARIES:
     c.boundaries.rule = "oracle"
   return c

@@ -140,6 +140,46 @@ def normalised_logits(logits, seen, class_slot, n_slots: int, temperature: float
   return logits / mean_norm / temperature
 
 
+def align_head(head, ce, key, centres, factors, seen, per_class: int, epochs: int,
+               learning_rate: float, weight_decay: float):
+  """`head` (any pytree) after classifier alignment: for each of `epochs` epochs, `per_class`
+  features drawn for every `seen` (C,) class from N(centres_c, factors_c factors_c^T) (centres
+  (C, D), factors (C, D, D) lower Cholesky factors), shuffled, one SGD step (momentum 0.9, L2
+  `weight_decay`, fresh state) per `per_class` of them on `ce(head, features, labels, valid)`,
+  the rate `learning_rate` annealed per epoch by a cosine, (1 + cos(pi e / epochs)) / 2. SLCA's
+  alignment and HiDe-Prompt's (methods/hide_prompt.py)."""
+  num_classes, dim = centres.shape
+  n_seen = jnp.sum(seen.astype(jnp.int32))
+  labels = jnp.repeat(jnp.arange(num_classes), per_class)
+  valid = jnp.repeat(seen, per_class)
+  ca_tx = common.make_sgd(1.0, weight_decay)  # the rate is applied per epoch below
+
+  def epoch(e, carry):
+    head, opt_state = carry
+    draw_key, order_key = jax.random.split(jax.random.fold_in(key, e))
+    z = jax.random.normal(draw_key, (num_classes, per_class, dim), jnp.float32)
+    samples = centres[:, None, :] + jnp.einsum("cpd,ced->cpe", z, factors, precision=HIGHEST)
+    samples = samples.reshape(-1, dim)
+    # A shuffle of the seen classes' samples, first; the unseen classes' rows after them.
+    u = jax.random.uniform(order_key, valid.shape)
+    order = jnp.argsort(jnp.where(valid, u, 2.0 + u))
+    rate = learning_rate * 0.5 * (1.0 + jnp.cos(jnp.pi * e / epochs))
+
+    def one_step(i, carry):
+      head, opt_state = carry
+      rows = jax.lax.dynamic_slice_in_dim(order, i * per_class, per_class)
+      grads = jax.grad(ce)(head, samples[rows], labels[rows], valid[rows])
+      updates, opt_state = ca_tx.update(grads, opt_state, head)
+      updates = jax.tree.map(lambda u: u * rate, updates)
+      return optax.apply_updates(head, updates), opt_state
+
+    # One step per `per_class` samples over the seen classes' (n_seen steps an epoch).
+    return jax.lax.fori_loop(0, n_seen, one_step, (head, opt_state))
+
+  head, _ = jax.lax.fori_loop(0, epochs, epoch, (head, ca_tx.init(head)))
+  return head
+
+
 def build(ctx: base.Context) -> base.Method:
   block = ctx.config.slca
   if block.alignment not in ALIGNMENTS:
@@ -202,15 +242,10 @@ def build(ctx: base.Context) -> base.Method:
   def align(state):
     """The aligned copy of the head: CA's SGD on features sampled from the class Gaussians."""
     seen = state["counts"] > 0
-    n_seen = jnp.sum(seen.astype(jnp.int32))
     factors = jnp.linalg.cholesky(class_covariances(state["counts"], state["scatter"],
                                                     block.covariance_shrinkage))
     centres = state["means"] * mean_scales(state["class_task"], state["n_boundaries"])[:, None]
     class_slot = jnp.minimum(state["class_task"], n_slots - 1)
-    labels = jnp.repeat(jnp.arange(num_classes), per_class)
-    valid = jnp.repeat(seen, per_class)
-    ca_tx = common.make_sgd(1.0, block.weight_decay)  # the rate is applied per epoch below
-    head = state["params"]["head"]
     key = jax.random.fold_in(jax.random.fold_in(state["key"], state["step"]), 1)
 
     def ce(head, f, y, m):
@@ -221,30 +256,8 @@ def build(ctx: base.Context) -> base.Method:
       logits = common.restrict_logits(logits, seen)
       return common.masked_mean(common.per_example_ce(logits, y), m)
 
-    def epoch(e, carry):
-      head, opt_state = carry
-      draw_key, order_key = jax.random.split(jax.random.fold_in(key, e))
-      z = jax.random.normal(draw_key, (num_classes, per_class, centres.shape[-1]), jnp.float32)
-      samples = centres[:, None, :] + jnp.einsum("cpd,ced->cpe", z, factors, precision=HIGHEST)
-      samples = samples.reshape(-1, centres.shape[-1])
-      # A shuffle of the seen classes' samples, first; the unseen classes' rows after them.
-      u = jax.random.uniform(order_key, valid.shape)
-      order = jnp.argsort(jnp.where(valid, u, 2.0 + u))
-      rate = block.alignment_learning_rate * 0.5 * (1.0 + jnp.cos(jnp.pi * e / epochs))
-
-      def one_step(i, carry):
-        head, opt_state = carry
-        rows = jax.lax.dynamic_slice_in_dim(order, i * per_class, per_class)
-        grads = jax.grad(ce)(head, samples[rows], labels[rows], valid[rows])
-        updates, opt_state = ca_tx.update(grads, opt_state, head)
-        updates = jax.tree.map(lambda u: u * rate, updates)
-        return optax.apply_updates(head, updates), opt_state
-
-      # One step per `per_class` samples over the seen classes' (n_seen steps an epoch).
-      return jax.lax.fori_loop(0, n_seen, one_step, (head, opt_state))
-
-    head, _ = jax.lax.fori_loop(0, epochs, epoch, (head, ca_tx.init(head)))
-    return head
+    return align_head(state["params"]["head"], ce, key, centres, factors, seen, per_class, epochs,
+                      block.alignment_learning_rate, block.weight_decay)
 
   def aligns(state):
     enough = jnp.sum(state["counts"] > 0) >= 2

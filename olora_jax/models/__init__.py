@@ -26,6 +26,7 @@ VIT_ONLY_METHODS = {
     "mvp": "inserts prompt tokens into a ViT's token sequence",
     "dualprompt": "prepends prefix tokens to the keys and values of a ViT's attention",
     "coda_prompt": "prepends prefix tokens to the keys and values of a ViT's attention",
+    "hide_prompt": "prepends prefix tokens to the keys and values of a ViT's attention",
     "inflora": "stacks its LoRA branches over a ViT's blocks of one width",
     "sd_lora": "stacks its LoRA branches over a ViT's blocks of one width",
 }
