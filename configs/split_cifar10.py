@@ -10,7 +10,8 @@ ResNet-18 trained from scratch at 32 px, 5 tasks of 2 classes, a small batch fro
 it runs ER with a 200-sample buffer (OnPro's released command for CIFAR-10) and batch 10
 (--config.method and --config.<method>.buffer_size choose another). Online-LoRA on a ViT:
 the paper gives no thresholds for CIFAR-10; Split CIFAR-100's 2.6 / 0.03 are used. No paper
-number is quoted here: none was checked against its table for this config yet.
+number is quoted: none is verified yet (OnPro's Table 1 and SCR's tables are still to be checked;
+the released code of OnPro, OCM, SCR and PCR ships no results).
 Data: `tfds build cifar10 --file_format=array_record --data_dir=DIR`.
 """
 
