@@ -12,8 +12,9 @@ compute: delete it). Each dataset's classes follow the previous one's (labels 0-
 MNIST, ...), so 5 disjoint tasks in label order are the five datasets in this order (another
 dataset order: an explicit data.class_order moving whole blocks of 10 labels); grey images are
 repeated to 3 channels and every image is resized to model.image_size. Online-LoRA on a ViT: no
-paper thresholds; Split CIFAR-100's 2.6 / 0.03. No paper number is quoted here: none was checked
-against its table for this config yet.
+paper thresholds; Split CIFAR-100's 2.6 / 0.03. No paper number is quoted: none is verified yet
+(DualPrompt's and HiDe-Prompt's 5-datasets tables are still to be checked; HiDe-Prompt's released
+code ships scripts, no results).
 """
 
 from configs.benchmark import benchmark_config
