@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import tiny_run
 from numerics import assert_close, reduction_rtol
+from test_all_methods_cli import documented_programs
 
 from configs import tiny
 from olora_jax import models, trainer
@@ -28,6 +29,17 @@ ROOT = Path(__file__).resolve().parents[1]
 def _model(num_classes=100, image_size=32):
   spec = resnet.ResNetSpec(image_size=image_size)
   return resnet.ReducedResNet(spec, num_classes)
+
+
+def _init(model, image_size: int) -> dict:
+  """The model's variables, initialised in one compiled program (eagerly, each of the network's
+  hundreds of initialiser and convolution ops compiles a program of its own)."""
+  return jax.jit(model.init)(jax.random.key(0), jnp.zeros((1, image_size, image_size, 3)))
+
+
+def _apply(model, **kwargs):
+  """model.apply compiled, traced afresh (so under the BatchNorm mode in force when called)."""
+  return jax.jit(lambda variables, x: model.apply(variables, x, **kwargs))
 
 
 def _count_by_arithmetic(nf: int, num_classes: int) -> int:
@@ -50,7 +62,8 @@ def _count_by_arithmetic(nf: int, num_classes: int) -> int:
 
 def test_parameter_count_is_the_reduced_resnet18s_at_nf_20_and_100_classes():
   model = _model()
-  params = model.init(jax.random.key(0), jnp.zeros((1, 32, 32, 3)))["params"]
+  # Shapes alone: the initialiser traced, nothing computed.
+  params = jax.eval_shape(model.init, jax.random.key(0), jnp.zeros((1, 32, 32, 3)))["params"]
   trained = {k: v for k, v in params.items() if k != resnet.BATCH_STATS}
   count = sum(x.size for x in jax.tree.leaves(trained))
   assert count == _count_by_arithmetic(20, 100) == 1_109_240
@@ -64,29 +77,32 @@ def test_parameter_count_is_the_reduced_resnet18s_at_nf_20_and_100_classes():
 
 @pytest.mark.parametrize("image_size", [32, 64])
 def test_forward_shapes(image_size):
-  model = _model(10, image_size)
-  variables = model.init(jax.random.key(0), jnp.zeros((1, image_size, image_size, 3)))
-  x = jax.random.uniform(jax.random.key(1), (3, image_size, image_size, 3))
-  assert model.apply(variables, x).shape == (3, 10)
-  assert model.apply(variables, x, pre_logits=True).shape == (3, 160)  # global average pool
+  model = _model(10, image_size)  # shapes alone: traced, nothing computed
+  variables = jax.eval_shape(model.init, jax.random.key(0),
+                             jnp.zeros((1, image_size, image_size, 3)))
+  x = jax.ShapeDtypeStruct((3, image_size, image_size, 3), jnp.float32)
+  assert jax.eval_shape(model.apply, variables, x).shape == (3, 10)
+  assert jax.eval_shape(_apply(model, pre_logits=True), variables, x).shape == (3, 160)  # GAP
 
 
 def test_batch_norm_trains_on_batch_statistics_and_evaluates_on_running_ones():
   model = _model(4, 16)
-  variables = model.init(jax.random.key(0), jnp.zeros((1, 16, 16, 3)))
+  variables = _init(model, 16)
   x = 3.0 + 2.0 * jax.random.normal(jax.random.key(1), (6, 16, 16, 3))
   # Training mode: each example's logits depend on the rest of the batch.
-  assert not np.allclose(model.apply(variables, x)[:3], model.apply(variables, x[:3]), atol=1e-6)
+  train = _apply(model)
+  assert not np.allclose(train(variables, x)[:3], train(variables, x[:3]), atol=1e-6)
   with resnet.running_statistics():  # evaluation: each example alone
+    evaluate = _apply(model)
     # Two batch sizes: XLA may sum each convolution in another order (numerics.py's rule: the
     # chain of sums behind a logit, 3x3 kernels over 20-160 channels, 4 convolutions a width).
     chain = 27 + 4 * 9 * (20 + 40 + 80 + 160) + 160
-    assert_close(model.apply(variables, x)[:3], model.apply(variables, x[:3]),
+    assert_close(evaluate(variables, x)[:3], evaluate(variables, x[:3]),
                  rtol=reduction_rtol(chain))
   # One update moves the stem's running mean 10% of the way to the valid rows' channel means,
   # and its variance to the unbiased batch variance, as PyTorch's BatchNorm2d (momentum 0.1).
   mask = jnp.array([True] * 4 + [False] * 2)
-  _, moved = model.apply(variables, x, update_statistics=True, mask=mask)
+  _, moved = _apply(model, update_statistics=True, mask=mask)(variables, x)
   stem = moved["stem"]["bn"]
   conv = variables["params"]["stem"]["conv"]["kernel"]
   y = jax.lax.conv_general_dilated(x[:4], conv, (1, 1), "SAME",
@@ -98,26 +114,33 @@ def test_batch_norm_trains_on_batch_statistics_and_evaluates_on_running_ones():
 
 def test_the_running_statistics_are_frozen_never_trained():
   model = _model(4, 16)
-  params = model.init(jax.random.key(0), jnp.zeros((1, 16, 16, 3)))["params"]
+  params = _init(model, 16)["params"]
   trainable, frozen = common.split_trainable(params, "all", jax.random.key(1), model.spec, 4)
   assert resnet.BATCH_STATS not in trainable and set(frozen) == {resnet.BATCH_STATS}
 
 
-def test_er_runs_on_it_from_the_command_line(tmp_path):
-  workdir = tmp_path / "er"
+def _run(workdir: Path, method: str, *overrides: str) -> dict:
+  """results.json of `method` on the tiny stream at 8 px through the command line, compiled at
+  XLA's default level (tiny_run.default_level_env: at the session's level 0 a ResNet's
+  convolutions run several times slower than they compile faster; GDumb's run took 155 s at
+  level 0 and 43 s at the default on a loaded 2-core machine). It exits 0 with finite losses."""
   run = subprocess.run(
       [sys.executable, str(ROOT / "launch" / "run.py"), "--config", str(ROOT / "configs" /
-       "tiny.py"), "--workdir", str(workdir), "--config.method=er",
+       "tiny.py"), "--workdir", str(workdir), f"--config.method={method}",
        "--config.model.name=resnet18_reduced", "--config.model.image_size=8",
-       "--config.learner.batch_size=64", "--config.er.buffer_size=50",
-       "--config.er.learning_rate=0.003", "--config.data.test_fraction=0.7",
-       "--config.eval.eval_every=600", "--config.eval.write_plots=False",
-       "--config.checkpoint_every=0"], capture_output=True, text=True, cwd=ROOT,
-      env=tiny_run.default_level_env())
+       "--config.learner.batch_size=64", "--config.eval.eval_every=600",
+       "--config.eval.write_plots=False", "--config.checkpoint_every=0", *overrides],
+      capture_output=True, text=True, cwd=ROOT, env=tiny_run.default_level_env())
   assert run.returncode == 0, run.stderr[-2000:]
   results = json.loads((workdir / "results.json").read_text())
   assert len(results["acc_matrix"]) == 5 and 0 <= results["A_final"] <= 1
   assert results["nonfinite_steps"] == []
+  return results
+
+
+def test_er_runs_on_it_from_the_command_line(tmp_path):
+  _run(tmp_path / "er", "er", "--config.er.buffer_size=50", "--config.er.learning_rate=0.003",
+       "--config.data.test_fraction=0.7")
 
 
 def _config(method: str):
@@ -160,25 +183,16 @@ def test_a_pretrained_checkpoint_is_refused(tmp_path):
 def test_gdumb_runs_on_it_with_running_statistics_of_its_own_training(tmp_path):
   """GDumb trains a fresh model from its buffer at each evaluation: its running statistics start
   afresh and move through that training (the loop's per-step statistics are of the untrained
-  model it keeps). It ends with finite accuracies, its step traced once."""
-  config = _config("gdumb")
-  config.learner.batch_size = 64
-  # 540 test images (GDumb trains and evaluates a ResNet at each task end, at the session's XLA
-  # level 0, where convolutions run several times slower than at XLA's default)
-  config.data.test_fraction = 0.3
-  config.eval.eval_every, config.eval.write_plots, config.checkpoint_every = 600, False, 0
-  config.gdumb.epochs, config.gdumb.buffer_size = 1, 40
-  common.TRACE_COUNTS.clear()
-  trainer.train_and_evaluate(config, str(tmp_path / "gdumb"), progress=False)
-  results = json.loads((tmp_path / "gdumb" / "results.json").read_text())
-  assert common.TRACE_COUNTS["gdumb.train_step"] == 1
-  assert len(results["acc_matrix"]) == 5 and 0 <= results["A_final"] <= 1
-  assert results["nonfinite_steps"] == []
+  model it keeps). It ends with finite accuracies, compiling no program more than on the ViT
+  (each of its jitted functions traced once: docs/performance.md's count)."""
+  results = _run(tmp_path / "gdumb", "gdumb", "--config.gdumb.epochs=1",
+                 "--config.gdumb.buffer_size=40", "--config.data.test_fraction=0.3")
+  assert results["compute"]["n_compilations"] == documented_programs()["gdumb"], results["compute"]
 
 
 def test_reset_batch_statistics_restores_the_initial_mean_and_variance():
   model = _model(4, 16)
-  params = model.init(jax.random.key(0), jnp.zeros((1, 16, 16, 3)))["params"]
+  params = _init(model, 16)["params"]
   _, frozen = common.split_trainable(params, "all", jax.random.key(1), model.spec, 4)
   moved = common.moved_batch_statistics(model, frozen, {k: v for k, v in params.items()
                                                         if k != resnet.BATCH_STATS},
