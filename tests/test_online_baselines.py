@@ -266,3 +266,25 @@ def test_onpro_step_trains_and_keeps_the_replay_prototypes():
   assert bool(np.any(state["class_means_present"]))
   logits = method.predict(state, jnp.asarray(batch(4)["images"]))
   assert logits.shape == (8, 4)
+
+
+def test_onpro_classifier_learns_an_incoming_sample_only_once_stored():
+  # The reading behind OnPro's lag on the demo (docs/methods/onpro.md): once the buffer holds
+  # anything, the linear head's only loss is the CE on the APF-mixed replay draw, so the head's
+  # step does not depend on the incoming batch; the contrastive terms see the batch (and move the
+  # rest of the network) but never the head.
+  method = REGISTRY["onpro"](context("onpro", trainable="all", buffer_size=8, replay_batch=4,
+                                     projection_dim=8, flip=False))
+  step = jax.jit(method.train_step)
+  state = method.init(jax.random.key(0), init_params())
+  state, _, _ = step(state, batch(0, labels=[0, 1] * 4))  # the buffer now holds classes 0, 1
+  after = [step(state, batch(seed, labels=[2, 3] * 4)) for seed in (1, 2)]
+  (state_1, scalars_1, _), (state_2, scalars_2, _) = after
+  assert_close(float(scalars_1["ce"]), float(scalars_2["ce"]), rtol=1e-6)
+  assert abs(float(scalars_1["ope_new"]) - float(scalars_2["ope_new"])) > 1e-6
+  assert_close(state_1["params"]["head"]["kernel"], state_2["params"]["head"]["kernel"],
+               rtol=1e-6)
+  head_1, head_0 = state_1["params"]["head"]["kernel"], state["params"]["head"]["kernel"]
+  assert np.abs(np.asarray(head_1) - np.asarray(head_0)).max() > 0  # it steps, on the replay
+  assert np.abs(np.asarray(state_1["params"]["projection"]["kernel"])
+                - np.asarray(state_2["params"]["projection"]["kernel"])).max() > 0
