@@ -40,6 +40,15 @@ def session_root(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def method_runs_root(session_root) -> Path:
+  """The session's directory of the per-method command-line runs (tiny_methods.method_run),
+  shared by pytest-xdist's workers and by the tests that read those runs."""
+  path = session_root / "method_runs"
+  path.mkdir(exist_ok=True)
+  return path
+
+
+@pytest.fixture(scope="session")
 def compilation_cache(tmp_path_factory) -> Path:
   """One directory for the whole session, shared by pytest-xdist's workers (they write entries
   JAX reads back whole or not at all: a half-written entry fails to decompress and is compiled

@@ -3,14 +3,15 @@ on, exit 0 and every figure drawn, then `launch/report.py` over all the runs in 
 
 The methods come from the registry (`olora_jax.methods.specs()`), not a list kept here, so a new
 method is run as soon as its module declares it. Each run is its own process (the command line is
-what is tested: its exit code, its end-of-run figures and table); the stream is test_methods_run's
-(same shapes), so the session's compilation cache serves the programs either test compiled first.
+what is tested: its exit code, its end-of-run figures and table) on tiny_methods.STREAM.
 Before issue 39's fix, SLDA, RanPAC and SimpleCIL exited 1 here after writing results.json, and
 every report over them ended in a traceback.
 
 One test per method (pytest-xdist spreads them over its workers, and a failure names its method);
 the runs live in one directory of the session, each made once under its own lock by whichever
-test needs it first, so the report tests read the same runs without running them again.
+test needs it first (tiny_methods.method_run), so the report test reads the same runs without
+running them again, and test_methods_run resumes each from its checkpoint at step 8 and compares
+the resumed run with it.
 
 The same runs hold each method to its budget of compiled programs: the compute ledger's
 `n_compilations` must be the number docs/performance.md states for it ("Programs a run
@@ -22,22 +23,16 @@ session's persistent compilation cache: the ledger counts a program loaded from 
 
 from __future__ import annotations
 
-import fcntl
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import tiny_methods
 import tiny_run
 
-from configs import tiny
-from olora_jax import methods, plots, validation
+from olora_jax import methods, plots
 
-STREAM = {"data.test_fraction": 0.7, "eval.eval_every": 200, "checkpoint_every": 0,
-          "eval.write_plots": True, "iid.epochs": 2}
 # One more run, Si-Blurry, so that the Table 2 layout has a row (the training-free SLDA: seconds),
 # given an override of a block it does not read, which changes nothing but a warning line.
 SI_BLURRY = ("slda", {"data.scenario": "si_blurry"})
@@ -55,61 +50,19 @@ def documented_programs() -> dict[str, int]:
   return {name: int(n) for name, n in re.findall(r"^\| `(\w+)` \| (\d+) \|", section, re.M)}
 
 
-def _overrides(method: str, extra: dict) -> list[str]:
-  """The command-line overrides that turn configs/tiny.py into tiny_methods.small_config(method)
-  on STREAM: the run's own block and the shared keys, never another method's block."""
-  config = tiny_methods.small_config(method)
-  for key, value in {**STREAM, **extra}.items():
-    section, _, leaf = key.rpartition(".")
-    if section in (s.name for s in methods.specs()) and section != method:
-      continue
-    setattr(config[section] if section else config, leaf, value)
-  default = validation.flatten(tiny.get_config())
-  blocks = {s.name for s in methods.specs()} - {method}
-  return [f"--config.{key}={value}" for key, value in validation.flatten(config).items()
-          if value != default.get(key) and key.split(".")[0] not in blocks]
-
-
-def _cli(script: str, *args, cache) -> subprocess.CompletedProcess:
-  return subprocess.run([sys.executable, str(tiny_run.ROOT / "launch" / script), *map(str, args)],
-                        cwd=tiny_run.ROOT, capture_output=True, text=True, timeout=300,
-                        env=tiny_run.env(cache))
-
-
 # (run name, method, overrides beyond STREAM): every packaged method, and the Si-Blurry run.
 RUNS = [(spec.name, spec.name, {}) for spec in methods.specs()] + [
     (f"{SI_BLURRY[0]}_si_blurry", *SI_BLURRY)]
 
 
-@pytest.fixture(scope="session")
-def runs_root(session_root) -> Path:
-  """The session's directory of the runs below, shared by pytest-xdist's workers."""
-  path = session_root / "all_methods"
-  path.mkdir(exist_ok=True)
-  return path
-
-
-def _method_run(root: Path, name: str, method: str, extra: dict, cache
-                ) -> tuple[Path, int, str]:
-  """(workdir, exit code, stderr) of run `name`, made once in the session: the first test to
-  need it runs it under the run's lock while another waits; what it printed is kept beside it."""
-  workdir = root / name
-  with open(root / f"{name}.lock", "w") as lock:
-    fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
-    code_file = root / f"{name}.exit"
-    if not code_file.is_file():
-      unread = (UNREAD,) if extra else ()
-      done = _cli("run.py", "--config", tiny_run.ROOT / "configs" / "tiny.py", "--workdir",
-                  workdir, *_overrides(method, extra), *unread, cache=cache)
-      tiny_run.keep_printed(workdir, done)
-      code_file.write_text(str(done.returncode))
-  return workdir, int(code_file.read_text()), tiny_run.printed(workdir)[1]
+def _method_run(root: Path, name: str, method: str, extra: dict, cache) -> tuple[Path, int, str]:
+  return tiny_methods.method_run(root, name, method, extra, cache, *((UNREAD,) if extra else ()))
 
 
 @pytest.mark.parametrize("name, method, extra", RUNS, ids=[r[0] for r in RUNS])
-def test_every_registered_method_runs_from_the_command_line(runs_root, compilation_cache, name,
-                                                            method, extra):
-  workdir, code, stderr = _method_run(runs_root, name, method, extra, compilation_cache)
+def test_every_registered_method_runs_from_the_command_line(method_runs_root, compilation_cache,
+                                                            name, method, extra):
+  workdir, code, stderr = _method_run(method_runs_root, name, method, extra, compilation_cache)
   warned = [line.split("] ", 1)[-1] for line in stderr.splitlines()
             if "does not read" in line]  # after absl's prefix
   assert warned == ([f"method=slda does not read the er block: {UNREAD.split('=')[0]} changes"
@@ -129,20 +82,22 @@ def test_every_registered_method_runs_from_the_command_line(runs_root, compilati
       " the new count in the docs' table")
 
 
-def test_the_report_reads_every_method_in_each_layout(runs_root, compilation_cache, tmp_path):
+def test_the_report_reads_every_method_in_each_layout(method_runs_root, compilation_cache,
+                                                       tmp_path):
   for name, method, extra in RUNS:  # made by the tests above, or here if this test runs first
-    _method_run(runs_root, name, method, extra, compilation_cache)
-  table = _cli("report.py", runs_root, cache=compilation_cache)
+    _method_run(method_runs_root, name, method, extra, compilation_cache)
+  table = tiny_methods.cli("report.py", method_runs_root, cache=compilation_cache)
   assert table.returncode == 0, table.stderr[-2000:]
   for spec in methods.specs():
     assert f"| {spec.report_name} " in table.stdout, (spec.name, table.stdout)  # [boundaries]
   for layout in ("table1", "table2"):
-    done = _cli("report.py", "--layout", layout, "--csv", tmp_path / f"{layout}.csv", "--plots",
-                tmp_path / layout, runs_root, cache=compilation_cache)
+    done = tiny_methods.cli("report.py", "--layout", layout, "--csv", tmp_path / f"{layout}.csv",
+                            "--plots", tmp_path / layout, method_runs_root, cache=compilation_cache)
     assert done.returncode == 0, f"{layout}: {done.stderr[-2000:]}"
     assert (tmp_path / layout / "anytime_overlay.png").is_file()
   assert "| SLDA |" in done.stdout  # the Si-Blurry run, in Table 2
   # No Swin-T run among them: the layout says so in one line (exit 2), not a traceback.
-  done = _cli("report.py", "--layout", "swin", runs_root, cache=compilation_cache)
+  done = tiny_methods.cli("report.py", "--layout", "swin", method_runs_root,
+                          cache=compilation_cache)
   assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
   assert tiny_run.last_line(done.stderr).startswith("error: no run with"), done.stderr

@@ -4,7 +4,9 @@ wall time and the compute ledger, metrics.jsonl, every array of the final checkp
 optimizer state, replay buffers, Fisher, prompt pools and MVP's selection counts, the
 streaming methods' class statistics and Gram matrices, PRNG key).
 
-The kill is simulated from the uninterrupted run's own files, as SIGKILL leaves them right after
+The uninterrupted run is the method's command-line run of test_all_methods_cli.py (one run per
+method and session, tiny_methods.method_run); the resumed one runs in this process. The kill is
+simulated from the uninterrupted run's own files, as SIGKILL leaves them right after
 checkpoint KILLED_AFTER: its checkpoints up to that step, metrics.jsonl longer than that
 checkpoint recorded, no results.json (the signal path itself, SIGTERM included, is the same loop
 code for every method and is tested in test_resume.py and test_failures.py)."""
@@ -25,23 +27,18 @@ from olora_jax.methods import common
 # Every packaged method but Online-LoRA (tested on its own in test_resume.py), from the registry.
 BASELINES = tuple(s.name for s in methods.specs() if s.name != "online_lora")
 TOLD_BOUNDARIES = tiny_methods.TOLD_BOUNDARIES
-KILLED_AFTER = 8  # the checkpoint a killed run resumes from (of 17 steps)
-IID_EPOCHS = 2  # the upper bound's passes over the stream
-# The figures depend on results.json alone; drawn for one method evaluated anytime and for GDumb
-# (task ends only, no A_auc), they cover what every method's results can hold (every method's
-# own figures, through the command line: test_all_methods_cli.py).
+KILLED_AFTER = tiny_methods.CHECKPOINT_EVERY  # the checkpoint a killed run resumes from (of 17)
+IID_EPOCHS = tiny_methods.STREAM["iid.epochs"]  # the upper bound's passes over the stream
+# The figures depend on results.json alone; these two cover what every method's results can hold
+# (one evaluated anytime, GDumb at task ends only, no A_auc); the all-methods CLI test looks for
+# every method's own figures.
 PLOTTED = ("finetune", "gdumb")
 
 
 def _config(method: str):
-  c = tiny_methods.small_config(method)
-  c.data.test_fraction = 0.7  # ~540 training samples: 17 steps of 32, 5 tasks
-  c.eval.eval_every = 200
-  c.eval.write_plots = method in PLOTTED  # output-only
-  c.checkpoint_every = KILLED_AFTER  # checkpoints at 8, 16 and the end
-  c.max_to_keep = 10  # operational: the resume may keep fewer
-  c.iid.epochs = IID_EPOCHS
-  return c
+  """tiny_methods.stream_config: ~540 training samples (17 steps of 32, 5 tasks), checkpoints
+  at 8, 16 and the end, the upper bound's two passes, figures on."""
+  return tiny_methods.stream_config(method)
 
 
 class _Messages(logging.Handler):
@@ -87,22 +84,24 @@ def resume_after_simulated_kill(config, full: pathlib.Path, killed: pathlib.Path
 
 
 @pytest.fixture(scope="module", params=BASELINES)
-def runs(request, tmp_path_factory):
-  """(method, traces of the uninterrupted run, its outputs, outputs of the killed + resumed,
-  the uninterrupted run's workdir)."""
+def runs(request, tmp_path_factory, method_runs_root, compilation_cache):
+  """(method, traces of the resumed run, the uninterrupted run's outputs, outputs of the killed +
+  resumed, the uninterrupted run's workdir). The uninterrupted run is the method's command-line
+  run of the all-methods CLI test (tiny_methods.method_run: made once in the session, by whichever
+  test needs it first); the resume runs here, in this process, and counts its traces."""
   name = request.param
-  root = tmp_path_factory.mktemp(name)
+  full, code, stderr = tiny_methods.method_run(method_runs_root, name, name, {},
+                                               compilation_cache)
+  assert code == 0, f"{name}: exit {code}: {stderr[-2000:]}"
   common.TRACE_COUNTS.clear()
-  config = _config(name)
-  trainer.train_and_evaluate(config, str(root / "full"), progress=False)
-  traces = dict(common.TRACE_COUNTS)
-  full = _outputs(root / "full")
-  resumed = resume_after_simulated_kill(config, root / "full", root / "killed")
-  return name, traces, full, resumed, root / "full"
+  resumed = resume_after_simulated_kill(_config(name), full,
+                                        tmp_path_factory.mktemp(name) / "killed")
+  return name, dict(common.TRACE_COUNTS), _outputs(full), resumed, full
 
 
 def test_runs_end_to_end_and_traces_each_function_once(runs):
   name, traces, (results, metrics, _), _, workdir = runs
+  # The resumed run (steps 9-17: three task ends, evaluations, boundaries) traces each once.
   assert traces[f"{name}.train_step"] == 1
   # a model made (SLCA: its head aligned; EASE: its prototypes) per evaluation: one trace in all
   if name in ("gdumb", "slda", "ranpac", "slca", "ease", "hide_prompt"):

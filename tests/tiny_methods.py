@@ -1,13 +1,22 @@
 """The methods on the tiny setting: each block's sizes cut down to the width-16, 1-block ViT
-(`small_config`, for the tests that run whole streams), and a method built on a random tiny ViT
-(`build`, for the method tests that drive its functions directly)."""
+(`small_config`, for the tests that run whole streams), the one stream every method runs end to
+end on (`stream_config`) and its run through the command line, made once per session
+(`method_run`), and a method built on a random tiny ViT (`build`, for the method tests that drive
+its functions directly)."""
 
 from __future__ import annotations
 
+import fcntl
+import subprocess
+import sys
+from pathlib import Path
+
 import jax
 import jax.numpy as jnp
+import tiny_run
 
 from configs import tiny
+from olora_jax import methods, validation
 from olora_jax.methods import base
 from olora_jax.models.vit import VisionTransformer
 
@@ -57,6 +66,62 @@ def small_config(method: str):
   if method in TOLD_BOUNDARIES:
     c.boundaries.rule = "oracle"
   return c
+
+
+# The stream of the per-method runs: about 540 training samples (17 steps of 32, 5 tasks),
+# checkpoints at 8, 16 and the end (test_methods_run resumes from the one at CHECKPOINT_EVERY),
+# the upper bound's two passes, and every figure (the all-methods CLI test looks for them).
+CHECKPOINT_EVERY = 8
+STREAM = {"data.test_fraction": 0.7, "eval.eval_every": 200, "checkpoint_every": CHECKPOINT_EVERY,
+          "max_to_keep": 10, "eval.write_plots": True, "iid.epochs": 2}
+
+
+def stream_config(method: str, extra: dict | None = None):
+  """small_config(method) on STREAM with `extra` ({dotted key: value}) on top, every other
+  method's block left at configs/tiny.py's defaults: the config of the command line that
+  cli_overrides writes, which a run resumed in-process must match key for key."""
+  config, default = small_config(method), tiny.get_config()
+  others = {s.name for s in methods.specs()} - {method}
+  for block in others & set(default):  # Online-LoRA's keys are the learner block
+    config[block] = default[block]
+  for key, value in {**STREAM, **(extra or {})}.items():
+    section, _, leaf = key.rpartition(".")
+    if section not in others:
+      setattr(config[section] if section else config, leaf, value)
+  return config
+
+
+def cli_overrides(method: str, extra: dict | None = None) -> list[str]:
+  """The command-line overrides that turn configs/tiny.py into stream_config(method, extra)."""
+  default = validation.flatten(tiny.get_config())
+  return [f"--config.{key}={value}"
+          for key, value in validation.flatten(stream_config(method, extra)).items()
+          if value != default.get(key)]
+
+
+def cli(script: str, *args, cache: Path) -> subprocess.CompletedProcess:
+  """launch/`script` with `args`, in the repository, sharing the session's compilation cache."""
+  return subprocess.run([sys.executable, str(tiny_run.ROOT / "launch" / script), *map(str, args)],
+                        cwd=tiny_run.ROOT, capture_output=True, text=True, timeout=300,
+                        env=tiny_run.env(cache))
+
+
+def method_run(root: Path, name: str, method: str, extra: dict, cache: Path,
+               *flags: str) -> tuple[Path, int, str]:
+  """(workdir, exit code, stderr) of `launch/run.py` on stream_config(method, extra) (plus the
+  command-line `flags`) in root/name, made once in the session: the first test to need it runs it
+  under the run's lock while another waits; what it printed is kept beside it. The all-methods
+  CLI test and test_methods_run read the same runs."""
+  workdir = root / name
+  with open(root / f"{name}.lock", "w") as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+    code_file = root / f"{name}.exit"
+    if not code_file.is_file():
+      done = cli("run.py", "--config", tiny_run.ROOT / "configs" / "tiny.py", "--workdir",
+                 workdir, *cli_overrides(method, extra), *flags, cache=cache)
+      tiny_run.keep_printed(workdir, done)
+      code_file.write_text(str(done.returncode))
+  return workdir, int(code_file.read_text()), tiny_run.printed(workdir)[1]
 
 
 def build(module, spec, num_classes: int, batch_size: int = 8, **block):
