@@ -50,7 +50,8 @@ def documented_programs() -> dict[str, int]:
   return {name: int(n) for name, n in re.findall(r"^\| `(\w+)` \| (\d+) \|", section, re.M)}
 
 
-# (run name, method, overrides beyond STREAM): every packaged method, and the Si-Blurry run.
+# (run name, method, overrides beyond tiny_methods.STREAM): every packaged method, and the
+# Si-Blurry run.
 RUNS = [(spec.name, spec.name, {}) for spec in methods.specs()] + [
     (f"{SI_BLURRY[0]}_si_blurry", *SI_BLURRY)]
 
