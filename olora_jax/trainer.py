@@ -188,20 +188,54 @@ def initial_params(setup: Setup, config: ml_collections.ConfigDict, key: jax.Arr
       key, load_params(setup, config))
 
 
-def seeded_init(setup: Setup, config: ml_collections.ConfigDict) -> Callable:
+def seeded_init(setup: Setup, config: ml_collections.ConfigDict,
+                params_given: bool = False) -> Callable:
   """`(seed, loaded) -> state`: the run's whole initial state from its seed (uint32) and
   `load_params`' result, traceable. The seed's key is split into the params' and the method's
-  keys inside it, so the run's state initialisation is one compiled program (`initial_state`):
-  no eager PRNG or head-init programs. The values are those of the same steps run one by one:
+  keys inside it, so the run's state initialisation is one compiled program (a random model on
+  one device is drawn by one before it, `run_initial_state`): no eager PRNG or head-init
+  programs. The values are those of the same steps run one by one:
   the params pass an optimisation barrier, so XLA cannot fuse their initialisation into the
-  method's arithmetic on them (which would round last bits differently)."""
+  method's arithmetic on them (which would round last bits differently). With `params_given`,
+  `loaded` is the model's whole params already (`random_params`), used as they are."""
 
   def init(seed, loaded):
     init_key, method_key = jax.random.split(jax.random.key(seed))
-    params = jax.lax.optimization_barrier(complete_params(setup, config, init_key, loaded))
-    return setup.method.init(method_key, params)
+    params = loaded if params_given else complete_params(setup, config, init_key, loaded)
+    return setup.method.init(method_key, jax.lax.optimization_barrier(params))
 
   return init
+
+
+def random_init(setup: Setup, config: ml_collections.ConfigDict) -> Callable:
+  """`seed -> params`: the randomly initialised model's params of `seed` (uint32), from the key
+  `seeded_init` derives for them. Compiled on its own (`random_params`), it depends on the model
+  alone (not the method, not the seed's value), so the persistent compilation cache shares it
+  across a sweep's methods and seeds. A random init draws every weight through JAX's PRNG, whose
+  program is slow to compile (a tiny ViT's 24 draws: seconds at XLA's default level); inside
+  `seeded_init` it was compiled again for every method. The values are those `seeded_init`
+  computes itself (the same operations, up to the same optimisation barrier)."""
+
+  def random_model_params(seed):
+    init_key, _ = jax.random.split(jax.random.key(seed))
+    return complete_params(setup, config, init_key, None)
+
+  return random_model_params
+
+
+def random_params(setup: Setup, config: ml_collections.ConfigDict, seed) -> dict:
+  """`random_init(setup, config)(seed)` as one compiled program of its own."""
+  return jax.jit(random_init(setup, config))(seed)
+
+
+def run_initial_state(setup: Setup, seed, loaded: dict | None):
+  """The run's initial state (`seeded_init` of the seed and `load_params`' result) by one
+  compiled program, or by two where the backbone is random on one device (`random_params` first;
+  on several devices the one program builds the state where it lives, sharded)."""
+  if loaded is None and setup.mesh.devices.size == 1:
+    return build_state(setup.method, seeded_init(setup, setup.config, params_given=True),
+                       (seed, random_params(setup, setup.config, seed)), setup.mesh)
+  return build_state(setup.method, seeded_init(setup, setup.config), (seed, loaded), setup.mesh)
 
 
 def initial_state(method: methods_base.Method, key: jax.Array, params: dict,
@@ -284,11 +318,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   setup = Setup(config)  # every config or data error surfaces here, before any compute or file
   run_control.stop_if_signalled("while the run was set up")
   config = setup.config  # fidelity keys resolved: config.json records what actually ran
-  # The state's initialisation: one program of the seed and the loaded checkpoint.
-  init = (seeded_init(setup, config),
-          (np.uint32(config.seed), load_params(setup, config)))  # a bad file fails here
+  # The state's initialisation (run_initial_state): the seed and the loaded checkpoint.
+  init = (np.uint32(config.seed), load_params(setup, config))  # a bad file fails here
   # A state larger than the devices is refused before the workdir (and its lock) exists.
-  check_state_fits(setup.method, jax.eval_shape(init[0], *init[1]), setup.mesh)
+  check_state_fits(setup.method, jax.eval_shape(seeded_init(setup, config), *init), setup.mesh)
   _check_workdir(workdir, config)  # a different config is refused before anything is written
   primary = sharding.is_primary()  # the process that writes the files (process 0)
   # One run per workdir, from here to the end; in a multi-process run process 0 holds the lock.
@@ -353,7 +386,7 @@ def _guarded(fn: Callable, workdir: str):
     raise errors.InternalError(errors.unexpected(e, resume)) from e
 
 
-def _train_and_evaluate(setup: Setup, init: tuple[Callable, tuple], workdir: str,
+def _train_and_evaluate(setup: Setup, init: tuple, workdir: str,
                         progress: bool, compile_start: tuple[float, int]) -> dict:
   """The run itself, in a locked workdir whose config has been checked: the paper's protocol,
   one stream step at a time (olora_jax/protocol.py says when evaluations fall)."""
@@ -403,7 +436,7 @@ def _train_and_evaluate(setup: Setup, init: tuple[Callable, tuple], workdir: str
   return _write_results(setup, workdir, protocol, switch, p, saver)
 
 
-def _start(setup: Setup, init: tuple[Callable, tuple], workdir: str,
+def _start(setup: Setup, init: tuple, workdir: str,
            compile_start: tuple[float, int]):
   """The run's state and progress, resumed from the newest checkpoint that verifies or fresh;
   config.json and the stream manifest written; the run log, compute ledger, trace, saver and
@@ -411,7 +444,7 @@ def _start(setup: Setup, init: tuple[Callable, tuple], workdir: str,
   protocol, switch)."""
   c, method, stream = setup.config, setup.method, setup.stream
   primary = sharding.is_primary()  # writes the run's files; every process computes
-  state = build_state(method, *init, setup.mesh)
+  state = run_initial_state(setup, *init)
   # One device: jit's single-device shardings.
   state = sharding.place_state(state, sharding.state_shardings(state, setup.mesh))
   if c.eval.write_plots and primary:

@@ -92,6 +92,29 @@ def test_a_program_loaded_from_the_persistent_cache_counts_as_compiled():
   assert np.diff(counts).tolist() == [1, 1] and hits, (counts, hits)
 
 
+def test_a_random_model_is_drawn_by_its_own_program_shared_across_methods_with_the_same_bits():
+  """trainer.run_initial_state draws a random model (no checkpoint) in a program of its own
+  (random_params), then builds the method's state from it: the state is bit for bit the one the
+  single program of seeded_init builds, and the draw's program is the same for two methods (one
+  persistent-cache entry for a sweep's methods, and for the suite's runs)."""
+  import tiny_methods
+
+  from olora_jax import trainer
+
+  seed = np.uint32(3)
+  setups = [trainer.Setup(tiny_methods.small_config(m)) for m in ("er", "ewc_pp")]
+  setup = setups[0]
+  one = trainer.build_state(setup.method, trainer.seeded_init(setup, setup.config), (seed, None))
+  two = trainer.run_initial_state(setup, seed, None)
+  for (path, a), (_, b) in zip(jax.tree_util.tree_leaves_with_path(one),
+                               jax.tree_util.tree_leaves_with_path(two), strict=True):
+    if jax.dtypes.issubdtype(a.dtype, jax.dtypes.prng_key):
+      a, b = jax.random.key_data(a), jax.random.key_data(b)
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b), jax.tree_util.keystr(path))
+  lowered = [jax.jit(trainer.random_init(s, s.config)).lower(seed).as_text() for s in setups]
+  assert lowered[0] == lowered[1]
+
+
 def test_keep_host_memory_applies_on_glibc_and_can_be_turned_off(monkeypatch):
   monkeypatch.setenv(compute.KEEP_HOST_MEMORY_ENV, "0")
   assert compute.keep_host_memory() is False
