@@ -1,7 +1,8 @@
 """Session fixtures: one uninterrupted run of the tiny stream, shared by the resume, failure and
 run tests, and the compilation cache its subprocesses and the tests' in-process runs share. The
-session compiles at XLA's fastest optimisation level (tiny_run.FAST_COMPILE_FLAG), or at XLA's
-default with OLORA_TEST_XLA_OPT=default (tiny_run.session_xla_env). Every float comparison in the
+session compiles at XLA's fastest optimisation level (tiny_run.FAST_COMPILE_FLAG, with the legacy
+fusion emitters where jaxlib has them: tiny_run.LEGACY_FUSION_FLAG), or at XLA's default with
+OLORA_TEST_XLA_OPT=default (tiny_run.session_xla_env). Every float comparison in the
 tests follows the rule at the top of numerics.py (exact only where bit-exactness is the claim,
 else a tolerance scaled to what is compared): AMD and Intel hosts differ in the last bits."""
 
