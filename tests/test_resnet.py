@@ -121,16 +121,17 @@ def test_the_running_statistics_are_frozen_never_trained():
 
 def _run(workdir: Path, method: str, *overrides: str) -> dict:
   """results.json of `method` on the tiny stream at 8 px through the command line, compiled at
-  XLA's default level (tiny_run.default_level_env: at the session's level 0 a ResNet's
-  convolutions run several times slower than they compile faster; GDumb's run took 155 s at
-  level 0 and 43 s at the default on a loaded 2-core machine). It exits 0 with finite losses."""
+  XLA's level 1 where the session compiles at level 0 (tiny_run.convolution_level_env: at level 0
+  a ResNet's convolutions run several times slower than they compile faster; GDumb's run took
+  155 s at level 0 and 43 s at the default on a loaded 2-core machine). It exits 0 with finite
+  losses."""
   run = subprocess.run(
       [sys.executable, str(ROOT / "launch" / "run.py"), "--config", str(ROOT / "configs" /
        "tiny.py"), "--workdir", str(workdir), f"--config.method={method}",
        "--config.model.name=resnet18_reduced", "--config.model.image_size=8",
        "--config.learner.batch_size=64", "--config.eval.eval_every=600",
        "--config.eval.write_plots=False", "--config.checkpoint_every=0", *overrides],
-      capture_output=True, text=True, cwd=ROOT, env=tiny_run.default_level_env())
+      capture_output=True, text=True, cwd=ROOT, env=tiny_run.convolution_level_env())
   assert run.returncode == 0, run.stderr[-2000:]
   results = json.loads((workdir / "results.json").read_text())
   assert len(results["acc_matrix"]) == 5 and 0 <= results["A_final"] <= 1

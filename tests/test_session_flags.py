@@ -52,3 +52,13 @@ def test_this_session_and_its_subprocesses_compile_as_chosen():
     assert "--xla_backend_optimization_level" not in flags
   else:
     assert "--xla_backend_optimization_level" in flags
+
+
+def test_a_convolutional_network_compiles_at_level_1_where_the_session_is_at_level_0(monkeypatch):
+  monkeypatch.setenv("XLA_FLAGS", f"--xla_foo=1 {tiny_run.FAST_COMPILE_FLAG}"
+                                  f" {tiny_run.LEGACY_FUSION_FLAG}")
+  assert tiny_run.convolution_level_env()["XLA_FLAGS"] == (
+      f"--xla_foo=1 {tiny_run.CONV_COMPILE_FLAG} {tiny_run.LEGACY_FUSION_FLAG}")
+  for kept in ("", "--xla_backend_optimization_level=2"):  # XLA's default, a named level
+    monkeypatch.setenv("XLA_FLAGS", kept)
+    assert tiny_run.convolution_level_env()["XLA_FLAGS"] == kept
