@@ -92,8 +92,8 @@ CONV_COMPILE_FLAG = "--xla_backend_optimization_level=1"
 
 def convolution_level_env() -> dict:
   """os.environ for a subprocess that runs a convolutional network: FAST_COMPILE_FLAG (the
-  session's level 0) becomes CONV_COMPILE_FLAG; a session at XLA's default level (or at a level
-  the environment named) keeps its own."""
+  session's level 0, or level 0 named in XLA_FLAGS) becomes CONV_COMPILE_FLAG; a session at
+  XLA's default level, or at another level named in XLA_FLAGS, keeps its own."""
   flags = os.environ.get("XLA_FLAGS", "").replace(FAST_COMPILE_FLAG, CONV_COMPILE_FLAG).strip()
   return {**os.environ, "XLA_FLAGS": flags}
 
