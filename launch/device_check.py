@@ -29,7 +29,8 @@ DIR/device_check.md:
             backbone of `--size`'s shape, configs/split_cifar100.py's batch, evaluation and
             checkpoint cadence) through launch/run.py in each of --stream_dtypes (float32, then
             bfloat16). The first is stopped with SIGTERM (it checkpoints and exits 143) once half
-            the stream's checkpoints are written or 60% of its share is spent, then the same
+            the stream's checkpoints are written or 60% of its share is spent and it has
+            trained a step (else it runs on to the end of its share), then the same
             command resumes it (the time to the restored state is measured) and runs on to the
             end or to the end of its share: its first process compiles with a cold persistent
             cache, the resumed one with a warm one. The others run in one process each. Each
@@ -431,11 +432,30 @@ def run_streams(args: argparse.Namespace, seconds: float, work: str) -> tuple[di
   return first, others
 
 
+def first_process_done(workdir: str, half: int, elapsed: float, soft_seconds: float) -> bool:
+  """Whether the stopped-and-resumed stream's first process is stopped now: a checkpoint at or
+  past `half` exists, or `soft_seconds` have passed and the run has trained a step (a
+  `"event": "train"` line in its metrics.jsonl, each flushed). Not before that step: a process
+  stopped while it still compiles leaves nothing to resume or measure (an H200's float32
+  ViT-B/16 stream compiled for longer than its 66 s), so it runs on to the end of its share."""
+  steps = _checkpoint_steps(workdir)
+  if steps and steps[-1] >= half:
+    return True
+  if elapsed < soft_seconds:
+    return False
+  try:
+    with open(os.path.join(workdir, "metrics.jsonl"), "rb") as f:
+      return b'"event": "train"' in f.read()
+  except FileNotFoundError:
+    return False
+
+
 def run_stream(args: argparse.Namespace, seconds: float, work: str, dtype: str = "float32",
                resume: bool = True) -> dict:
   """The stream in `dtype` in two processes (`resume`): stopped (SIGTERM) half-way or at 60% of
-  `seconds`, resumed and run to its end or to the end of `seconds`; or in one process to its end
-  or to the end of `seconds`. Measured, and extrapolated if unfinished."""
+  `seconds` once it has trained (first_process_done), resumed and run to its end or to the end of
+  `seconds`; or in one process to its end or to the end of `seconds`. Measured, and extrapolated
+  if unfinished."""
   deadline = time.monotonic() + seconds
   workdir, cache = os.path.join(work, f"stream_{dtype}"), _cache(args, work, "stream")
   plan = _stream_plan(stream_config(args, dtype))
@@ -446,12 +466,12 @@ def run_stream(args: argparse.Namespace, seconds: float, work: str, dtype: str =
          **{k: v for k, v in plan.items() if k != "eval_images"},
          "n_evaluations": len(plan["eval_images"]), "segments": []}
 
-  def half_saved():  # a checkpoint at or past half the stream exists
-    steps = _checkpoint_steps(workdir)
-    return bool(steps) and steps[-1] >= half
+  started = time.monotonic()
 
-  first = run_process(command, 0.6 * seconds if resume else seconds,
-                      stop_when=half_saved if resume else None)
+  def stop_first():  # half the stream saved, or 60% of the time spent once a step has run
+    return first_process_done(workdir, half, time.monotonic() - started, 0.6 * seconds)
+
+  first = run_process(command, seconds, stop_when=stop_first if resume else None)
   out["segments"].append({"rc": first["rc"], "seconds": first["seconds"],
                           "stopped": first["stopped"], "last_line": last_line(first)})
   if first["rc"] not in (0, 143) or not _checkpoint_steps(workdir):
@@ -466,6 +486,9 @@ def run_stream(args: argparse.Namespace, seconds: float, work: str, dtype: str =
   if first["rc"] == 143 and resume:
     _, _, cold = _ledger_at(workdir)  # the first process's ledger, at its SIGTERM checkpoint
     out["cold_compile_seconds"] = cold.get("compile_seconds")
+  if first["rc"] == 143 and resume and deadline - time.monotonic() < 10:
+    out["resume_skipped"] = "the first process used the stream's share: no time left to resume"
+  elif first["rc"] == 143 and resume:
     second = run_process(command, deadline - time.monotonic(), watch=on_resume)
     out["segments"].append({"rc": second["rc"], "seconds": second["seconds"],
                             "stopped": second["stopped"], "last_line": last_line(second)})
@@ -550,8 +573,9 @@ def stream_text(stream: dict) -> list[str]:
               f"| total | {stream['process_seconds']:.1f} ({len(stream['segments'])} processes) |"
               f" {_fmt(w['total_seconds'])} ({'measured' if w['measured'] else 'extrapolated'})"
               " |", "",
-              f"steady samples/s {_fmt(stream['steady_samples_per_second'])}; resume: process"
-              f" start to the restored state {_fmt(stream.get('resume_seconds'))} s; checkpoint"
+              f"steady samples/s {_fmt(stream['steady_samples_per_second'])}; resume: "
+              + (stream.get("resume_skipped") or "process start to the restored state"
+                 f" {_fmt(stream.get('resume_seconds'))} s") + "; checkpoint"
               f" {stream['checkpoint_bytes'] / 1e6:.1f} MB, {stream['n_checkpoints']} saves in"
               f" {_fmt(stream['checkpoint_seconds'])} s; peak device memory"
               f" {_fmt(stream['peak_device_bytes'], '.3g')} B",

@@ -89,6 +89,22 @@ def test_an_unfinished_stream_is_extrapolated_at_its_measured_rates():
   assert est["total_seconds"] == pytest.approx(3.0 + 17.0 + 22.0 + 2.0 + 1.5 + 5.0)
 
 
+def test_the_first_stream_process_is_not_stopped_before_it_has_trained(tmp_path, monkeypatch):
+  """At 60% of its share the first process is stopped only once a step has run (else it runs on:
+  an H200's float32 stream was stopped while compiling and left nothing to resume); half the
+  stream's checkpoints stop it at any time."""
+  saved = []
+  monkeypatch.setattr(device_check, "_checkpoint_steps", lambda workdir: saved)
+  done = lambda elapsed: device_check.first_process_done(str(tmp_path), 10, elapsed, 60.0)
+  assert not done(30.0) and not done(90.0)  # compiling: no metrics.jsonl yet
+  (tmp_path / "metrics.jsonl").write_text('{"step": 0, "event": "eval"}\n')
+  assert not done(90.0)
+  (tmp_path / "metrics.jsonl").write_text('{"step": 1, "samples_seen": 64, "event": "train"}\n')
+  assert not done(30.0) and done(90.0)
+  saved[:] = [10]
+  assert done(1.0)
+
+
 def test_bad_flags_are_refused_in_one_line_before_any_compute(tmp_path):
   for argv, words in ((["--out_dir="], "no output directory"),
                       ([f"--out_dir={tmp_path / 'missing'}"], "is not a directory"),
