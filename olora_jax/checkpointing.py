@@ -273,15 +273,19 @@ def _tree_checks(leaves: list) -> tuple[jax.Array, jax.Array]:
   (the like-shaped layers of a ViT, their optimizer moments) are digested together, one
   reduction over their stack per group: the demo's 84 leaves in 17 groups trace in 0.16 s on 2
   CPU cores (0.29 s with the reduction vmapped over the stack, 0.39 s with one reduction per
-  leaf). A leaf that is not floating point is finite."""
+  leaf). The finite flags are reduced over the same stacks, one reduction per group rather than
+  per leaf. A leaf that is not floating point is finite."""
   groups: dict = {}
   for i, x in enumerate(leaves):
     groups.setdefault((x.shape, x.dtype), []).append(i)
-  sums = [_leaf_digests(jnp.stack([leaves[i] for i in members])) for members in groups.values()]
+  sums, finite = [], []
+  for (_, dtype), members in groups.items():
+    stack = jnp.stack([leaves[i] for i in members])
+    sums.append(_leaf_digests(stack))
+    finite.append(jnp.all(jnp.isfinite(stack), axis=tuple(range(1, stack.ndim)))
+                  if jnp.issubdtype(dtype, jnp.inexact) else jnp.ones(len(members), bool))
   order = np.argsort(np.concatenate([np.asarray(m) for m in groups.values()]))
-  finite = jnp.stack([jnp.all(jnp.isfinite(x)) if jnp.issubdtype(x.dtype, jnp.inexact)
-                      else jnp.ones((), bool) for x in leaves])
-  return jnp.concatenate(sums)[order], finite
+  return jnp.concatenate(sums)[order], jnp.concatenate(finite)[order]
 
 
 def _stored_shape(x: Any) -> jax.ShapeDtypeStruct:

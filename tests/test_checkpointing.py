@@ -391,6 +391,27 @@ def test_digests_are_the_same_on_every_layout_and_device_count():
     assert digests == here, name
 
 
+def test_nonfinite_leaves_names_exactly_the_leaves_that_hold_a_nan_or_an_inf():
+  """The finite flags are reduced per group of like-shaped leaves (tree_checks), and a group's
+  leaves need not be neighbours in the tree (a, c, f below; b, e): each flag still lands on its
+  own leaf, for every floating dtype; integers, booleans and keys are finite. Each digest is that
+  of its leaf alone."""
+  x = _dtype_arrays()
+  tree = {"a": x["f32"], "b": x["bf16"], "c": x["f32"] * 2, "d": x["f16"], "e": x["bf16"] + 1,
+          "f": x["f32"] + 1, "g": x["scalar"], **{f"z_{k}": v for k, v in x.items()}}
+  assert checkpointing.nonfinite_leaves(tree) == []
+  for bad in (["f"], ["a", "c"], ["e", "d", "g"], ["c", "z_vector"]):
+    damaged = dict(tree)
+    for name, value in zip(bad, (np.nan, np.inf, -np.inf)[:len(bad)], strict=True):
+      leaf = np.array(damaged[name])
+      leaf.reshape(-1)[-1] = value
+      damaged[name] = leaf
+    assert sorted(checkpointing.nonfinite_leaves(damaged)) == sorted(f"['{n}']" for n in bad)
+  together = checkpointing.array_checksums(tree)
+  assert together == {f"['{k}']": checkpointing.array_checksums({k: v})[f"['{k}']"]
+                      for k, v in tree.items()}
+
+
 def _numpy_digest(words: np.ndarray) -> str:
   """The device-v1 digest of a leaf's uint32 words, written out in numpy (uint64 arithmetic,
   masked to 32 bits)."""
