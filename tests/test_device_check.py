@@ -95,7 +95,10 @@ def test_the_first_stream_process_is_not_stopped_before_it_has_trained(tmp_path,
   stream's checkpoints stop it at any time."""
   saved = []
   monkeypatch.setattr(device_check, "_checkpoint_steps", lambda workdir: saved)
-  done = lambda elapsed: device_check.first_process_done(str(tmp_path), 10, elapsed, 60.0)
+
+  def done(elapsed: float) -> bool:  # half the stream: step 10; 60% of the share: 60 s
+    return device_check.first_process_done(str(tmp_path), 10, elapsed, 60.0)
+
   assert not done(30.0) and not done(90.0)  # compiling: no metrics.jsonl yet
   (tmp_path / "metrics.jsonl").write_text('{"step": 0, "event": "eval"}\n')
   assert not done(90.0)
