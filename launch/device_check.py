@@ -88,6 +88,7 @@ DEMO_RUNS = (("reference", "reference", None), ("paper", "paper", None),
 DEFAULT_DEMO_RUNS = "reference,paper"
 STEP_CASES = (("paper", "float32"), ("paper", "bfloat16"), ("reference", "float32"),
               ("reference", "bfloat16"))
+DEFAULT_STEP_CASES = ",".join(f"{f}:{d}" for f, d in STEP_CASES)
 # After them, if the part's share allows: the same step with model.scan_blocks (compile and step
 # time beside the unrolled row of the same case).
 SCANNED_STEP_CASES = (("paper", "float32"),)
@@ -274,15 +275,25 @@ def run_demo(args: argparse.Namespace, seconds: float, work: str) -> dict:
 # ----------------------------------------------------------------------------------------------
 # steps: launch/bench.py's table.
 
+def step_cases(text: str) -> list[tuple[str, str]]:
+  """--step_cases's 'fidelity:dtype,...' as (fidelity, dtype) pairs in the order given, each one
+  of STEP_CASES at most once; SystemExit in one line otherwise."""
+  cases = [tuple(c.split(":", 1)) for c in text.split(",") if c]
+  if not cases or any(c not in STEP_CASES for c in cases) or len(set(cases)) < len(cases):
+    raise SystemExit(f"error: --step_cases={text!r}: use a comma-separated list of"
+                     f" {DEFAULT_STEP_CASES.split(',')}, each at most once")
+  return cases
+
+
 def run_steps(args: argparse.Namespace, seconds: float, peaks: dict) -> list[dict]:
-  """Each (fidelity, dtype) case of STEP_CASES in its own process of launch/bench.py, against
-  the peak of its dtype, until the part's share is spent."""
+  """Each (fidelity, dtype) case of --step_cases (STEP_CASES by default) in its own process of
+  launch/bench.py, against the peak of its dtype, until the part's share is spent."""
   from olora_jax.data import synthetic
 
   deadline = time.monotonic() + seconds
   dataset = synthetic.name(max(1000, args.batch_size * (args.warmup + args.steps + 2)), 100, 10)
   rows = []
-  cases = [(f, d, False) for f, d in STEP_CASES]
+  cases = [(f, d, False) for f, d in step_cases(args.step_cases)]
   cases += [(f, d, True) for f, d in SCANNED_STEP_CASES] if args.scanned_steps else []
   for fidelity, dtype, scan in cases:
     left = deadline - time.monotonic()
@@ -686,6 +697,10 @@ def main(argv: list[str] | None = None) -> dict:
   parser.add_argument("--warmup", type=int, default=3, help="untimed steps first")
   parser.add_argument("--peak_n", type=int, default=0,
                       help="the matmul peak's matrices' side (default: bench.py's)")
+  parser.add_argument("--step_cases", default=DEFAULT_STEP_CASES,
+                      help="the step table's cases, fidelity:dtype, in the order they run (each"
+                      " compiles for about two minutes at ViT-B/16 on an H200: name the ones a"
+                      " short budget must reach)")
   parser.add_argument("--scanned_steps", type=int, default=1,
                       help="1: after the step table, the step once more with model.scan_blocks"
                       " (0: not)")
@@ -718,6 +733,7 @@ def main(argv: list[str] | None = None) -> dict:
       dtypes):
     raise SystemExit(f"error: --stream_dtypes={args.stream_dtypes!r}: use float32, bfloat16 or"
                      " both, comma-separated")
+  step_cases(args.step_cases)
   if args.budget < 30:
     raise SystemExit(f"error: --budget={args.budget:g}: give at least 30 seconds")
   if min(args.stream_train, args.stream_test) < args.stream_classes or args.stream_tasks < 1:

@@ -15,6 +15,8 @@ sys.path.insert(0, str(ROOT))
 
 from launch import device_check  # noqa: E402
 
+# Every step case, the `reference` ones first (--step_cases).
+REFERENCE_FIRST = sorted(device_check.STEP_CASES, key=lambda case: case[0] != "reference")
 STREAM = ["--stream_train=640", "--stream_test=100", "--stream_classes=10", "--stream_tasks=2",
           "--stream_eval_every=320", "--stream_checkpoint_every=4"]
 
@@ -26,6 +28,7 @@ def test_the_check_runs_every_part_on_the_cpu_and_reports_each(tmp_path, compila
   device_check.main([f"--out_dir={out}", "--allow_cpu", "--size=tiny", "--budget=1200",
                      f"--demo_config={ROOT / 'configs' / 'tiny.py'}", "--demo_runs=paper",
                      "--steps=1", "--warmup=1", "--batch_size=16", "--peak_n=128",
+                     f"--step_cases={','.join(f'{f}:{d}' for f, d in REFERENCE_FIRST)}",
                      f"--compilation_cache={compilation_cache}", *STREAM])
   report = json.loads((out / "device_check.json").read_text())
   assert report["platform"] == "cpu" and report["versions"]["jax"]
@@ -39,9 +42,10 @@ def test_the_check_runs_every_part_on_the_cpu_and_reports_each(tmp_path, compila
   comparison = demo["comparison"]
   assert comparison["within_tolerance"] and comparison["loss_max_rel_diff"] == 0.0
 
-  # The step table: both fidelities in both compute dtypes, each against its dtype's peak.
+  # The step table: both fidelities in both compute dtypes, in the order --step_cases names them,
+  # each against its dtype's peak.
   steps = report["steps"]
-  assert [(r["fidelity"], r["compute_dtype"]) for r in steps] == list(device_check.STEP_CASES)
+  assert [(r["fidelity"], r["compute_dtype"]) for r in steps] == REFERENCE_FIRST
   for row in steps:
     assert row["step_ms_median"] > 0 and row["pct_of_peak"] > 0, row
     assert row["peak_gflops"] == pytest.approx(report["peaks_gflops"][row["compute_dtype"]])
@@ -64,7 +68,7 @@ def test_the_check_runs_every_part_on_the_cpu_and_reports_each(tmp_path, compila
   (scanned,) = report["steps_scanned"]
   assert scanned["scan_blocks"] and scanned["step_ms_median"] > 0
   assert [r["scan_blocks"] for r in steps] == [False] * len(steps)
-  assert [r["matmul_precision"] for r in steps] == ["default", "default", "highest", "highest"]
+  assert [r["matmul_precision"] for r in steps] == ["highest", "highest", "default", "default"]
 
   assert isinstance(report["torch_steps"], list)  # [] where PyTorch is not installed
   text = (out / "device_check.md").read_text()
@@ -108,6 +112,13 @@ def test_the_first_stream_process_is_not_stopped_before_it_has_trained(tmp_path,
   assert done(1.0)
 
 
+def test_the_step_cases_run_in_the_order_named():
+  """A short budget reaches the `reference` cases when they are named first (or alone)."""
+  assert device_check.step_cases(device_check.DEFAULT_STEP_CASES) == list(device_check.STEP_CASES)
+  assert device_check.step_cases("reference:bfloat16,reference:float32") == [
+      ("reference", "bfloat16"), ("reference", "float32")]
+
+
 def test_bad_flags_are_refused_in_one_line_before_any_compute(tmp_path):
   for argv, words in ((["--out_dir="], "no output directory"),
                       ([f"--out_dir={tmp_path / 'missing'}"], "is not a directory"),
@@ -116,6 +127,10 @@ def test_bad_flags_are_refused_in_one_line_before_any_compute(tmp_path):
                       ([f"--out_dir={tmp_path}", "--budget=5"], "--budget"),
                       ([f"--out_dir={tmp_path}", "--stream_dtypes=float16"], "--stream_dtypes"),
                       ([f"--out_dir={tmp_path}", "--size=vit_z"], "--size"),
+                      ([f"--out_dir={tmp_path}", "--step_cases=reference:float16"],
+                       "--step_cases"),
+                      ([f"--out_dir={tmp_path}", "--step_cases=paper:float32,paper:float32"],
+                       "each at most once"),
                       ([f"--out_dir={tmp_path}"], "JAX sees no GPU")):  # this CPU, no --allow_cpu
     with pytest.raises(SystemExit, match=words):
       device_check.main(argv)
