@@ -41,8 +41,9 @@ DIR/device_check.md:
             `protocol.evaluation_points`) and set beside the paper's 864.6 s on an A100 (the
             authors' code, real data and weights)
   steps     launch/bench.py's step table for `--size` (ViT-B/16 at 224 px) in both fidelities
-            and both compute dtypes, at the paper's batch of 64, with % of the measured peak;
-            then (--scanned_steps) `paper` float32 with model.scan_blocks
+            and both compute dtypes (--step_cases: which, in what order), at the paper's batch
+            of 64, with % of the measured peak; then (--scanned_steps) `paper` float32 with
+            model.scan_blocks
   torch     scripts/torch_step.py on the same device for the same step (`reference`, float32)
 
 `--parts` picks parts; the flags below shrink each (the test suite rehearses the whole check on a
