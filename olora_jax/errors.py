@@ -139,9 +139,11 @@ class Preempted(RunError):  # a signal, not a failure
 
 # How the loss of another process of a multi-process run reaches the ones left: a collective
 # whose peer closed its sockets (gloo on CPU, NCCL on GPU), or the coordination service that
-# JAX's distributed runtime keeps on process 0.
+# JAX's distributed runtime keeps on process 0 (its errors carry the type CoordinationServiceError,
+# e.g. a checkpoint's barrier failing on the dead task's heartbeat timeout).
 PEER_LOST_MESSAGES = ("Connection reset by peer", "Connection closed by peer", "Socket closed",
-                      "remote process exited", "coordination service", "Broken pipe")
+                      "remote process exited", "coordination service", "Broken pipe",
+                      "CoordinationServiceError", "heartbeat timeout")
 
 
 def peer_lost(e: BaseException) -> bool:

@@ -114,6 +114,22 @@ def test_a_process_that_dies_stops_the_other_with_one_line(tmp_path, compilation
   assert tiny_run.steps(workdir) and not (workdir / "results.json").exists()
 
 
+def test_a_barrier_that_fails_on_a_dead_peers_heartbeat_is_a_lost_peer():
+  """The test above lost its peer once while process 0 waited in a checkpoint save's barrier:
+  the coordination service's error (its text as JAX raised it, from orbax's barrier) is a lost
+  peer too, so that process stops with exit 4 and its one line, not a bug report."""
+  raised = RuntimeError(
+      "INTERNAL: Barrier failed because: task is set to ERROR: UNAVAILABLE: Task 1 heartbeat"
+      " timeout. This indicates that the remote task has failed, got preempted, or crashed"
+      " unexpectedly. [type.googleapis.com/tensorflow.CoordinationServiceError='']. Barrier Id:"
+      " ThreadSaveMultiHostValueHolder:set_value_start::1, Task: 1")
+  try:
+    raise ValueError("the checkpoint could not be saved") from raised
+  except ValueError as e:
+    assert errors.peer_lost(e)
+  assert not errors.peer_lost(RuntimeError("INTERNAL: an XLA error of this process alone"))
+
+
 def test_a_signal_while_waiting_for_a_process_that_never_joins_stops_at_once(tmp_path):
   # Process 0 of two, alone: it starts the coordination service and waits for process 1, which
   # never comes (it died at start-up). SIGTERM ends the wait at once with 143 and one line, not
