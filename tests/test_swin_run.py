@@ -44,16 +44,11 @@ def _config(method: str, fidelity: str = "paper"):
 # shift is held by test_swin.py (timm's outputs) and the Online-LoRA runs below. Evaluations at
 # the task ends alone (the accuracy matrix): an anytime evaluation runs the same program. The 15
 # runs at level 0, 2-core Intel Xeon, median of 3 alternated: 219.9 -> 152.6 CPU-s.
-PER_METHOD_SWIN = {"model.stage_depths": (1, 1), "eval.eval_every": 1000}
-
-
 @pytest.mark.parametrize("method", METHODS)
 def test_every_applicable_method_runs_on_swin_compiling_once(method, tmp_path):
   config = _config(method)
   config.checkpoint_every = 0  # the final checkpoint alone: nothing here resumes
-  for key, value in PER_METHOD_SWIN.items():
-    section, leaf = key.split(".")
-    config[section][leaf] = value
+  config.model.stage_depths, config.eval.eval_every = (1, 1), 1000
   common.TRACE_COUNTS.clear()
   trainer.train_and_evaluate(config, str(tmp_path), progress=False)
   results, metrics, _ = _outputs(tmp_path)
