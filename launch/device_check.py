@@ -495,12 +495,11 @@ def run_stream(args: argparse.Namespace, seconds: float, work: str, dtype: str =
     if "resuming" in line and not resumed_at:
       resumed_at.append(elapsed)
 
-  if first["rc"] == 143 and resume:
-    _, _, cold = _ledger_at(workdir)  # the first process's ledger, at its SIGTERM checkpoint
-    out["cold_compile_seconds"] = cold.get("compile_seconds")
   if first["rc"] == 143 and resume and deadline - time.monotonic() < 10:
     out["resume_skipped"] = "the first process used the stream's share: no time left to resume"
   elif first["rc"] == 143 and resume:
+    _, _, cold = _ledger_at(workdir)  # the first process's ledger, at its SIGTERM checkpoint
+    out["cold_compile_seconds"] = cold.get("compile_seconds")
     second = run_process(command, deadline - time.monotonic(), watch=on_resume)
     out["segments"].append({"rc": second["rc"], "seconds": second["seconds"],
                             "stopped": second["stopped"], "last_line": last_line(second)})
