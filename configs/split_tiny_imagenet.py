@@ -9,9 +9,10 @@ DIR/tiny-imagenet-200 is the archive as its authors ship it: training images in
 `val/val_annotations.txt`; val/ is the test set (test/ has no labels). `:resnet18_reduced` trains
 the reduced ResNet-18 from scratch at the images' 64 px (ER, a 1,000-sample buffer as OnPro's
 released command, batch 10); --config.data.n_tasks sets another split of the 200 classes.
-Online-LoRA on a ViT: no paper thresholds; Split CIFAR-100's 2.6 / 0.03. No paper number is quoted:
-none is verified yet (OnPro's Table 1 is still to be checked; the released code of OnPro and OCM
-ships no results).
+Online-LoRA on a ViT: no paper thresholds; Split CIFAR-100's 2.6 / 0.03. OnPro's released code
+splits TinyImageNet into 100 tasks of 2 classes (--config.data.n_tasks=100 for that split). No
+paper number is quoted: OnPro's and OCM's Table 1 could not be read first-hand (their released
+code ships no results), and the copies seen do not state each column's buffer size.
 """
 
 from configs.benchmark import FROM_SCRATCH, benchmark_config
