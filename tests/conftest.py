@@ -27,14 +27,6 @@ from jax.experimental.compilation_cache import compilation_cache as jax_cache  #
 from olora_jax import compute  # noqa: E402
 
 
-def pytest_collection_modifyitems(items: list) -> None:
-  """The `slurm` tests first, the rest in pytest's order. They spend much of their time waiting
-  on the scheduler (a requeue's hold, its 30 s time-limit check); started first, those waits
-  overlap the other worker's compute instead of leaving a core idle at the end of the suite.
-  pyproject.toml's `--dist=worksteal` then lets an idle worker take the other's queued tests."""
-  items.sort(key=lambda item: item.get_closest_marker("slurm") is None)  # stable
-
-
 def _session_root(tmp_path_factory) -> Path:
   """The session's temporary directory, above each pytest-xdist worker's own."""
   root = tmp_path_factory.getbasetemp()
