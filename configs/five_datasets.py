@@ -17,10 +17,11 @@ paper thresholds; Split CIFAR-100's 2.6 / 0.03.
 Numbers reported for methods run here (%, after the last dataset):
 - L2P (CVPR 2022), as its paper's result ("Paper Results") in the README of the PyTorch port
   JH-LEE-KR/l2p-pytorch (commit a7b8c7f; not checked against the paper's own table): average
-  accuracy 81.14, forgetting 4.64 (`l2p`), no buffer, ViT-B/16 pretrained on ImageNet-21k. That
-  lineage of code (L2P, DualPrompt, HiDe-Prompt ports) orders the datasets SVHN, MNIST, CIFAR-10,
-  notMNIST, Fashion-MNIST (here: data.class_order listing labels 20-29, 10-19, 0-9, 30-49) and
-  trains 5 epochs per dataset (batch 16, lr 0.03), not one pass. The same port reproduces 79.68 /
+  accuracy 81.14, forgetting 4.64 (`l2p`), no buffer, ViT-B/16 pretrained on ImageNet-21k. The
+  port (datasets.py, configs/five_datasets_l2p.py; several later prompt codebases keep its order)
+  orders the datasets SVHN, MNIST, CIFAR-10, notMNIST, Fashion-MNIST (here: data.class_order
+  listing labels 20-29, 10-19, 0-9, 30-49) and trains 5 epochs per dataset (batch 16, lr 0.03),
+  not one pass. The same port reproduces 79.68 /
   3.71 with the official code.
 - DualPrompt, HiDe-Prompt, CODA-Prompt, SLCA, EASE: no 5-datasets number from their own papers is
   verified (their released code ships scripts, no results).
