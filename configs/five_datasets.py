@@ -21,8 +21,7 @@ Numbers reported for methods run here (%, after the last dataset):
   port (datasets.py, configs/five_datasets_l2p.py; several later prompt codebases keep its order)
   orders the datasets SVHN, MNIST, CIFAR-10, notMNIST, Fashion-MNIST (here: data.class_order
   listing labels 20-29, 10-19, 0-9, 30-49) and trains 5 epochs per dataset (batch 16, lr 0.03),
-  not one pass. The same port reproduces 79.68 /
-  3.71 with the official code.
+  not one pass. The same port reproduces 79.68 / 3.71 with the official code.
 - DualPrompt, HiDe-Prompt, CODA-Prompt, SLCA, EASE: no 5-datasets number from their own papers is
   verified (their released code ships scripts, no results).
 """
