@@ -201,14 +201,17 @@ CHECK_PERIOD = 30  # s: slurmctld checks time limits (and sends --signal warning
 def test_a_cell_that_hits_its_real_time_limit_is_requeued_and_resumes_identical(
     tmp_path, compilation_cache):
   """A real time limit, no scancel: once the cell is mid-run (its first checkpoint written), its
-  limit is lowered to the next whole minute past one minute from now, so that the scheduler's own
-  warning (SIGUSR1 at its first time-limit check within --signal_lead plus CHECK_PERIOD of the
-  limit) comes at its next check, at least 30 s before the limit. The run checkpoints and the
-  cell is requeued; its limit is raised again, and it resumes and ends identical to the same
-  cell run locally. (A limit of one minute from the start would warn every allocation at its
-  first check, however little it had run: a few seconds on a loaded machine.) The local run goes
-  meanwhile and fills the compilation cache the cell's allocations share."""
-  # 720 steps: the run is still going one check period after its first checkpoint.
+  run is paused (SIGSTOP) and its limit lowered to the next whole minute past one minute from
+  now, so that the scheduler's own warning (SIGUSR1 at its first time-limit check within
+  --signal_lead plus CHECK_PERIOD of the limit) comes at its next check, at least 30 s before the
+  limit. Paused, the run cannot end before the warning however fast the machine, and it leaves
+  the CPUs to the other tests while the scheduler takes its time. The warning's SIGTERM waits
+  for the run, which is resumed (SIGCONT) once the batch script has printed it: the run
+  checkpoints and the cell is requeued; its limit is raised again, and it resumes and ends
+  identical to the same cell run locally. (A limit of one minute from the start would warn every
+  allocation at its first check, however little it had run: a few seconds on a loaded machine.)
+  The local run goes meanwhile and fills the compilation cache the cell's allocations share."""
+  # 720 steps: far more than the steps the run takes between the checkpoint seen and its pause.
   grid = ["--methods=finetune", "--seeds=0", "--", *TINY, "--config.learner.batch_size=2"]
   root, local = tmp_path / "slurm", tmp_path / "local"
   done = subprocess.Popen([*SWEEP, f"--root={local}", "--settings=configs/tiny.py", *grid],
@@ -216,18 +219,26 @@ def test_a_cell_that_hits_its_real_time_limit_is_requeued_and_resumes_identical(
                           env=tiny_run.env(compilation_cache))
   job = _submit(root, "--signal_lead=119", *grid, time_limit="10", cache=compilation_cache)
   workdir = root / "tiny" / "finetune" / "seed0"
-  _running(workdir, f"{job}_0", timeout=300, after=3)
-  elapsed = slurm.time_seconds(subprocess.run(
-      ["squeue", "-h", "-j", f"{job}_0", "-o", "%M"], capture_output=True, text=True,
-      timeout=30, check=True).stdout.strip())
-  minutes = -(-(elapsed + 60) // 60)  # the limit 60-120 s away: warned at the next check
-  subprocess.run(["scontrol", "update", f"JobId={job}_0", f"TimeLimit={minutes}"], check=True,
-                 timeout=30)
-  deadline = time.time() + 300
-  while f"requeueing {job}_0" not in _log_or_empty(root, f"{job}_0"):
+  pid = _running(workdir, f"{job}_0", timeout=300, after=3)["pid"]
+  os.kill(pid, signal.SIGSTOP)
+  try:
     assert not cells.is_finished(str(workdir)), (
-        "the run finished before the scheduler's warning: this machine runs the 720 steps faster"
-        " than the test assumes; give the cell more steps")
+        "the run finished before it could be paused: give the cell more steps")
+    elapsed = slurm.time_seconds(subprocess.run(
+        ["squeue", "-h", "-j", f"{job}_0", "-o", "%M"], capture_output=True, text=True,
+        timeout=30, check=True).stdout.strip())
+    minutes = -(-(elapsed + 60) // 60)  # the limit 60-120 s away: warned at the next check
+    subprocess.run(["scontrol", "update", f"JobId={job}_0", f"TimeLimit={minutes}"], check=True,
+                   timeout=30)
+    deadline = time.time() + 300
+    while "SIGUSR1: stopping the run" not in _log_or_empty(root, f"{job}_0"):
+      assert time.time() < deadline, _log_or_empty(root, f"{job}_0")[-3000:]
+      time.sleep(0.2)
+  finally:
+    with contextlib.suppress(ProcessLookupError):
+      os.kill(pid, signal.SIGCONT)
+  deadline = time.time() + 120
+  while f"requeueing {job}_0" not in _log_or_empty(root, f"{job}_0"):
     assert time.time() < deadline, _log_or_empty(root, f"{job}_0")[-3000:]
     time.sleep(0.2)
   subprocess.run(["scontrol", "update", f"JobId={job}_0", "TimeLimit=10"], check=True,
