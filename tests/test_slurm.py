@@ -211,8 +211,9 @@ def test_a_cell_that_hits_its_real_time_limit_is_requeued_and_resumes_identical(
   identical to the same cell run locally. (A limit of one minute from the start would warn every
   allocation at its first check, however little it had run: a few seconds on a loaded machine.)
   The local run goes meanwhile and fills the compilation cache the cell's allocations share."""
-  # 720 steps: far more than the steps the run takes between the checkpoint seen and its pause.
-  grid = ["--methods=finetune", "--seeds=0", "--", *TINY, "--config.learner.batch_size=2"]
+  # 180 steps: the run is paused a few steps past its first checkpoint (step 4; seen within
+  # 0.05 s), far from its end on any machine.
+  grid = ["--methods=finetune", "--seeds=0", "--", *TINY, "--config.learner.batch_size=8"]
   root, local = tmp_path / "slurm", tmp_path / "local"
   done = subprocess.Popen([*SWEEP, f"--root={local}", "--settings=configs/tiny.py", *grid],
                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=ROOT,
