@@ -231,17 +231,11 @@ def test_a_cell_that_hits_its_real_time_limit_is_requeued_and_resumes_identical(
     minutes = -(-(elapsed + 60) // 60)  # the limit 60-120 s away: warned at the next check
     subprocess.run(["scontrol", "update", f"JobId={job}_0", f"TimeLimit={minutes}"], check=True,
                    timeout=30)
-    deadline = time.time() + 300
-    while "SIGUSR1: stopping the run" not in _log_or_empty(root, f"{job}_0"):
-      assert time.time() < deadline, _log_or_empty(root, f"{job}_0")[-3000:]
-      time.sleep(0.2)
+    _wait_in_log(root, f"{job}_0", "SIGUSR1: stopping the run", timeout=300)
   finally:
     with contextlib.suppress(ProcessLookupError):
       os.kill(pid, signal.SIGCONT)
-  deadline = time.time() + 120
-  while f"requeueing {job}_0" not in _log_or_empty(root, f"{job}_0"):
-    assert time.time() < deadline, _log_or_empty(root, f"{job}_0")[-3000:]
-    time.sleep(0.2)
+  _wait_in_log(root, f"{job}_0", f"requeueing {job}_0", timeout=120)
   subprocess.run(["scontrol", "update", f"JobId={job}_0", "TimeLimit=10"], check=True,
                  timeout=30)
   _, err = done.communicate(timeout=600)
@@ -256,11 +250,14 @@ def test_a_cell_that_hits_its_real_time_limit_is_requeued_and_resumes_identical(
   assert_same_run(workdir, local / "tiny" / "finetune" / "seed0")
 
 
-def _log_or_empty(root, task: str) -> str:
-  try:
-    return _log(root, task)
-  except FileNotFoundError:
-    return ""
+def _wait_in_log(root, task: str, text: str, timeout: float) -> None:
+  """Waits until the log of array task `task` holds `text`."""
+  deadline, log = time.time() + timeout, ""
+  while text not in log:
+    assert time.time() < deadline, f"no {text!r} in its log after {timeout} s: {log[-3000:]}"
+    time.sleep(0.2)
+    with contextlib.suppress(FileNotFoundError):
+      log = _log(root, task)
 
 
 def test_a_failing_cell_is_not_requeued_and_fail_fast_cancels_the_cells_not_started(tmp_path):
