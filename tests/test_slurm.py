@@ -105,12 +105,15 @@ def test_two_submissions_into_one_root_at_once_both_finish_with_the_local_result
   plan = json.loads((root / "sweep.json").read_text())["cells"]
   assert sorted(c["workdir"] for c in plan) == sorted(
       f"tiny/{m}/seed{s}" for m in ("finetune", "er") for s in (0, 1))  # relative to ROOT
-  seen, deadline = "", time.time() + 120
-  while not ("running, " in seen and "queued, waiting (scheduler: PENDING" in seen):
+  # Wait for a cell line that says running and one the scheduler holds back. The node may be
+  # busy with another test's job for a while; ": " keeps the summary line's "0 running, " out.
+  seen, deadline = "", time.time() + 300
+  while not (": running, " in seen and ": queued, waiting (scheduler: PENDING" in seen):
     assert time.time() < deadline, seen
     seen = _status(root)
     time.sleep(0.3)
-  assert "SLURM task" in seen and f"log {root}/slurm/logs/" in seen, seen
+  running = next(line for line in seen.splitlines() if ": running, " in line)
+  assert "SLURM task" in running and f"log {root}/slurm/logs/" in seen, seen
   proc = subprocess.run([*SWEEP, f"--root={local}", "--settings=configs/tiny.py",
                          "--methods=finetune,er", "--seeds=0,1", "--", *TINY],
                         capture_output=True, text=True, timeout=600, cwd=ROOT,
