@@ -14,6 +14,7 @@ import os
 import shutil
 from pathlib import Path
 
+import scheduling
 import tiny_run
 
 # Before any backend exists (XLA reads its flags once per process); see tiny_run.FAST_COMPILE_FLAG.
@@ -25,6 +26,12 @@ import pytest  # noqa: E402
 from jax.experimental.compilation_cache import compilation_cache as jax_cache  # noqa: E402
 
 from olora_jax import compute  # noqa: E402
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+  """Under -n, test_slurm.py's tests on one worker, one after another (scheduling.py)."""
+  return scheduling.make_scheduler(config, log)
 
 
 def _session_root(tmp_path_factory) -> Path:

@@ -1,11 +1,16 @@
 """The switch that picks the test session's XLA optimisation level (tiny_run.session_xla_env):
 level 0 by default (with XLA's legacy fusion emitters where this jaxlib still has them), XLA's
 own default with OLORA_TEST_XLA_OPT=default (CI's second leg), or whatever level XLA_FLAGS
-already names."""
+already names; and how pytest-xdist hands out the tests under -n (scheduling.py)."""
 
 import os
+import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
+import scheduling
 import tiny_run
 
 
@@ -62,3 +67,28 @@ def test_a_convolutional_network_compiles_at_level_1_where_the_session_is_at_lev
   for kept in ("", "--xla_backend_optimization_level=2"):  # XLA's default, a named level
     monkeypatch.setenv("XLA_FLAGS", kept)
     assert tiny_run.convolution_level_env()["XLA_FLAGS"] == kept
+
+
+def test_under_n_2_the_slurm_tests_run_on_one_worker_and_the_others_anywhere(tmp_path):
+  """A session of this suite's scheduler (conftest.py's hook) over a test_slurm.py and another
+  file: every test_slurm.py test on one worker, and the other worker busy with the rest."""
+  tests = Path(__file__).parent
+  (tmp_path / "pytest.ini").write_text("[pytest]\n")
+  (tmp_path / "conftest.py").write_text(
+      f"import sys\nsys.path.insert(0, {str(tests)!r})\nimport pytest, scheduling\n\n"
+      "@pytest.hookimpl(optionalhook=True)\ndef pytest_xdist_make_scheduler(config, log):\n"
+      "  return scheduling.make_scheduler(config, log)\n")
+  body = "import time\n" + "".join(f"def test_{i}():\n  time.sleep(0.1)\n" for i in range(6))
+  for name in ("test_slurm.py", "test_other.py"):
+    (tmp_path / name).write_text(body)
+  env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "OLORA_"))}
+  proc = subprocess.run([sys.executable, "-m", "pytest", "-n", "2", "-v", "-p", "no:cacheprovider"],
+                        capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env)
+  assert proc.returncode == 0 and "OneWorkerForSomeFiles" in proc.stdout, proc.stdout[-3000:]
+  ran = re.findall(r"\[(gw\d)\].* PASSED (test_\w+)\.py::", proc.stdout)
+  assert len(ran) == 12, proc.stdout[-3000:]
+  slurm = {worker for worker, file in ran if file == "test_slurm"}
+  assert len(slurm) == 1, proc.stdout[-3000:]
+  assert {worker for worker, file in ran if file == "test_other"} - slurm, proc.stdout[-3000:]
+  assert scheduling.unit("tests/test_slurm.py::test_x[a/b]") == "test_slurm.py"
+  assert scheduling.unit("tests/test_run.py::test_x") == "tests/test_run.py::test_x"

@@ -26,6 +26,8 @@ from tiny_run import ROOT, assert_same_run, results
 
 from launch import cells, slurm
 
+# Under -n, one worker runs them all, one after another (conftest.pytest_xdist_make_scheduler):
+# each has the single node to itself, never waiting on another's cells or srun for the CPUs.
 pytestmark = pytest.mark.slurm
 SWEEP = [sys.executable, str(ROOT / "launch" / "sweep.py")]
 TINY = [f"--config.{k}={v}" for k, v in tiny_run.OVERRIDES.items()]
