@@ -84,11 +84,11 @@ def test_under_n_2_the_slurm_tests_run_on_one_worker_and_the_others_anywhere(tmp
   env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "OLORA_"))}
   proc = subprocess.run([sys.executable, "-m", "pytest", "-n", "2", "-v", "-p", "no:cacheprovider"],
                         capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env)
-  assert proc.returncode == 0 and "OneWorkerForSomeFiles" in proc.stdout, proc.stdout[-3000:]
+  assert proc.returncode == 0, proc.stdout[-3000:]
   ran = re.findall(r"\[(gw\d)\].* PASSED (test_\w+)\.py::", proc.stdout)
-  assert len(ran) == 12, proc.stdout[-3000:]
+  assert len(ran) == 12 and "LoadWithOneWorkerFiles" in proc.stdout, proc.stdout[-3000:]
   slurm = {worker for worker, file in ran if file == "test_slurm"}
   assert len(slurm) == 1, proc.stdout[-3000:]
   assert {worker for worker, file in ran if file == "test_other"} - slurm, proc.stdout[-3000:]
-  assert scheduling.unit("tests/test_slurm.py::test_x[a/b]") == "test_slurm.py"
-  assert scheduling.unit("tests/test_run.py::test_x") == "tests/test_run.py::test_x"
+  assert scheduling.on_one_worker("tests/test_slurm.py::test_x[a/b::c]")
+  assert not scheduling.on_one_worker("tests/test_run.py::test_slurm")
