@@ -4,7 +4,8 @@ session compiles at XLA's fastest optimisation level (tiny_run.FAST_COMPILE_FLAG
 fusion emitters where jaxlib has them: tiny_run.LEGACY_FUSION_FLAG), or at XLA's default with
 OLORA_TEST_XLA_OPT=default (tiny_run.session_xla_env). Every float comparison in the
 tests follows the rule at the top of numerics.py (exact only where bit-exactness is the claim,
-else a tolerance scaled to what is compared): AMD and Intel hosts differ in the last bits."""
+else a tolerance scaled to what is compared): AMD and Intel hosts differ in the last bits.
+Under -n, the hook pytest_xdist_make_scheduler keeps test_slurm.py's tests on one worker."""
 
 from __future__ import annotations
 

@@ -107,8 +107,8 @@ def test_two_submissions_into_one_root_at_once_both_finish_with_the_local_result
   plan = json.loads((root / "sweep.json").read_text())["cells"]
   assert sorted(c["workdir"] for c in plan) == sorted(
       f"tiny/{m}/seed{s}" for m in ("finetune", "er") for s in (0, 1))  # relative to ROOT
-  # Wait for a cell line that says running and one the scheduler holds back. The node may be
-  # busy with another test's job for a while; ": " keeps the summary line's "0 running, " out.
+  # Wait for a cell line that says running and one the scheduler holds back. The node may still
+  # be busy for a while (a job ending); ": " keeps the summary line's "0 running, " out.
   seen, deadline = "", time.time() + 300
   while not (": running, " in seen and ": queued, waiting (scheduler: PENDING" in seen):
     assert time.time() < deadline, seen
