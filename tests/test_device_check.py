@@ -55,7 +55,14 @@ def test_the_check_runs_every_part_on_the_cpu_and_reports_each(tmp_path, compila
   assert "error" not in stream, stream
   assert [s["rc"] for s in stream["segments"]] == [143, 0]
   assert stream["finished"] and stream["steps_done"] == stream["n_steps"] == 10
-  assert stream["resume_seconds"] > 0 and stream["n_checkpoints"] >= 2
+  assert stream["resume_seconds"] > 0
+  # Saves every 4 steps, at the SIGTERM (step `stop`, unless a save there just ran) and at the
+  # end. A checkpoint carries the ledger's totals from before its own save, so the last one holds
+  # every save but each process's last (the SIGTERM's, the end's); fewer: the first process's
+  # totals were not carried over.
+  stop = int(stream["segments"][0]["last_line"].split("/checkpoints/")[1].split(":")[0])
+  first, resumed = {*range(4, stop + 1, 4), stop}, [*range(4 * (stop // 4 + 1), 10, 4), 10]
+  assert stream["n_checkpoints"] == len(first) - 1 + len(resumed) - 1 >= 1, (stop, stream)
   whole = stream["whole_stream"]
   assert whole["measured"] and whole["total_seconds"] > whole["step_seconds"] > 0
   assert stream["vs_paper"] == pytest.approx(whole["total_seconds"] / device_check.PAPER_SECONDS)
