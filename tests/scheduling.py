@@ -1,5 +1,5 @@
 """How pytest-xdist hands out the tests under -n (conftest.pytest_xdist_make_scheduler): its load
-distribution, except that the tests of ONE_WORKER_FILES all go to the first worker, which runs
+distribution, except that the tests of ONE_WORKER_FILES all go to one worker, which runs
 them one after another behind its first chunk, while the rest goes out as xdist's load
 distribution sends it (contiguous chunks, so that a module's fixtures are mostly made once).
 
@@ -20,6 +20,7 @@ def on_one_worker(nodeid: str) -> bool:
 
 
 def make_scheduler(config, log):
+  """The scheduler for pytest_xdist_make_scheduler; None (xdist's own) unless --dist is load."""
   if config.getvalue("dist") != "load":
     return None
   from xdist.scheduler import LoadScheduling
