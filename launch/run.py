@@ -81,8 +81,10 @@ def _watch_signals(fd: int) -> None:
         continue  # the save ends, then the loop stops
       distributed = sys.modules.get("olora_jax.distributed")
       if not _STARTED[0] or (distributed is not None and distributed.JOINING[0]):
+        # run_control.start_up_stop's words (it cannot be imported here: the imports may be
+        # what the signal interrupted).
         message = (f"stopped by signal {signum} during start-up, before anything was written;"
-                   " run the same command to start")
+                   " run the same command to start (or resume)")
       elif count >= 2:
         message = (f"stopped at once by a second signal {signum}; the newest checkpoint is"
                    " kept: run the same command to resume from it")
@@ -324,7 +326,7 @@ def main(argv):
                                      if _COMPILATION_CACHE.value == "auto"
                                      else _COMPILATION_CACHE.value)
   try:
-    run_control.stop_if_signalled("during start-up")
+    run_control.stop_if_signalled()  # nothing is written yet
     config = _load_config()
     validation.check_known_keys(config, common.get_config())
     _warn_unread_overrides(config.method)

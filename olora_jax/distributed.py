@@ -81,7 +81,7 @@ def initialize(c: ml_collections.ConfigDict) -> None:
   jax.config.update("jax_enable_preemption_service", False)
   JOINING[0] = True
   try:
-    run_control.stop_if_signalled("before the processes joined")  # one that came before
+    run_control.stop_if_signalled()  # one that came before: nothing is written yet
     jax.distributed.initialize(
         coordinator_address=c.coordinator_address or None,
         num_processes=c.num_processes or None,

@@ -316,7 +316,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   # A multi-process run (olora_jax/distributed.py) is joined before any backend starts.
   distributed.initialize(config.distributed)
   setup = Setup(config)  # every config or data error surfaces here, before any compute or file
-  run_control.stop_if_signalled("while the run was set up")
+  run_control.stop_if_signalled()  # nothing is written yet
   config = setup.config  # fidelity keys resolved: config.json records what actually ran
   # The state's initialisation (run_initial_state): the seed and the loaded checkpoint.
   init = (np.uint32(config.seed), load_params(setup, config))  # a bad file fails here

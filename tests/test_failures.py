@@ -581,6 +581,8 @@ def test_signals_at_random_moments_of_start_up_exit_with_one_line(tmp_path, tiny
     assert proc.returncode == 128 + sig, (delay, stderr[-2000:])
     line = last_line(stderr)
     assert line.startswith("error: stopped") and f"signal {sig}" in line, (delay, stderr[-2000:])
+    if "during start-up" in line:  # the watcher's line or the set-up's: the same words
+      assert line == f"error: {run_control.start_up_stop(sig)}", (delay, stderr[-2000:])
     assert not (workdir / "results.json").exists()
     if (workdir / "metrics.jsonl").exists():  # every line written is whole
       for text in (workdir / "metrics.jsonl").read_text().splitlines():
@@ -588,6 +590,19 @@ def test_signals_at_random_moments_of_start_up_exit_with_one_line(tmp_path, tiny
   done = tiny_run.run(workdir, compilation_cache)
   assert done.returncode == 0, done.stderr[-2000:]
   assert_same_run(workdir, tiny_reference)
+
+
+def test_a_signal_in_the_set_up_stops_with_the_start_up_line_and_writes_nothing(tmp_path,
+                                                                              monkeypatch):
+  """A signal recorded before the set-up's check (launch/run.py records it from its first line)
+  stops the run there with the line every stage before the first write prints, so the
+  processes of a multi-process run, signalled at different stages of their start-up, agree."""
+  monkeypatch.setattr(run_control, "PENDING_SIGNALS", [signal.SIGTERM])
+  with pytest.raises(errors.Preempted) as info:
+    trainer.train_and_evaluate(tiny_run.config(), str(tmp_path / "run"), progress=False)
+  assert info.value.exit_code == 128 + signal.SIGTERM
+  assert str(info.value) == run_control.start_up_stop(signal.SIGTERM)
+  assert not (tmp_path / "run").exists()
 
 
 def test_a_second_signal_during_a_save_lets_the_save_end_then_stops(tmp_path, monkeypatch):
