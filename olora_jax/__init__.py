@@ -36,52 +36,66 @@ Evaluation and metrics
   metrics                        every metric as a pure function (a_final, forgetting, ...)
 Whole runs
   train_and_evaluate(config, workdir)               what launch/run.py calls
+
+The names load on first use (PEP 562): `import olora_jax.errors` or a launcher's flag check does
+not pay for JAX, Flax and Orbax (about a second and a half), and `from olora_jax import
+VisionTransformer` imports what that name needs.
 """
 
-from olora_jax import methods, metrics
-from olora_jax.data.preprocess import make_batch, to_model_input
-from olora_jax.data.sources import Source, domains_of, load_sources, split_arrays
-from olora_jax.data.streams import (
-    EvaluationGroups,
-    Stream,
-    build_stream,
-    disjoint_class_incremental,
-    domain_incremental,
-    si_blurry,
-)
-from olora_jax.evaluate import ClassCounts, Evaluator, group_accuracies
-from olora_jax.learner.buffer import BatchBuffer, HardBuffer
-from olora_jax.learner.online_lora import (
-    Learner,
-    LearnerConfig,
-    TrainState,
-    init_buffer,
-    init_frozen,
-    init_train_state,
-    lora_regulariser,
-    make_learner,
-    make_optimizer,
-    split_params,
-)
-from olora_jax.learner.plateau import PlateauConfig, PlateauState
-from olora_jax.learner.plateau import init as init_plateau
-from olora_jax.learner.plateau import update as update_plateau
-from olora_jax.methods.base import Context, Method, MethodSpec, StepReport
-from olora_jax.models import spec_from_config
-from olora_jax.models.lora import init_lora, merge_into_backbone
-from olora_jax.models.swin import SwinSpec, SwinTransformer
-from olora_jax.models.vit import VisionTransformer, ViTSpec
-from olora_jax.pretrained import load_pretrained
-from olora_jax.trainer import train_and_evaluate
+from __future__ import annotations
 
-__all__ = [
-    "BatchBuffer", "ClassCounts", "Context", "EvaluationGroups", "Evaluator", "HardBuffer",
-    "Learner", "LearnerConfig", "Method", "MethodSpec", "PlateauConfig", "PlateauState", "Source",
-    "StepReport", "Stream", "SwinSpec", "SwinTransformer", "TrainState",
-    "ViTSpec", "VisionTransformer", "build_stream", "disjoint_class_incremental",
-    "domain_incremental", "domains_of", "group_accuracies", "init_buffer", "init_frozen",
-    "init_lora", "init_plateau", "init_train_state", "load_pretrained", "load_sources",
-    "lora_regulariser", "make_batch", "make_learner", "make_optimizer", "merge_into_backbone",
-    "methods", "metrics", "si_blurry", "split_arrays", "split_params", "spec_from_config",
-    "to_model_input", "train_and_evaluate", "update_plateau",
-]
+import importlib
+
+# name -> (module, attribute in it; None: the module itself)
+_EXPORTS = {
+    "methods": ("olora_jax.methods", None),
+    "metrics": ("olora_jax.metrics", None),
+    "make_batch": ("olora_jax.data.preprocess", "make_batch"),
+    "to_model_input": ("olora_jax.data.preprocess", "to_model_input"),
+    **{name: ("olora_jax.data.sources", name)
+       for name in ("Source", "domains_of", "load_sources", "split_arrays")},
+    **{name: ("olora_jax.data.streams", name)
+       for name in ("EvaluationGroups", "Stream", "build_stream", "disjoint_class_incremental",
+                    "domain_incremental", "si_blurry")},
+    **{name: ("olora_jax.evaluate", name)
+       for name in ("ClassCounts", "Evaluator", "group_accuracies")},
+    "BatchBuffer": ("olora_jax.learner.buffer", "BatchBuffer"),
+    "HardBuffer": ("olora_jax.learner.buffer", "HardBuffer"),
+    **{name: ("olora_jax.learner.online_lora", name)
+       for name in ("Learner", "LearnerConfig", "TrainState", "init_buffer", "init_frozen",
+                    "init_train_state", "lora_regulariser", "make_learner", "make_optimizer",
+                    "split_params")},
+    "PlateauConfig": ("olora_jax.learner.plateau", "PlateauConfig"),
+    "PlateauState": ("olora_jax.learner.plateau", "PlateauState"),
+    "init_plateau": ("olora_jax.learner.plateau", "init"),
+    "update_plateau": ("olora_jax.learner.plateau", "update"),
+    **{name: ("olora_jax.methods.base", name)
+       for name in ("Context", "Method", "MethodSpec", "StepReport")},
+    "spec_from_config": ("olora_jax.models", "spec_from_config"),
+    "init_lora": ("olora_jax.models.lora", "init_lora"),
+    "merge_into_backbone": ("olora_jax.models.lora", "merge_into_backbone"),
+    "SwinSpec": ("olora_jax.models.swin", "SwinSpec"),
+    "SwinTransformer": ("olora_jax.models.swin", "SwinTransformer"),
+    "VisionTransformer": ("olora_jax.models.vit", "VisionTransformer"),
+    "ViTSpec": ("olora_jax.models.vit", "ViTSpec"),
+    "load_pretrained": ("olora_jax.pretrained", "load_pretrained"),
+    "train_and_evaluate": ("olora_jax.trainer", "train_and_evaluate"),
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+  """Imports the module that defines `name` (one of __all__) the first time it is asked for."""
+  if name not in _EXPORTS:
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+  module, attribute = _EXPORTS[name]
+  value = importlib.import_module(module)
+  if attribute is not None:
+    value = getattr(value, attribute)
+  globals()[name] = value  # the next lookup is a plain one
+  return value
+
+
+def __dir__() -> list[str]:
+  return sorted({*globals(), *_EXPORTS})
