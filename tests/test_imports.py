@@ -1,4 +1,5 @@
-"""The package's import graph has no circle: every module imports only modules below it.
+"""The package's import graph has no circle: every module imports only modules below it. The
+launchers' bookkeeping (sweep --status, a cell's runner) imports no JAX.
 
 Read statically from the source (imports inside functions included, as they run all the same);
 `from package import name` is an edge to the submodule when `name` is one, else to the package.
@@ -15,6 +16,8 @@ import subprocess
 import sys
 import tomllib
 from pathlib import Path
+
+import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "olora_jax"
 
@@ -150,3 +153,41 @@ def test_importing_every_module_starts_no_jax_backend():
           "assert not xla_bridge.backends_are_initialized()\n")
   done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
   assert done.returncode == 0, done.stderr[-2000:]
+
+
+# The libraries a run needs and a launcher's bookkeeping does not (about 1.4 s of imports).
+HEAVY = ("jax", "jaxlib", "flax", "optax", "orbax", "tensorstore")
+
+
+def test_sweep_status_and_the_package_import_none_of_jax(tmp_path):
+  """`sweep.py --status` (polled on a login node; `--run_cell`, every cell's runner, shares its
+  imports) reads the plan and the workdirs without JAX, Flax or Orbax: `olora_jax` loads its
+  top-level names on first use, and each of them still resolves to its module's object."""
+  from launch import cells
+
+  root, sweep = tmp_path / "sweep", PACKAGE.parent / "launch" / "sweep.py"
+  cells.write_plan(str(root), [{"workdir": str(root / "tiny" / "er" / "seed0"), "command": [],
+                                "tuning": None}])
+  code = ("import runpy, sys\n"
+          f"sys.argv = ['sweep.py', '--status', {str(root)!r}]\n"
+          "try:\n"
+          f"  runpy.run_path({str(sweep)!r}, run_name='__main__')\n"
+          "except SystemExit as stop:\n"
+          "  assert not stop.code, stop.code\n"
+          "import olora_jax\n"
+          f"print(sorted({{m.split('.')[0] for m in sys.modules}} & {set(HEAVY)!r}))\n")
+  done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+  assert done.returncode == 0, done.stderr[-2000:]
+  assert "seed0: not started" in done.stdout, done.stdout
+  assert done.stdout.splitlines()[-1] == "[]", done.stdout  # no heavy library imported
+
+  import olora_jax
+  from olora_jax.learner import plateau
+  from olora_jax.models import vit
+
+  assert set(olora_jax.__all__) <= set(dir(olora_jax))
+  assert olora_jax.VisionTransformer is vit.VisionTransformer
+  assert olora_jax.init_plateau is plateau.init and olora_jax.update_plateau is plateau.update
+  assert all(getattr(olora_jax, name) is not None for name in olora_jax.__all__)
+  with pytest.raises(AttributeError, match="has no attribute 'nope'"):
+    olora_jax.nope  # noqa: B018
