@@ -81,18 +81,20 @@ def _watch_signals(fd: int) -> None:
         continue  # the save ends, then the loop stops
       distributed = sys.modules.get("olora_jax.distributed")
       if not _STARTED[0] or (distributed is not None and distributed.JOINING[0]):
-        # run_control.start_up_stop's words (it cannot be imported here: the imports may be
-        # what the signal interrupted).
-        message = (f"stopped by signal {signum} during start-up, before anything was written;"
-                   " run the same command to start (or resume)")
+        message = errors.start_up_stop(signum)
       elif count >= 2:
-        message = (f"stopped at once by a second signal {signum}; the newest checkpoint is"
-                   " kept: run the same command to resume from it")
+        message = errors.second_signal_stop(signum)
       else:
         continue
       os.write(2, f"\nerror: {message}\n".encode())
       os._exit(128 + signum)
 
+
+# Config files import `configs.common`: make the repository root importable wherever we run from.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.realpath(__file__))))
+# The watcher's lines (olora_jax.errors imports no JAX: a few milliseconds), imported before it
+# starts: it never imports anything itself, the imports may be what a signal interrupted.
+from olora_jax import errors  # noqa: E402
 
 _WAKE_READ, _WAKE_WRITE = os.pipe()
 os.set_blocking(_WAKE_WRITE, False)
@@ -101,13 +103,9 @@ threading.Thread(target=_watch_signals, args=(_WAKE_READ,), name="signals", daem
 
 import contextlib  # noqa: E402
 import logging as py_logging  # noqa: E402
-import pathlib  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 import traceback  # noqa: E402
-
-# Config files import `configs.common`: make the repository root importable wherever we run from.
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 import jax  # noqa: E402
 from absl import app, flags, logging  # noqa: E402
@@ -117,7 +115,6 @@ from configs import common  # noqa: E402
 from olora_jax import (  # noqa: E402
     compute,
     distributed,
-    errors,
     methods,
     models,
     run_control,

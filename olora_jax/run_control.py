@@ -33,25 +33,17 @@ PENDING_SIGNALS: list[int] = []
 SAVING = [False]
 
 
-def start_up_stop(signum: int) -> str:
-  """The one line of a stop before this launch wrote anything: the imports, the set-up, the join
-  of a multi-process run. The processes of such a run reach the stages of their start-up at
-  different moments, and each prints this same line wherever a signal found it (launch/run.py's
-  signal watcher, which prints it during the imports and the join, has the same words)."""
-  return (f"stopped by signal {signum} during start-up, before anything was written; run the"
-          " same command to start (or resume)")
-
-
 def stop_if_signalled(when: str | None = None) -> None:
   """Raises `errors.Preempted` (exit 128 + signal) if a signal came before the loop, to any
   process of a multi-process run (one small collective, once the processes have joined): every
   process stops at the same stage, none is left waiting in a collective for one that stopped.
-  `when` None: nothing is written yet, the line is `start_up_stop`'s; else it names the stage."""
+  `when` None: nothing is written yet, the line is `errors.start_up_stop`'s; else it names
+  the stage."""
   signum = PENDING_SIGNALS[0] if PENDING_SIGNALS else 0
   if jax.distributed.is_initialized():  # never before: that would start the backend
     signum = sharding.process_max(signum)
   if signum:
-    raise errors.Preempted(signum, start_up_stop(signum) if when is None else
+    raise errors.Preempted(signum, errors.start_up_stop(signum) if when is None else
                            f"stopped by signal {signum} {when}, before any step ran; what is"
                            " written is complete: run the same command to start (or resume)")
 
@@ -103,9 +95,7 @@ class StopSignal:
     if SAVING[0]:  # asked twice during a save: the save ends, then the loop stops
       return
     self.__exit__()
-    raise errors.Preempted(signum, (
-        f"stopped at once by a second signal {signum}; the newest checkpoint is kept: run the"
-        " same command to resume from it"))
+    raise errors.Preempted(signum, errors.second_signal_stop(signum))
 
   def __exit__(self, *exc) -> None:
     for sig, handler in self._previous.items():

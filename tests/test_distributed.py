@@ -16,7 +16,7 @@ import numpy as np
 import tiny_run
 from tiny_run import ROOT, assert_same_run, command, env, results
 
-from olora_jax import errors, run_control
+from olora_jax import errors
 
 
 def _free_port() -> int:
@@ -154,8 +154,8 @@ def test_a_signal_while_waiting_for_a_process_that_never_joins_stops_at_once(tmp
   assert time.time() - signalled < 30
   assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
   # The signal watcher's line, word for word the one a process still in an earlier stage of its
-  # start-up prints (run_control.start_up_stop), so the processes of a run agree.
-  assert tiny_run.last_line(err) == f"error: {run_control.start_up_stop(15)}", err
+  # start-up prints (errors.start_up_stop), so the processes of a run agree.
+  assert tiny_run.last_line(err) == f"error: {errors.start_up_stop(15)}", err
   assert not (tmp_path / "run").exists()  # nothing was written
 
 

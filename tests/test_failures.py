@@ -582,7 +582,7 @@ def test_signals_at_random_moments_of_start_up_exit_with_one_line(tmp_path, tiny
     line = last_line(stderr)
     assert line.startswith("error: stopped") and f"signal {sig}" in line, (delay, stderr[-2000:])
     if "during start-up" in line:  # the watcher's line or the set-up's: the same words
-      assert line == f"error: {run_control.start_up_stop(sig)}", (delay, stderr[-2000:])
+      assert line == f"error: {errors.start_up_stop(sig)}", (delay, stderr[-2000:])
     assert not (workdir / "results.json").exists()
     if (workdir / "metrics.jsonl").exists():  # every line written is whole
       for text in (workdir / "metrics.jsonl").read_text().splitlines():
@@ -601,8 +601,25 @@ def test_a_signal_in_the_set_up_stops_with_the_start_up_line_and_writes_nothing(
   with pytest.raises(errors.Preempted) as info:
     trainer.train_and_evaluate(tiny_run.config(), str(tmp_path / "run"), progress=False)
   assert info.value.exit_code == 128 + signal.SIGTERM
-  assert str(info.value) == run_control.start_up_stop(signal.SIGTERM)
+  assert str(info.value) == errors.start_up_stop(signal.SIGTERM)
   assert not (tmp_path / "run").exists()
+
+
+def test_a_second_signal_stops_at_once_with_its_line_and_gives_the_handlers_back(monkeypatch):
+  """Outside a save, the first signal is a flag the loop reads at the end of its step and a
+  second one stops the run at once, with errors.second_signal_stop's line (launch/run.py's
+  watcher prints the same, where the main thread is held in a long device call)."""
+  monkeypatch.setattr(run_control, "PENDING_SIGNALS", [])
+  before = signal.getsignal(signal.SIGTERM)
+  with pytest.raises(errors.Preempted) as info:
+    with run_control.StopSignal() as stop:
+      os.kill(os.getpid(), signal.SIGTERM)
+      assert stop.signum == signal.SIGTERM
+      os.kill(os.getpid(), signal.SIGINT)
+  assert info.value.exit_code == 128 + signal.SIGINT
+  assert str(info.value) == errors.second_signal_stop(signal.SIGINT)
+  assert "the newest checkpoint is kept" in str(info.value)
+  assert signal.getsignal(signal.SIGTERM) is before  # the handlers are given back
 
 
 def test_a_second_signal_during_a_save_lets_the_save_end_then_stops(tmp_path, monkeypatch):
