@@ -148,15 +148,20 @@ def _reason(text: str) -> str:
   return (informative or lines or ["(no message)"])[0]
 
 
-def _fail(message: str, code: int) -> None:
+def _fail(message: str, code: int, every_process: bool = False) -> None:
   """Prints the one error line last and exits at once: background threads of the libraries
   (orbax's writers after a failed save) must not print their own noise after it. With
   --traceback, the traceback of the exception being handled (if any) comes first, whatever the
-  exit code, bad flags and config keys included."""
+  exit code, bad flags and config keys included. `every_process`: every process of a
+  multi-process run stops here (`errors.RunError.every_process`), and each leaves once all have
+  printed their line (`distributed.finish`; a no-op in one process)."""
   sys.stdout.flush()
   if _traceback_wanted() and sys.exc_info()[0] is not None:
     traceback.print_exc()
   print(f"error: {message}", file=sys.stderr, flush=True)
+  if every_process:
+    with contextlib.suppress(Exception):  # the line is out and the checkpoint written
+      distributed.finish()
   _exit_now(code)
 
 
@@ -330,9 +335,10 @@ def main(argv):
     _refuse_preset_size_overrides(config.model.name)
     results = trainer.train_and_evaluate(config, workdir)
   except Exception as e:
-    write_log = True
+    write_log, every_process = True, False
     if isinstance(e, errors.RunError):
       code, message, write_log = e.exit_code, str(e), e.write_log
+      every_process = e.every_process
     elif errors.out_of_memory(e):  # while the data or the model were set up
       code = errors.EXIT_ENVIRONMENT
       message = (f"the machine ran out of memory while the run was set up"
@@ -348,7 +354,7 @@ def main(argv):
       where = _write_error_log(workdir)
       if where:
         message += f" ({where})"
-    _fail(" ".join(message.split()), code)
+    _fail(" ".join(message.split()), code, every_process)
   if jax.process_index() == 0:  # one table for a run over many processes
     _print_results(results, config, workdir)
   distributed.finish()  # with the other processes, if any, before the runtime is left behind

@@ -59,6 +59,11 @@ class RunError(Exception):
   # Whether the CLI writes the traceback to the workdir's error log: not for bad input (nothing is
   # written) nor for a busy workdir (it belongs to another process).
   write_log = True
+  # Whether every process of a multi-process run raises it at the same point, after the same
+  # collective decision. The CLI then has the processes leave together (JAX's shutdown barrier,
+  # `distributed.finish`), each after its own line: a process still running when process 0, which
+  # hosts JAX's coordination service, has exited aborts (exit 134) without its line.
+  every_process = False
 
 
 class InternalError(RunError):
@@ -149,10 +154,11 @@ class Preempted(RunError):  # a signal, not a failure
 
   write_log = False
 
-  def __init__(self, signum: int, message: str):
+  def __init__(self, signum: int, message: str, every_process: bool = False):
     super().__init__(message)
     self.signum = signum
     self.exit_code = EXIT_SIGNAL_BASE + signum
+    self.every_process = every_process  # the loop's stop, which every process agreed on
 
 
 # How the loss of another process of a multi-process run reaches the ones left: a collective

@@ -40,12 +40,14 @@ def stop_if_signalled(when: str | None = None) -> None:
   `when` None: nothing is written yet, the line is `errors.start_up_stop`'s; else it names
   the stage."""
   signum = PENDING_SIGNALS[0] if PENDING_SIGNALS else 0
-  if jax.distributed.is_initialized():  # never before: that would start the backend
+  joined = jax.distributed.is_initialized()
+  if joined:  # never before: that would start the backend
     signum = sharding.process_max(signum)
   if signum:
     raise errors.Preempted(signum, errors.start_up_stop(signum) if when is None else
                            f"stopped by signal {signum} {when}, before any step ran; what is"
-                           " written is complete: run the same command to start (or resume)")
+                           " written is complete: run the same command to start (or resume)",
+                           every_process=joined)
 
 
 def learning_rate_key(config, block: str) -> str | None:
@@ -145,7 +147,8 @@ class Saver:
       self.save(state, p)
       raise errors.Preempted(signum, (
           f"stopped by signal {signum} after stream step {step}; checkpointed in"
-          f" {self.checkpointer.directory}/{p.cursor}: run the same command to resume"))
+          f" {self.checkpointer.directory}/{p.cursor}: run the same command to resume"),
+          every_process=True)
 
   def close(self) -> None:
     self.checkpointer.close()

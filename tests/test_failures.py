@@ -619,6 +619,7 @@ def test_a_second_signal_stops_at_once_with_its_line_and_gives_the_handlers_back
   assert info.value.exit_code == 128 + signal.SIGINT
   assert str(info.value) == errors.second_signal_stop(signal.SIGINT)
   assert "the newest checkpoint is kept" in str(info.value)
+  assert not info.value.every_process  # this process's own: it leaves at once
   assert signal.getsignal(signal.SIGTERM) is before  # the handlers are given back
 
 
@@ -642,7 +643,35 @@ def test_a_second_signal_during_a_save_lets_the_save_end_then_stops(tmp_path, mo
   with pytest.raises(errors.Preempted) as info:
     trainer.train_and_evaluate(config, str(tmp_path), progress=False)
   assert info.value.exit_code == 128 + signal.SIGTERM and "stopped by signal 15" in str(info.value)
+  assert info.value.every_process  # the loop's stop: every process of a run agreed on it
   assert steps(tmp_path) == [4]  # the checkpoint being written, whole; the run stopped there
+
+
+# launch/run.py's failure path with JAX's shutdown barrier and the exit replaced by lines.
+_FAIL_ORDER = """
+import importlib.util, sys
+spec = importlib.util.spec_from_file_location("run_cli", sys.argv[1])
+cli = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(cli)
+cli.distributed.finish = lambda: print("shutdown barrier", file=sys.stderr, flush=True)
+cli._exit_now = lambda code: print(f"exit {code}", file=sys.stderr, flush=True)
+cli._fail("stopped by signal 15 after stream step 6", 143, every_process=True)
+cli._fail("another process died", 4)
+"""
+
+
+def test_a_stop_every_process_agreed_on_leaves_after_the_shutdown_barrier():
+  """A stop every process of a multi-process run raises at the same step (the loop's, on a
+  signal) is left through JAX's shutdown barrier once each process has printed its line: a
+  process still running when process 0, which hosts the coordination service, exits aborts
+  (134) without its line. Any other error leaves at once, without waiting for a peer that may be
+  gone."""
+  done = subprocess.run([sys.executable, "-c", _FAIL_ORDER, str(ROOT / "launch" / "run.py")],
+                        capture_output=True, text=True, timeout=120, cwd=ROOT)
+  assert done.returncode == 0, done.stderr[-2000:]
+  assert done.stderr.splitlines()[-5:] == [
+      "error: stopped by signal 15 after stream step 6", "shutdown barrier", "exit 143",
+      "error: another process died", "exit 4"], done.stderr[-2000:]
 
 
 # --- sizes that cannot fit ------------------------------------------------------------------------
