@@ -172,6 +172,18 @@ def test_the_setup_creates_the_venv_before_a_command_uses_it(page):
   assert create <= use, f"{page}: `{lines[use]}` comes before the command that creates .venv"
 
 
+def test_the_readme_runs_the_tests_as_ci_does():
+  """The README's and the quickstart's test command is the one .ci/run runs (CI adds only its own
+  flags after it): the time the pages state is the time of that command."""
+  run = next(line for line in (ROOT / ".ci" / "run").read_text().splitlines()
+             if "-m pytest" in line)
+  ci = run.split("-m pytest", 1)[1].split()
+  for page in ("README.md", "docs/tutorials/quickstart.md"):
+    (line,) = [x for x in bash_lines(ROOT / page) if "-m pytest" in x]
+    said = line.split("-m pytest", 1)[1].split()
+    assert ci[:len(said)] == said, f"{page}: `{line}` is not .ci/run's `{run.strip()}`"
+
+
 def test_the_pages_state_one_test_count_and_one_test_time():
   said: dict[str, set[str]] = {"count": set(), "minutes": set(), "ci": set()}
   patterns = {"count": r"(\d[\d,]*) tests\b", "minutes": r"about (\d+) minutes on a 2-core CPU",
