@@ -69,10 +69,9 @@ def test_a_convolutional_network_compiles_at_level_1_where_the_session_is_at_lev
     assert tiny_run.convolution_level_env()["XLA_FLAGS"] == kept
 
 
-def test_under_n_3_the_slurm_tests_run_on_one_worker_and_the_others_anywhere(tmp_path):
+def test_under_n_2_the_slurm_tests_run_on_one_worker_and_the_others_anywhere(tmp_path):
   """A session of this suite's scheduler (conftest.py's hook) over a test_slurm.py and another
-  file, under the README's -n 3: every test_slurm.py test on one worker, and the other workers
-  busy with the rest."""
+  file: every test_slurm.py test on one worker, and the other worker busy with the rest."""
   tests = Path(__file__).parent
   (tmp_path / "pytest.ini").write_text("[pytest]\n")
   (tmp_path / "conftest.py").write_text(
@@ -83,7 +82,7 @@ def test_under_n_3_the_slurm_tests_run_on_one_worker_and_the_others_anywhere(tmp
   for name in ("test_slurm.py", "test_other.py"):
     (tmp_path / name).write_text(body)
   env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "OLORA_"))}
-  proc = subprocess.run([sys.executable, "-m", "pytest", "-n", "3", "-v", "-p", "no:cacheprovider"],
+  proc = subprocess.run([sys.executable, "-m", "pytest", "-n", "2", "-v", "-p", "no:cacheprovider"],
                         capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env)
   assert proc.returncode == 0, proc.stdout[-3000:]
   ran = re.findall(r"\[(gw\d)\].* PASSED (test_\w+)\.py::", proc.stdout)
