@@ -158,7 +158,7 @@ class Preempted(RunError):  # a signal, not a failure
     super().__init__(message)
     self.signum = signum
     self.exit_code = EXIT_SIGNAL_BASE + signum
-    self.every_process = every_process  # the loop's stop, which every process agreed on
+    self.every_process = every_process  # raised by every process at the same point
 
 
 # How the loss of another process of a multi-process run reaches the ones left: a collective
