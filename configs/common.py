@@ -100,6 +100,9 @@ def get_config(method: str = "online_lora") -> ml_collections.ConfigDict:
           initialization_timeout=Key(1800, "seconds each process waits for all to join (a cold"
                                      " restart after preemption can take longer than JAX's"
                                      " default 300 s)"),
+          heartbeat_timeout=Key(100, "seconds without a heartbeat after which JAX's"
+                                " coordination service holds a process dead and stops the"
+                                " others (JAX's default: 100)"),
       ),
 
       pretrained=block(

@@ -91,7 +91,7 @@ OPERATIONAL_KEYS = ("checkpoint_every", "max_to_keep", "eval.write_plots", "data
                     "eval.predict_chunk", "eval.batch_size", "sharding.fsdp",
                     "distributed.initialize", "distributed.coordinator_address",
                     "distributed.num_processes", "distributed.process_id",
-                    "distributed.initialization_timeout",
+                    "distributed.initialization_timeout", "distributed.heartbeat_timeout",
                     "learner.skip_nonfinite", "learner.max_skipped_fraction", "log_every",
                     "loggers", "logger_project")
 # Of those, the ones a resume records when they changed (results.json `config_changes`): how the

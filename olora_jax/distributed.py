@@ -14,6 +14,8 @@
   distributed.initialization_timeout  seconds every process waits for the others to join
                                     (default 1800: after a preemption, a cold restart of many
                                     nodes can take longer than JAX's own 300 s)
+  distributed.heartbeat_timeout     seconds without a heartbeat after which JAX's coordination
+                                    service holds a process dead and stops the others (JAX's 100)
 
 Every process runs the same command on the same workdir, on a file system they share. Each one
 reads and preprocesses only its own rows of every batch and test batch (`sharding.local_rows`);
@@ -25,7 +27,12 @@ takes part in each checkpoint save and restore. On CPU the processes talk throug
 
 from __future__ import annotations
 
+import ctypes
+import faulthandler
 import os
+import signal
+import threading
+import time
 
 import jax
 import ml_collections
@@ -39,6 +46,9 @@ ENV_ADDRESS = "JAX_COORDINATOR_ADDRESS"
 # passed), and one that died never will: a signal then ends the process at once (launch/run.py's
 # signal watcher), as during the imports; nothing has been written yet.
 JOINING = [False]
+# How long an abort raised by JAX's distributed client, on one of its own threads, is held back
+# (`hold_client_aborts`).
+ABORT_GRACE_SECONDS = 30.0
 
 
 def check(c: ml_collections.ConfigDict) -> None:
@@ -55,6 +65,9 @@ def check(c: ml_collections.ConfigDict) -> None:
   if not isinstance(c.initialization_timeout, int) or c.initialization_timeout < 1:
     raise ValueError(f"distributed.initialization_timeout={c.initialization_timeout!r} must be"
                      " a whole number of seconds >= 1")
+  if not isinstance(c.heartbeat_timeout, int) or c.heartbeat_timeout < 1:
+    raise ValueError(f"distributed.heartbeat_timeout={c.heartbeat_timeout!r} must be a whole"
+                     " number of seconds >= 1")
   if c.coordinator_address and ":" not in c.coordinator_address:
     raise ValueError(f"distributed.coordinator_address={c.coordinator_address!r} must be"
                      " 'host:port' of process 0")
@@ -86,9 +99,47 @@ def initialize(c: ml_collections.ConfigDict) -> None:
         coordinator_address=c.coordinator_address or None,
         num_processes=c.num_processes or None,
         process_id=None if c.process_id < 0 else c.process_id,
-        initialization_timeout=c.initialization_timeout)
+        initialization_timeout=c.initialization_timeout,
+        heartbeat_timeout_seconds=c.heartbeat_timeout)
   finally:
     JOINING[0] = False
+  hold_client_aborts()
+
+
+# JAX's coordination service (on process 0) holds a process dead once its heartbeats stop for
+# `heartbeat_timeout` seconds, and tells every other process at once, twice over: the barrier
+# that process's main thread waits in (each checkpoint save has some) fails with the error, which
+# the run turns into exit 4 and its one line (trainer._guarded); and JAX's client, on a thread of
+# its own, aborts the process (SIGABRT, exit 134, a C++ message and no line). The client's abort
+# cannot be switched off from Python, and it usually came first. So, in a multi-process run, an
+# abort raised on any thread but the main one waits up to ABORT_GRACE_SECONDS: the main thread,
+# which got the same error, stops the run its own way meanwhile (os._exit). An abort the main
+# thread raises, or one still pending after the grace, goes ahead as before, Python's tracebacks
+# first where faulthandler is on (absl turns it on).
+_ABORT_HANDLER = ctypes.CFUNCTYPE(None, ctypes.c_int)
+_HELD_ABORT = []  # the installed handler, kept alive as long as the process
+
+
+def _hold_abort(signum: int) -> None:
+  if threading.get_ident() != threading.main_thread().ident:
+    time.sleep(ABORT_GRACE_SECONDS)
+  if faulthandler.is_enabled():
+    faulthandler.dump_traceback(all_threads=True)
+  # Returning lets abort() go on: it restores the default action and raises SIGABRT again.
+
+
+def hold_client_aborts() -> None:
+  """Installs the SIGABRT handler above (once; where the C library offers `signal`)."""
+  if _HELD_ABORT:
+    return
+  try:
+    install = ctypes.CDLL(None).signal
+  except (OSError, AttributeError):  # no C library to ask: aborts stay as they are
+    return
+  install.restype = ctypes.c_void_p
+  install.argtypes = (ctypes.c_int, _ABORT_HANDLER)
+  _HELD_ABORT.append(_ABORT_HANDLER(_hold_abort))
+  install(signal.SIGABRT, _HELD_ABORT[0])
 
 
 def finish() -> None:

@@ -13,6 +13,7 @@ import sys
 import time
 
 import numpy as np
+import pytest
 import tiny_run
 from tiny_run import ROOT, assert_same_run, command, env, results
 
@@ -30,12 +31,13 @@ def _devices_env(cache, n: int) -> dict:
           "XLA_FLAGS": tiny_run.xla_flags(f"--xla_force_host_platform_device_count={n}")}
 
 
-def _start_processes(workdir, cache, n: int = 2) -> list[subprocess.Popen]:
+def _start_processes(workdir, cache, *overrides: str, n: int = 2) -> list[subprocess.Popen]:
   """The tiny stream on `n` processes of one device each, joined through localhost."""
   address = f"localhost:{_free_port()}"
   return [subprocess.Popen(
       command(workdir, f"--config.distributed.coordinator_address={address}",
-              f"--config.distributed.num_processes={n}", f"--config.distributed.process_id={i}"),
+              f"--config.distributed.num_processes={n}", f"--config.distributed.process_id={i}",
+              *overrides),
       cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
       env=_devices_env(cache, 1)) for i in range(n)]
 
@@ -95,9 +97,11 @@ def test_two_processes_give_one_process_results_and_stop_together(tmp_path, comp
 def test_a_process_that_dies_stops_the_other_with_one_line(tmp_path, compilation_cache):
   # Process 1 killed outright (SIGKILL: no handler, no checkpoint of its own) after the first
   # checkpoint: process 0, left in a collective with no peer, stops at once with exit 4 and one
-  # line that names the cause, not a hang and not a bug report; the checkpoint is intact.
+  # line that names the cause, not a hang and not a bug report; the checkpoint is intact. Where
+  # process 0 waits at a save's barrier, not in a collective, the coordination service tells it,
+  # after the heartbeat timeout (20 s here, not JAX's 100 s).
   workdir = tmp_path / "run"
-  procs = _start_processes(workdir, compilation_cache)
+  procs = _start_processes(workdir, compilation_cache, "--config.distributed.heartbeat_timeout=20")
   deadline = time.time() + 600
   while procs[1].poll() is None and not tiny_run.steps(workdir):
     assert time.time() < deadline, "the run made no checkpoint in time"
@@ -112,6 +116,86 @@ def test_a_process_that_dies_stops_the_other_with_one_line(tmp_path, compilation
   assert "start every process again to resume from checkpoint" in line, line
   assert [x for x in err.splitlines() if x.startswith("error:")] == [line]
   assert tiny_run.steps(workdir) and not (workdir / "results.json").exists()
+
+
+# Two processes joined by `distributed.initialize` that meet at a checkpoint save's barrier
+# (orbax's, through JAX's coordination service); process 1 then sleeps, process 0 waits at a second
+# barrier until the first error it sees, and stops the run's way: after its own work (here 2 s),
+# os._exit(4).
+_BARRIER_SCRIPT = """
+import os, sys, time
+from configs import common
+from olora_jax import distributed
+c = common.get_config().distributed
+c.coordinator_address, c.num_processes = sys.argv[1], 2
+c.process_id, c.heartbeat_timeout = int(sys.argv[2]), int(sys.argv[3])
+distributed.initialize(c)
+from orbax.checkpoint import multihost
+barrier = multihost.get_barrier_sync_fn()
+barrier(key="joined", timeout_ms=60_000)
+print("joined", flush=True)
+if c.process_id == 1:
+  time.sleep(600)
+try:
+  barrier(key="never", timeout_ms=600_000)
+except Exception as e:
+  print("barrier failed:", str(e)[:200], flush=True)
+  time.sleep(2)
+  os._exit(4)
+"""
+
+
+def test_a_peer_lost_in_a_barrier_leaves_the_exit_to_the_main_thread(tmp_path):
+  """Process 1 killed while process 0 waits at a barrier: when its heartbeats stop, JAX's
+  coordination service fails that barrier and, at the same moment, JAX's client aborts process 0
+  from a thread of its own. The abort is held back (distributed.hold_client_aborts): process 0
+  leaves with its own exit code, not 134."""
+  address = f"localhost:{_free_port()}"
+  procs = [subprocess.Popen([sys.executable, "-c", _BARRIER_SCRIPT, address, str(i), "3"],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "JAX_PLATFORMS": "cpu"}) for i in range(2)]
+  try:
+    for line in procs[1].stdout:  # gloo prints a line of its own first
+      if line == "joined\n":
+        break
+    else:
+      raise AssertionError(procs[1].communicate(timeout=60)[1][-3000:])
+    procs[1].kill()
+    out, err = procs[0].communicate(timeout=120)
+  finally:
+    for p in procs:
+      p.kill()
+  assert "barrier failed:" in out and "heartbeat" in out, err[-3000:]
+  assert procs[0].returncode == 4, err[-3000:]
+
+
+_ABORT_SCRIPT = """
+import faulthandler, os, sys, threading, time
+from olora_jax import distributed
+faulthandler.enable()  # as absl's app.run does before launch/run.py's main
+where, distributed.ABORT_GRACE_SECONDS, work = sys.argv[1], float(sys.argv[2]), float(sys.argv[3])
+distributed.hold_client_aborts()
+if where == "main":
+  os.abort()
+threading.Thread(target=os.abort).start()
+time.sleep(work)
+os._exit(4)
+"""
+
+
+@pytest.mark.parametrize("where, grace, work, code", [
+    ("thread", 30, 1, 4),  # the main thread leaves first, with its own code
+    ("thread", 1, 60, -signal.SIGABRT),  # past the grace the abort goes ahead
+    ("main", 30, 60, -signal.SIGABRT),  # the main thread's own abort is not held
+])
+def test_an_abort_off_the_main_thread_waits_for_the_main_thread(where, grace, work, code):
+  start = time.time()
+  done = subprocess.run([sys.executable, "-c", _ABORT_SCRIPT, where, str(grace), str(work)],
+                        cwd=ROOT, capture_output=True, text=True, timeout=120)
+  assert done.returncode == code, done.stderr[-3000:]
+  assert time.time() - start < min(grace, work) + 20
+  if code < 0:  # faulthandler's tracebacks still come before an abort
+    assert "most recent call first" in done.stderr, done.stderr[-3000:]
 
 
 def test_a_barrier_that_fails_on_a_dead_peers_heartbeat_is_a_lost_peer():
@@ -199,6 +283,8 @@ def test_bad_distributed_and_sharding_values_fail_before_compute(tmp_path, compi
                             ("--config.distributed.process_id=-3", "distributed.process_id"),
                             ("--config.distributed.initialization_timeout=0",
                              "distributed.initialization_timeout=0 must be a whole number"),
+                            ("--config.distributed.heartbeat_timeout=0",
+                             "distributed.heartbeat_timeout=0 must be a whole number"),
                             ("--config.sharding.fsdp=3", "sharding.fsdp=3")):
     done = tiny_run.run(tmp_path / "bad", compilation_cache, override)
     assert done.returncode == 2, (override, done.stderr[-2000:])
