@@ -129,6 +129,7 @@ from olora_jax import distributed
 c = common.get_config().distributed
 c.coordinator_address, c.num_processes = sys.argv[1], 2
 c.process_id, c.heartbeat_timeout = int(sys.argv[2]), int(sys.argv[3])
+c.initialization_timeout = 60  # a peer that never joins ends the test, not a 30-minute wait
 distributed.initialize(c)
 from orbax.checkpoint import multihost
 barrier = multihost.get_barrier_sync_fn()
@@ -151,7 +152,7 @@ def test_a_peer_lost_in_a_barrier_leaves_the_exit_to_the_main_thread(tmp_path):
   from a thread of its own. The abort is held back (distributed.hold_client_aborts): process 0
   leaves with its own exit code, not 134."""
   address = f"localhost:{_free_port()}"
-  procs = [subprocess.Popen([sys.executable, "-c", _BARRIER_SCRIPT, address, str(i), "3"],
+  procs = [subprocess.Popen([sys.executable, "-c", _BARRIER_SCRIPT, address, str(i), "5"],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "JAX_PLATFORMS": "cpu"}) for i in range(2)]
   try:
@@ -199,9 +200,10 @@ def test_an_abort_off_the_main_thread_waits_for_the_main_thread(where, grace, wo
 
 
 def test_a_barrier_that_fails_on_a_dead_peers_heartbeat_is_a_lost_peer():
-  """The test above lost its peer once while process 0 waited in a checkpoint save's barrier:
-  the coordination service's error (its text as JAX raised it, from orbax's barrier) is a lost
-  peer too, so that process stops with exit 4 and its one line, not a bug report."""
+  """test_a_process_that_dies_stops_the_other_with_one_line lost its peer once while process 0
+  waited in a checkpoint save's barrier: the coordination service's error (its text as JAX raised
+  it, from orbax's barrier) is a lost peer too, so that process stops with exit 4 and its one
+  line, not a bug report."""
   raised = RuntimeError(
       "INTERNAL: Barrier failed because: task is set to ERROR: UNAVAILABLE: Task 1 heartbeat"
       " timeout. This indicates that the remote task has failed, got preempted, or crashed"
