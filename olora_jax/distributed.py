@@ -111,11 +111,12 @@ def initialize(c: ml_collections.ConfigDict) -> None:
 # that process's main thread waits in (each checkpoint save has some) fails with the error, which
 # the run turns into exit 4 and its one line (trainer._guarded); and JAX's client, on a thread of
 # its own, aborts the process (SIGABRT, exit 134, a C++ message and no line). The client's abort
-# cannot be switched off from Python, and it usually came first. So, in a multi-process run, an
-# abort raised on any thread but the main one waits up to ABORT_GRACE_SECONDS: the main thread,
-# which got the same error, stops the run its own way meanwhile (os._exit). An abort the main
-# thread raises, or one still pending after the grace, goes ahead as before, Python's tracebacks
-# first where faulthandler is on (absl turns it on).
+# cannot be switched off from Python (a Python callback in its place fails to receive the status),
+# and whichever comes first wins: the abort, whenever the main thread has work left to do before
+# it exits. So, in a multi-process run, an abort raised on any thread but the main one waits up
+# to ABORT_GRACE_SECONDS: the main thread, which got the same error, stops the run its own way
+# meanwhile (os._exit). An abort the main thread raises, or one still pending after the grace,
+# goes ahead as before, Python's tracebacks first where faulthandler is on (absl turns it on).
 _ABORT_HANDLER = ctypes.CFUNCTYPE(None, ctypes.c_int)
 _HELD_ABORT = []  # the installed handler, kept alive as long as the process
 
