@@ -62,7 +62,9 @@ class RunError(Exception):
   # Whether every process of a multi-process run raises it at the same point, after the same
   # collective decision. The CLI then has the processes leave together (JAX's shutdown barrier,
   # `distributed.finish`), each after its own line: a process still running when process 0, which
-  # hosts JAX's coordination service, has exited aborts (exit 134) without its line.
+  # hosts JAX's coordination service, has exited gets JAX's client abort (exit 134, no line),
+  # held back only for a while (`distributed.hold_client_aborts`, the backstop for a peer that is
+  # gone; an agreed stop has no need of it).
   every_process = False
 
 
