@@ -85,6 +85,9 @@ class NonFiniteLoss(RunError):
   """The loss became NaN or Inf; the last good state has been checkpointed."""
 
   exit_code = EXIT_NONFINITE
+  # The loss and the checkpoint's finite flags are replicated values: every process of a
+  # multi-process run raises this at the same step, after the same collective save.
+  every_process = True
 
 
 class EnvironmentFailure(RunError):

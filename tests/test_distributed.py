@@ -94,6 +94,23 @@ def test_two_processes_give_one_process_results_and_stop_together(tmp_path, comp
   _assert_close_to(two, tiny_reference)
 
 
+def test_a_nonfinite_loss_stops_every_process_at_the_same_step(tmp_path, compilation_cache):
+  # The loss is replicated, so every process sees the same NaN at the same step: each checkpoints
+  # the last good state with the others and stops with exit 3 and the same line, the processes
+  # leaving together (errors.NonFiniteLoss.every_process), not one of them on JAX's abort.
+  workdir = tmp_path / "run"
+  results = _wait(_start_processes(workdir, compilation_cache,
+                                   "--config.learner.learning_rate=1e38",
+                                   "--config.checkpoint_every=0"))
+  lines = []
+  for code, err in results:
+    assert code == errors.EXIT_NONFINITE, err[-3000:]
+    lines.append(tiny_run.last_line(err))
+  assert lines[0] == lines[1] and lines[0].startswith("error: non-finite loss (nan) at stream step")
+  step = int(lines[0].split("stream step ")[1].split(";")[0])
+  assert tiny_run.steps(workdir) == [step] and not (workdir / "results.json").exists()
+
+
 def test_a_process_that_dies_stops_the_other_with_one_line(tmp_path, compilation_cache):
   # Process 1 killed outright (SIGKILL: no handler, no checkpoint of its own) after the first
   # checkpoint: process 0, left in a collective with no peer, stops at once with exit 4 and one
