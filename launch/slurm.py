@@ -102,12 +102,13 @@ def batch_script(root: str, python: str, sweep: str, chdir: str, *, partition: s
       "pid=",
       "# The time limit is near (or `scancel --signal=USR1 --batch`), or the scheduler stops",
       "# the task (preemption, scancel): the run checkpoints and exits 143. SIGTERM goes to the",
-      "# runner, which passes it to the run; never to srun.",
+      "# runner, which passes it to the run; never to srun. A runner that has already ended",
+      "# (the scheduler's SIGTERM after its warning's stop) needs nothing: kill stays quiet.",
       "# (printf starts a new line: the run's progress bar may be mid-line.)",
       'trap \'printf "\\n[%s] SIGUSR1: stopping the run\\n" "$(date -Is)"; [ -n "$pid" ] &&'
-      ' kill -TERM "$pid"\' USR1',
+      ' kill -TERM "$pid" 2>/dev/null\' USR1',
       'trap \'printf "\\n[%s] SIGTERM (the scheduler stops or requeues the task): stopping the'
-      ' run\\n" "$(date -Is)"; [ -n "$pid" ] && kill -TERM "$pid"\' TERM',
+      ' run\\n" "$(date -Is)"; [ -n "$pid" ] && kill -TERM "$pid" 2>/dev/null\' TERM',
       f"{shlex.quote(python)} {shlex.quote(sweep)} --run_cell {shlex.quote(root)}"
       ' "$SLURM_ARRAY_TASK_ID" &',
       "pid=$!",

@@ -189,6 +189,7 @@ def test_the_schedulers_signals_requeue_sigkill_does_not_and_the_limit_says_so(
   for x in log.splitlines():  # the runner's lines start their own line, never the bar's
     assert "requeueing" not in x or x.startswith("["), x
   assert "running, running" not in log and f"{workdir}: resuming" in log
+  assert "No such process" not in log, log[-3000:]
   assert "--max_requeues=1 reached" in _status(root)
   job = _submit(root, *submit, cache=compilation_cache)
   _wait_for(job)
@@ -250,6 +251,7 @@ def test_a_cell_that_hits_its_real_time_limit_is_requeued_and_resumes_identical(
   assert "SIGUSR1: stopping the run" in log and "restart 1" in log, log[-3000:]
   assert "error: stopped by signal 15 after stream step " in log, log[-3000:]  # mid-run
   assert "DUE TO TIME LIMIT" not in log, log[-3000:]  # never killed without its checkpoint
+  assert "No such process" not in log, log[-3000:]  # the batch script's traps stay quiet
   assert cells.cell_status(str(workdir))[0] == "finished"
   assert cells.read_record(str(workdir))["allocations"] == 2
   assert_same_run(workdir, local / "tiny" / "finetune" / "seed0")
