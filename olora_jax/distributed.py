@@ -62,12 +62,9 @@ def check(c: ml_collections.ConfigDict) -> None:
       c.num_processes and c.process_id >= c.num_processes):
     raise ValueError(f"distributed.process_id={c.process_id!r} must be in [0,"
                      f" num_processes={c.num_processes}) (-1: from the environment)")
-  if not isinstance(c.initialization_timeout, int) or c.initialization_timeout < 1:
-    raise ValueError(f"distributed.initialization_timeout={c.initialization_timeout!r} must be"
-                     " a whole number of seconds >= 1")
-  if not isinstance(c.heartbeat_timeout, int) or c.heartbeat_timeout < 1:
-    raise ValueError(f"distributed.heartbeat_timeout={c.heartbeat_timeout!r} must be a whole"
-                     " number of seconds >= 1")
+  for key in ("initialization_timeout", "heartbeat_timeout"):
+    if not isinstance(c[key], int) or c[key] < 1:
+      raise ValueError(f"distributed.{key}={c[key]!r} must be a whole number of seconds >= 1")
   if c.coordinator_address and ":" not in c.coordinator_address:
     raise ValueError(f"distributed.coordinator_address={c.coordinator_address!r} must be"
                      " 'host:port' of process 0")
