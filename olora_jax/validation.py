@@ -271,10 +271,10 @@ def check_method(config: ml_collections.ConfigDict, width: int | None = None) ->
              or spec_from_config(config.model).depth >= 2,
              f"{p}query='penultimate' reads the class token after block depth - 2 and needs"
              " model.depth >= 2; use 'last' on a one-block model")
-  if "lr_reference_batch" in values:  # DualPrompt's linear learning-rate scaling
+  if "lr_reference_batch" in values:  # the linear learning-rate scaling (common.batch_scale)
     _require(isinstance(b.lr_reference_batch, int) and b.lr_reference_batch >= 0,
-             f"{p}lr_reference_batch={b.lr_reference_batch!r} must be an integer >= 0 (the"
-             " authors' 256; 0: learning_rate unscaled)")
+             f"{p}lr_reference_batch={b.lr_reference_batch!r} must be an integer >= 0 (the batch"
+             " the authors set their rate at; 0: learning_rate unscaled)")
   if "updates_per_batch" in values:
     _require(isinstance(b.updates_per_batch, int) and b.updates_per_batch >= 1,
              f"{p}updates_per_batch={b.updates_per_batch!r} must be an integer >= 1 (the"

@@ -8,6 +8,10 @@ Directives (each renders what the code says at build time, so the pages cannot d
                       default and its meaning, as declared beside the default
                       (`olora_jax.config_keys`)
   metric-notes        every metric's definition as results.json's `metric_notes` records it
+  method-check NAME   the line a method's page opens with: how its numbers are backed against its
+                      authors' code (`MethodSpec.check`)
+  key-sources NAME    the method's keys, our defaults against their sources (the authors' code,
+                      the Online-LoRA paper, ours), as declared beside the defaults
 
 Docstrings are prose written for `help()`; a paragraph laid out by indentation (an aligned
 table of names) is set as a literal block, so it reads the same on the site.
@@ -131,6 +135,59 @@ class ConfigKeys(SphinxDirective):
     return out
 
 
+def source_rows(name: str) -> list[list[str]]:
+  """One row per key of method `name`'s block: key, our default, the source's kind, its value,
+  where it is set, the batch a rate was set at, and what differs (or why a rate is unscaled)."""
+  from olora_jax import config_keys, methods
+
+  block = methods.resolve(name).config()
+  found = config_keys.sources(block)
+  rows = []
+  for key, default in config_keys.leaves(block):
+    source = found.get(key)
+    if source is None:
+      rows.append([key, repr(default), "none declared", "", "", "", ""])
+      continue
+    value = "" if source.kind == "ours" else repr(source.value)
+    notes = "; ".join(text for text in (source.differs, source.unscaled) if text)
+    rows.append([key, repr(default), source.kind, value, source.where,
+                 str(source.batch) if source.batch else "", notes])
+  return rows
+
+
+class MethodCheck(SphinxDirective):
+  """`method-check NAME`: the line a method's page opens with, how its numbers are backed
+  against its authors' code (`MethodSpec.check`)."""
+
+  required_arguments = 1
+
+  def run(self) -> list[nodes.Node]:
+    from olora_jax import methods
+
+    self.env.note_dependency(inspect.getsourcefile(methods.resolve(self.arguments[0]).build))
+    kind, _, rest = methods.resolve(self.arguments[0]).check.sentence().partition(": ")
+    return [nodes.paragraph("", "", nodes.strong(kind + ":", kind + ":"), nodes.Text(" " + rest))]
+
+
+class KeySources(SphinxDirective):
+  """`key-sources NAME`: method NAME's keys, ours against their source (the authors' code, the
+  Online-LoRA paper's appendix, or ours), from the declarations beside the defaults. A key
+  without a source, or one that differs from its source without a reason, is a warning."""
+
+  required_arguments = 1
+
+  def run(self) -> list[nodes.Node]:
+    from olora_jax import config_keys, methods
+
+    spec = methods.resolve(self.arguments[0])
+    self.env.note_dependency(inspect.getsourcefile(spec.config))
+    for line in config_keys.unsourced(spec.config()):
+      LOGGER.warning(f"{spec.name}.{line}", location=self.get_location(), type="olora",
+                     subtype="config")
+    return [table(["key", "ours", "source", "theirs", "where", "batch", "differs / unscaled"],
+                  source_rows(spec.name), literal_columns=(0, 1, 3), widths=(3, 2, 2, 2, 6, 1, 5))]
+
+
 class MetricNotes(SphinxDirective):
   """`metric-notes`: results.json's `metric_notes`, one row per metric."""
 
@@ -225,6 +282,8 @@ def setup(app: Sphinx) -> dict:
   app.add_directive("program-help", ProgramHelp)
   app.add_directive("config-keys", ConfigKeys)
   app.add_directive("metric-notes", MetricNotes)
+  app.add_directive("method-check", MethodCheck)
+  app.add_directive("key-sources", KeySources)
   app.connect("autodoc-process-docstring", check_docstring)
   app.connect("env-purge-doc", purge_documented)
   app.connect("env-merge-info", merge_documented)

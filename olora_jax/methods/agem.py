@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import jax
 
-from olora_jax.config_keys import Key
+from olora_jax.config_keys import Key, authors, paper
 from olora_jax.methods import base, common, replay
 from olora_jax.methods.er import init_with_buffer
 
@@ -52,9 +52,13 @@ def build(ctx: base.Context) -> base.Method:
 def config():
   """The `agem` block: each key with its meaning (the paper's appendix values)."""
   return common.baseline_block(
-      learning_rate=1e-4, weight_decay=1e-4, buffer_size=500,
+      learning_rate=common.shared(1e-4, paper(1e-4, rate=True)),
+      weight_decay=common.shared(1e-4, paper(1e-4)),
+      buffer_size=common.shared(500, common.PAPER_BUFFER),
       replay_batch=Key(10, "stored samples drawn uniformly each step for the reference gradient"
-                       " g_ref, at most buffer_size; 0 = learner.batch_size"))
+                       " g_ref, at most buffer_size; 0 = learner.batch_size",
+                       authors(10, "RaptorMai/online-continual-learning, general_main.py:"
+                               " --eps_mem_batch")))
 
 
 PAPER_RESULTS = {

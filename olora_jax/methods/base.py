@@ -110,6 +110,36 @@ def check_batch(batch: dict) -> None:
         " learner is task-free and must not receive task ids or boundaries")
 
 
+CHECK_KINDS = {
+    "step": "matches its authors' code step for step on a shared stream",
+    "seeds": "matches its authors' code over 5 seeds on a shared stream (means within the"
+             " combined spread)",
+    "none": "not checked against its authors' code",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Check:
+  """How a method's implementation is checked against its authors' released code.
+
+  kind      'step' (every decision identical and the floats within a stated tolerance, replayed
+            from a committed recording of their run), 'seeds' (their randomness cannot be
+            shared: means over 5 seeds each side), or 'none' (not checked)
+  against   the authors' code the check ran ("owner/repository"), '' for 'none'
+  test      the test that replays it ("tests/test_....py"), '' for 'none'
+  """
+
+  kind: str
+  against: str = ""
+  test: str = ""
+
+  def sentence(self) -> str:
+    """The line a method's page opens with."""
+    if self.kind == "none":
+      return f"Check: {CHECK_KINDS['none']}; its defaults' sources are listed on its page."
+    return f"Check: {CHECK_KINDS[self.kind]} ({self.against}; {self.test})."
+
+
 @dataclasses.dataclass(frozen=True)
 class MethodSpec:
   """What a method module declares about itself (as `METHODS = (MethodSpec(...), ...)`), so that
@@ -131,6 +161,8 @@ class MethodSpec:
                (`olora_jax.reporting.LAYOUTS`, which gathers them into `PAPER_RESULTS`)
   paper_row_names  {layout: row label} where the paper's row in that layout is a variant of the
                method (Online-LoRA's Si-Blurry row runs without the hard loss); else report_name
+  check        how the method's numbers are backed against its authors' code (`Check`): what
+               its page opens with
   """
 
   name: str
@@ -140,6 +172,7 @@ class MethodSpec:
   table_row: float = 50.0
   paper_results: dict = dataclasses.field(default_factory=dict)
   paper_row_names: dict = dataclasses.field(default_factory=dict)
+  check: Check = Check("none")
 
   def paper_row(self, layout: str) -> str:
     """The label of this method's row in one of the paper's tables."""

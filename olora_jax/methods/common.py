@@ -50,18 +50,50 @@ SHARED_MEANINGS = {
 }
 
 
+# The source of `trainable`'s default 'all' where a block does not declare its own.
+TRAINABLE_ALL = config_keys.ours(
+    "the whole network trains, as in the method's own code; 'head' and 'lora' are this"
+    " project's variants at Online-LoRA's budget")
+# The paper's shared training settings: buffer 500 for every replay method.
+PAPER_BUFFER = config_keys.paper(500, config_keys.PAPER_TABLE.replace(
+    "baseline hyperparameters", "training settings shared by the baselines"))
+
+
+def shared(value, source: config_keys.Source) -> Key:
+  """A key of `SHARED_MEANINGS` with its shared meaning and the `source` of its default."""
+  return Key(value, "", source)
+
+
 def baseline_block(**keys) -> ml_collections.ConfigDict:
   """A baseline's config block (its module's `config()`): `trainable` ('all' unless given), then
-  `keys`, each `name=Key(default, meaning)` (olora_jax/config_keys.py) or, for a key of
-  `SHARED_MEANINGS`, a bare default taking the shared meaning. `trainable`: what the method
-  trains; `weight_decay` is L2 added to the gradient before Adam (PyTorch's
-  Adam(weight_decay=...)). Defaults are the paper's (appendix, hyperparameter table for
-  ViT-B/16; buffer 500, Adam)."""
-  keys = {"trainable": "all", **keys}
-  return config_keys.block("", **{
-      name: Key(value, SHARED_MEANINGS[name])
-      if name in SHARED_MEANINGS and not isinstance(value, Key) else value
-      for name, value in keys.items()})
+  `keys`, each `name=Key(default, meaning, source)` (olora_jax/config_keys.py) or, for a key of
+  `SHARED_MEANINGS`, `shared(default, source)` (or a bare default), taking the shared meaning.
+  `trainable`: what the method trains; `weight_decay` is L2 added to the gradient before Adam
+  (PyTorch's Adam(weight_decay=...)). Most defaults are the Online-LoRA paper's (appendix,
+  hyperparameter table for ViT-B/16; buffer 500, Adam); each key's source says."""
+  keys = {"trainable": Key("all", SHARED_MEANINGS["trainable"], TRAINABLE_ALL), **keys}
+  out = {}
+  for name, value in keys.items():
+    if name in SHARED_MEANINGS and not isinstance(value, Key):
+      value = Key(value, SHARED_MEANINGS[name])
+    elif name in SHARED_MEANINGS and not value.meaning:
+      value = value._replace(meaning=SHARED_MEANINGS[name])
+    out[name] = value
+  return config_keys.block("", **out)
+
+
+LR_REFERENCE_BATCH_MEANING = (
+    "the batch size the authors set their learning rates at; every rate this block says is"
+    " scaled is multiplied by learner.batch_size / lr_reference_batch (the linear scaling rule,"
+    " the same for every method; 0 = the rates as given, unscaled)")
+
+
+def batch_scale(block, batch_size: int) -> float:
+  """The factor a learning rate set by a method's authors at a batch of `lr_reference_batch` is
+  multiplied by at this run's `batch_size` (the learner's global batch): batch_size /
+  lr_reference_batch, the linear scaling rule (Goyal et al., 2017), one rule for every method
+  whose block has the key; 1.0 when `lr_reference_batch` is 0 (rates as given)."""
+  return batch_size / block.lr_reference_batch if block.lr_reference_batch else 1.0
 
 
 # How often each jitted function of a baseline has been traced, by "method.function".

@@ -85,12 +85,11 @@ def prefixes(pool: dict, idx: jax.Array, g_layers, e_layers) -> dict:
 
 
 def learning_rate(block, batch_size: int) -> float:
-  """The Adam learning rate: `learning_rate` * batch_size / `lr_reference_batch` (the authors'
-  code reads its configured rate as the rate of a batch of 256 and scales it linearly to the
-  global batch), or `learning_rate` itself when `lr_reference_batch` is 0."""
-  if block.lr_reference_batch == 0:
-    return block.learning_rate
-  return block.learning_rate * batch_size / block.lr_reference_batch
+  """The Adam learning rate: `learning_rate` scaled by `common.batch_scale` (the authors' code
+  reads its configured rate as the rate of a batch of 256 and scales it linearly to the global
+  batch, the rule every method with `lr_reference_batch` follows), or `learning_rate` itself when
+  `lr_reference_batch` is 0."""
+  return block.learning_rate * common.batch_scale(block, batch_size)
 
 
 def task_rows(n_boundaries: jax.Array, pool_size: int, top_k: int) -> tuple[jax.Array, jax.Array]:

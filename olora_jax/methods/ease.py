@@ -9,7 +9,8 @@ adapter, `models/lora.py`; the paper's is an AdaptFormer bottleneck MLP beside e
   1. Training (task t): the live module and a fresh cosine head over the task's classes (the
      authors' proxy_fc), sigma cos(phi_t(x), w_c), trained on the cross-entropy over the current
      task's classes (the classes seen since the last boundary, and the batch's); SGD with
-     momentum 0.9 and L2 weight decay (the authors' CIFAR-100 values: 0.025, 5e-4). The other
+     momentum 0.9 and L2 weight decay (the authors' CIFAR-100 values: 0.025 at batch 48, 5e-4;
+     the rate scaled to the learner's batch, 0.025 x B / 48, `common.batch_scale`). The other
      slots do not move (their updates are zeroed).
   2. Prototypes: p_{c,j}, the mean of class c's features in subspace j. The authors compute
      them after each task over the task's data with every module so far; online each sample
@@ -49,9 +50,11 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from olora_jax.config_keys import Key
+from olora_jax.config_keys import Key, authors, ours
 from olora_jax.methods import base, common
 from olora_jax.models import lora as lora_lib
+
+EASE = "sun-hailong/CVPR24-Ease"  # the authors' released code, where the defaults come from
 
 HIGHEST = jax.lax.Precision.HIGHEST
 
@@ -111,7 +114,8 @@ def build(ctx: base.Context) -> base.Method:
                      " have; use a ViT or Swin model.name, or another method")
   n_slots, num_classes = common.task_slots(ctx, block), ctx.num_classes
   apply = common.make_apply(ctx.model)
-  tx = common.make_sgd(block.learning_rate, block.weight_decay)
+  tx = common.make_sgd(block.learning_rate * common.batch_scale(block, ctx.batch_size),
+                       block.weight_decay)
 
   def features(frozen, adapter, images):
     return apply(frozen, {"lora": adapter}, images, pre_logits=True)
@@ -206,17 +210,30 @@ def config():
   """The `ease` block: the authors' ViT-B/16 CIFAR-100 settings (their config)."""
   return common.baseline_block(
       trainable=Key("lora", "'lora', the only value: one module per task (a LoRA of rank"
-                    " ease.rank on q and v) and the task's cosine head"),
-      learning_rate=Key(0.025, "SGD's learning rate (momentum 0.9), constant (> 0; the authors'"
-                        " CIFAR-100 0.025)"),
+                    " ease.rank on q and v) and the task's cosine head",
+                    ours("the authors train one adapter module per task and its head; a LoRA"
+                         " on q and v is this project's adapter")),
+      learning_rate=Key(0.025, "SGD's learning rate (momentum 0.9) for a batch of"
+                        " lr_reference_batch, constant, scaled to learner.batch_size (> 0; the"
+                        " authors' CIFAR-100 0.025)",
+                        authors(0.025, f"{EASE}, exps/ease_cifar.json: init_lr, later_lr",
+                                batch=48)),
+      lr_reference_batch=Key(48, common.LR_REFERENCE_BATCH_MEANING + " (scales learning_rate)",
+                             authors(48, f"{EASE}, exps/ease_cifar.json: batch_size")),
       weight_decay=Key(5e-4, "L2 weight decay added to the gradient (>= 0; the authors'"
-                       " CIFAR-100 5e-4)"),
+                       " CIFAR-100 5e-4)",
+                       authors(5e-4, f"{EASE}, exps/ease_cifar.json: weight_decay")),
       rank=Key(16, "r of each task's LoRA module, in [1, model width] (*ours*; the paper's"
-               " adapter has a bottleneck of 64)"),
+               " adapter has a bottleneck of 64)",
+               ours("a LoRA stands for the authors' adapter (ffn_num 64 in their configs);"
+                    " rank 16 keeps it small beside a 64-wide bottleneck")),
       alpha=Key(0.1, "weight of the other subspaces' cosines, alpha / t, against 1 in a class's"
-                " own (>= 0; the authors' 0.1)"),
+                " own (>= 0; the authors' 0.1)",
+                authors(0.1, f"{EASE}, exps/ease_cifar.json: alpha")),
       n_tasks=Key(0, "T, the module slots (one per task; past T boundaries the last stays"
-                  " live); 0 = data.n_tasks"))
+                  " live); 0 = data.n_tasks",
+                  ours("read from the stream (data.n_tasks), as the authors' count of tasks is"
+                       " read from their dataset split")))
 
 
 METHODS = (base.MethodSpec(name="ease", build=build, config=config, report_name="EASE",

@@ -12,7 +12,8 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from olora_jax.config_keys import Key
+from olora_jax import config_keys
+from olora_jax.config_keys import Key, paper
 from olora_jax.methods import base, common, replay
 
 
@@ -68,10 +69,13 @@ def build(ctx: base.Context) -> base.Method:
 def config():
   """The `er` block: each key with its meaning (the paper's appendix values)."""
   return common.baseline_block(
-      learning_rate=1e-4, weight_decay=1e-4, buffer_size=500,
+      learning_rate=common.shared(1e-4, paper(1e-4, rate=True)),
+      weight_decay=common.shared(1e-4, paper(1e-4)),
+      buffer_size=common.shared(500, common.PAPER_BUFFER),
       replay_batch=Key(10, "stored samples drawn uniformly and replayed with each batch, at most"
                        " buffer_size; 0 = learner.batch_size (the online-continual-learning"
-                       " codebase's eps_mem_batch, 10)"))
+                       " codebase's eps_mem_batch, 10)",
+                       paper(10, config_keys.PAPER_TABLE + ": episode memory per batch")))
 
 
 PAPER_RESULTS = {

@@ -18,7 +18,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from olora_jax.config_keys import Key
+from olora_jax import config_keys
+from olora_jax.config_keys import Key, authors, paper
 from olora_jax.methods import base, common
 
 
@@ -95,14 +96,20 @@ def build(ctx: base.Context) -> base.Method:
 def config():
   """The `ewc_pp` block: each key with its meaning (the paper's appendix values)."""
   return common.baseline_block(
-      learning_rate=1e-4, weight_decay=1e-4,
+      learning_rate=common.shared(1e-4, paper(1e-4, rate=True)),
+      weight_decay=common.shared(1e-4, paper(1e-4)),
       reg_lambda=Key(100.0, "lambda, the weight of the penalty sum F~ (theta - theta*)^2 (>= 0;"
-                     " set for the min_max Fisher)"),
-      alpha=Key(0.9, "weight of the newest Fisher estimate in the running average, in [0, 1]"),
-      fisher_every=Key(50, "train steps between Fisher (and anchor theta*) updates (>= 1)"),
+                     " set for the min_max Fisher)", paper(100.0)),
+      alpha=Key(0.9, "weight of the newest Fisher estimate in the running average, in [0, 1]",
+                paper(0.9)),
+      fisher_every=Key(50, "train steps between Fisher (and anchor theta*) updates (>= 1)",
+                       paper(50, config_keys.PAPER_TABLE + ": training batches between Fisher"
+                             " updates")),
       fisher_normalisation=Key("min_max", "'min_max' (the source code's: the Fisher rescaled to"
                                " [0, 1] over every trainable tensor together) | 'none' (the raw"
-                               " running Fisher)"))
+                               " running Fisher)",
+                               authors("min_max", "RaptorMai/online-continual-learning,"
+                                       " agents/ewc_pp.py: the normalised Fisher")))
 
 
 PAPER_RESULTS = {

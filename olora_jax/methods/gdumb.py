@@ -18,7 +18,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from olora_jax.config_keys import Key
+from olora_jax import config_keys
+from olora_jax.config_keys import Key, paper
 from olora_jax.methods import base, common, replay
 from olora_jax.models import resnet
 
@@ -103,15 +104,18 @@ def config():
   """The `gdumb` block: each key with its meaning (the paper's appendix values)."""
   return common.baseline_block(
       learning_rate=Key(1e-3, "Adam's learning rate at the start of each training from the"
-                        " buffer, decayed by a cosine to min_learning_rate (> 0)"),
-      min_learning_rate=Key(5e-4, "the cosine's final learning rate, in (0, learning_rate]"),
-      weight_decay=1e-4,
+                        " buffer, decayed by a cosine to min_learning_rate (> 0)",
+                        paper(1e-3, rate=True)),
+      min_learning_rate=Key(5e-4, "the cosine's final learning rate, in (0, learning_rate]",
+                            paper(5e-4, rate=True)),
+      weight_decay=common.shared(1e-4, paper(1e-4)),
       clip_norm=Key(10.0, "the raw gradient's global norm is clipped to this (>= 0; 0 = no"
-                    " clipping)"),
+                    " clipping)", paper(10.0)),
       epochs=Key(30, "passes over the buffer, in batches of learner.batch_size, each time a"
-                 " model is trained from it (at each evaluation) (>= 1)"),
+                 " model is trained from it (at each evaluation) (>= 1)",
+                 paper(30, config_keys.PAPER_TABLE + ": epochs to train for memory")),
       buffer_size=Key(500, "class-balanced memory, in samples, filled by GDumb's greedy sampler"
-                      " (>= 1)"))
+                      " (>= 1)", common.PAPER_BUFFER))
 
 
 PAPER_RESULTS = {

@@ -163,7 +163,7 @@ def optimizer(block, batch_size: int) -> optax.GradientTransformation:
   """Two Adams, each clipped to `clip_norm` on its own gradient (the authors train two models):
   WTP's, over the prompts at `learning_rate` and the head at `learning_rate * head_lr_scale`,
   and TII's at `tii_learning_rate`, the rates given for a batch of `lr_reference_batch`."""
-  scale = batch_size / block.lr_reference_batch if block.lr_reference_batch else 1.0
+  scale = common.batch_scale(block, batch_size)
   clip = [optax.clip_by_global_norm(block.clip_norm)] if block.clip_norm > 0 else []
   decay = [optax.add_decayed_weights(block.weight_decay)] if block.weight_decay > 0 else []
   wtp = optax.chain(*clip, *decay, optax.multi_transform(
@@ -286,7 +286,7 @@ def build(ctx: base.Context) -> base.Method:
           slca.class_covariances(state["counts"], scatter, block.covariance_shrinkage)
           for scatter in (state["scatter"], state["tii_scatter"])])
       factors = jnp.split(jnp.linalg.cholesky(covariances), 2)
-      scale = (ctx.batch_size / block.lr_reference_batch if block.lr_reference_batch else 1.0)
+      scale = common.batch_scale(block, ctx.batch_size)
       head = aligned(state, params["head"], state["means"], factors[0], linear, 1,
                      block.tap_samples_per_class, block.tap_epochs, block.tap_learning_rate)
       tii = aligned(state, params["tii"], state["tii_means"], factors[1], tii_logits, 2,

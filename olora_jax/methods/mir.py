@@ -12,7 +12,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from olora_jax.config_keys import Key
+from olora_jax import config_keys
+from olora_jax.config_keys import Key, authors, paper
 from olora_jax.methods import base, common, er, replay
 
 
@@ -48,12 +49,16 @@ def config():
   """The `mir` block: each key with its meaning (the paper's appendix values)."""
   return common.baseline_block(
       learning_rate=Key(1e-4, "Adam's learning rate, constant (> 0); also the step size of the"
-                        " virtual SGD step that scores interference"),
-      weight_decay=1e-4, buffer_size=500,
+                        " virtual SGD step that scores interference", paper(1e-4, rate=True)),
+      weight_decay=common.shared(1e-4, paper(1e-4)),
+      buffer_size=common.shared(500, common.PAPER_BUFFER),
       n_candidates=Key(50, "stored samples drawn uniformly each step as retrieval candidates"
-                       " (the paper's \"number of subsample\"), in [replay_batch, buffer_size]"),
+                       " (the paper's \"number of subsample\"), in [replay_batch, buffer_size]",
+                       paper(50, config_keys.PAPER_TABLE + ": number of subsample")),
       replay_batch=Key(10, "candidates replayed per step: those whose loss a virtual step on the"
-                       " batch raises most, at most n_candidates; 0 = learner.batch_size"))
+                       " batch raises most, at most n_candidates; 0 = learner.batch_size",
+                       authors(10, "RaptorMai/online-continual-learning, general_main.py:"
+                               " --eps_mem_batch")))
 
 
 PAPER_RESULTS = {

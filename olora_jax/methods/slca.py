@@ -5,11 +5,12 @@ Paper -> code. The whole pretrained ViT is fine-tuned sequentially with the head
 two changes:
 
   Slow learner (SL). One SGD step per batch (momentum 0.9, L2 weight decay 5e-4 added to the
-  gradient, PyTorch's SGD) with two rates: the head's `slca.learning_rate` (0.01, the authors')
-  and the backbone's `learning_rate * backbone_lr_scale` (1/100 of it: 1e-4). The loss is the
-  cross-entropy over the CURRENT TASK's classes (the authors' `logits[:, known_classes:]`), and
-  the head columns of earlier tasks' classes do not move (the authors freeze the earlier tasks'
-  heads); `slca_loss`, `head_freeze`.
+  gradient, PyTorch's SGD) with two rates: the head's `slca.learning_rate` (0.01, the
+  authors' at their batch of 128, scaled linearly to the learner's batch B: 0.01 x B / 128,
+  `common.batch_scale`) and the backbone's `learning_rate * backbone_lr_scale` (1/100 of
+  it). The loss is the cross-entropy over the CURRENT TASK's classes (the authors'
+  `logits[:, known_classes:]`), and the head columns of earlier tasks' classes do not move (the
+  authors freeze the earlier tasks' heads); `slca_loss`, `head_freeze`.
 
   Class statistics. For every class c, the mean mu_c and covariance Sigma_c of its features
   phi(x) (the model's pooled class token, `pre_logits`). The authors compute them after each task
@@ -74,21 +75,23 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from olora_jax.config_keys import Key
+from olora_jax.config_keys import Key, authors, ours
 from olora_jax.methods import base, common
 
 HIGHEST = jax.lax.Precision.HIGHEST
 ALIGNMENTS = ("every_evaluation", "after_boundary", "none")
+SLCA = "GengDavid/SLCA"  # the authors' released code, where the defaults come from
 OLDEST_MEAN_SCALE = 0.9  # the authors' CA draws old classes around (0.9 + decay) mu_c
 
 
-def slow_learner(block) -> optax.GradientTransformation:
+def slow_learner(block, batch_size: int) -> optax.GradientTransformation:
   """The slow learner's SGD: the head at `learning_rate`, everything else (the backbone, or its
-  LoRA) at `learning_rate * backbone_lr_scale`."""
+  LoRA) at `learning_rate * backbone_lr_scale`, both set by the authors for a batch of
+  `lr_reference_batch` and scaled to this run's `batch_size` (`common.batch_scale`)."""
+  rate = block.learning_rate * common.batch_scale(block, batch_size)
   return optax.multi_transform(
-      {"head": common.make_sgd(block.learning_rate, block.weight_decay),
-       "backbone": common.make_sgd(block.learning_rate * block.backbone_lr_scale,
-                                   block.weight_decay)},
+      {"head": common.make_sgd(rate, block.weight_decay),
+       "backbone": common.make_sgd(rate * block.backbone_lr_scale, block.weight_decay)},
       lambda params: {k: jax.tree.map(lambda _, group=("head" if k == "head" else "backbone"):
                                       group, v) for k, v in params.items()})
 
@@ -184,7 +187,7 @@ def build(ctx: base.Context) -> base.Method:
   block = ctx.config.slca
   if block.alignment not in ALIGNMENTS:
     raise ValueError(f"unknown slca.alignment={block.alignment!r}; use one of {ALIGNMENTS}")
-  tx = slow_learner(block)
+  tx = slow_learner(block, ctx.batch_size)
   apply = common.make_apply(ctx.model)
   num_classes, n_slots = ctx.num_classes, common.task_slots(ctx, block)
   per_class, epochs = block.samples_per_class, block.alignment_epochs
@@ -294,28 +297,54 @@ def config():
   return common.baseline_block(
       trainable=Key("all", "what the slow learner trains: 'all' (the whole ViT and the head,"
                     " the paper's) | 'lora' (a LoRA of rank learner.rank on q and v, plus the"
-                    " head) | 'head' (the head alone: the backbone frozen)"),
-      learning_rate=Key(0.01, "the head's SGD learning rate, constant (> 0; the authors' 0.01)"),
+                    " head) | 'head' (the head alone: the backbone frozen)",
+                    ours("the paper's and the authors' setting (the whole ViT fine-tuned"
+                         " slowly); 'lora' and 'head' are this project's variants")),
+      learning_rate=Key(0.01, "the head's SGD learning rate for a batch of lr_reference_batch,"
+                        " constant, scaled to learner.batch_size (> 0; the authors' 0.01 at"
+                        " batch 128)",
+                        authors(0.01, f"{SLCA}, models/slca.py: lrate", batch=128)),
+      lr_reference_batch=Key(128, common.LR_REFERENCE_BATCH_MEANING + " (scales learning_rate,"
+                             " and so the backbone's rate; not the alignment's, whose batch is"
+                             " samples_per_class as the authors')",
+                             authors(128, f"{SLCA}, models/slca.py: batch_size")),
       backbone_lr_scale=Key(0.01, "the backbone's (or its LoRA's) rate is learning_rate times"
-                            " this (>= 0; the slow learner's 1/100)"),
+                            " this (>= 0; the slow learner's 1/100)",
+                            authors(0.01, f"{SLCA}, models/slca.py: bcb_lrscale (1/100 unless"
+                                    " a config sets it)")),
       weight_decay=Key(5e-4, "L2 weight decay added to the gradient, in training and in the"
-                       " alignment (>= 0; the authors' 5e-4)"),
+                       " alignment (>= 0; the authors' 5e-4)",
+                       authors(5e-4, f"{SLCA}, models/slca.py: weight_decay")),
       alignment=Key("every_evaluation", "when the head is aligned for prediction:"
                     " 'every_evaluation' (*ours*: at each evaluation) | 'after_boundary' (the"
                     " authors': at evaluations after the first boundary the run's switch"
-                    " signals) | 'none' (the slow learner alone)"),
+                    " signals) | 'none' (the slow learner alone)",
+                    ours("online there is no task end to align at: an evaluation is when the"
+                         " aligned head is read; 'after_boundary' is the authors' timing")),
       alignment_epochs=Key(5, "epochs of the alignment, each over freshly drawn features (>= 1;"
-                           " the authors' ca_epochs 5)"),
+                           " the authors' ca_epochs 5)",
+                           authors(5, f"{SLCA}, exps/slca/slca_cifar.json: ca_epochs")),
       samples_per_class=Key(256, "features drawn per class and epoch, and the alignment's batch"
-                            " (>= 1; the authors' 256)"),
+                            " (>= 1; the authors' 256)",
+                            authors(256, f"{SLCA}, models/slca.py: num_sampled_pcls")),
       alignment_learning_rate=Key(0.01, "the alignment's SGD rate at its first epoch, annealed by"
-                                  " a cosine over the epochs (> 0; the authors' 0.01)"),
+                                  " a cosine over the epochs (> 0; the authors' 0.01)",
+                                  authors(0.01, f"{SLCA}, models/slca.py: the alignment's SGD"
+                                          " at lrate", batch=256,
+                                          unscaled="the alignment's batch is samples_per_class"
+                                          " (256), the authors' own, at any learner batch")),
       logit_norm_temperature=Key(0.1, "tau of the alignment's logit normalisation (>= 0; the"
-                                 " authors' 0.1; 0 = plain logits)"),
+                                 " authors' 0.1; 0 = plain logits)",
+                                 authors(0.1, f"{SLCA}, exps/slca/slca_cifar.json:"
+                                         " ca_with_logit_norm (ImageNet-R's too)")),
       covariance_shrinkage=Key(1e-4, "added to each class covariance's diagonal (> 0; the"
-                               " authors' 1e-4)"),
+                               " authors' 1e-4)",
+                               authors(1e-4, f"{SLCA}, models/base.py: the identity added to"
+                                       " torch.cov of a class's features")),
       n_tasks=Key(0, "task slots of the logit normalisation (tasks past them share the last);"
-                  " 0 = data.n_tasks"))
+                  " 0 = data.n_tasks",
+                  ours("read from the stream (data.n_tasks), as the authors' count of tasks is"
+                       " read from their dataset split")))
 
 
 METHODS = (base.MethodSpec(name="slca", build=build, config=config, report_name="SLCA",
