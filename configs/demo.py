@@ -63,6 +63,7 @@ def get_config(method: str = "online_lora"):
   for block in REPLAY_BLOCKS:
     config[block].buffer_size = buffer
   config.mir.n_candidates = min(config.mir.n_candidates, buffer)
+  config.onpro.replay_batch = min(config.onpro.replay_batch, buffer)  # its draw grows to 64
   config.ema_rar.flip = False  # RAR's augmentation: a mirrored digit is another shape
   config.scr.flip = config.onpro.flip = False  # SCR's and OnPro's augmented views, likewise
   # RanPAC's random projection: 256 wide here (the paper's 10,000 makes each refit an

@@ -20,6 +20,7 @@ the docs build and tests/test_config_keys.py refuse a key without one.
     meanings(config)           {dotted key: meaning} of every key that has one, in declared order
     unexplained(config)        the dotted keys without a meaning (an empty or name-only one counts)
     sources(config)            {dotted key: Source} of every key declared with one
+    describe(source)           a Source as one line for the method pages
     unsourced(config)          the dotted keys without a source, and those whose default differs
                                from their source's value without a stated reason
 
@@ -190,6 +191,18 @@ def sources(config: ml_collections.ConfigDict, prefix: str = "") -> dict[str, So
     if source is not None:
       out[key] = source
   return out
+
+
+def describe(source: Source) -> str:
+  """One line for a reader: "the authors': 0.01 at batch 128 (repo, file: setting); ...", "the
+  Online-LoRA paper's: ...", or "ours: why"."""
+  if source.kind == "ours":
+    return f"ours: {source.where}"
+  owner = {"authors": "the authors'", "paper": "the Online-LoRA paper's"}.get(source.kind,
+                                                                             source.kind)
+  at = f" at batch {source.batch}" if source.batch else ""
+  notes = "".join(f"; {text}" for text in (source.differs, source.unscaled) if text)
+  return f"{owner}: {source.value!r}{at} ({source.where}){notes}"
 
 
 def same_value(a, b) -> bool:

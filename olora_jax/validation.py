@@ -351,7 +351,8 @@ def check_method(config: ml_collections.ConfigDict, width: int | None = None) ->
       _require(0 <= values[key] <= 1, f"{p}{key}={values[key]} must be in [0, 1]")
   if "kd_weight" in values:  # LwF's lambda_o (0: the codebase's 1/(n+1) weighting)
     _require(b.kd_weight >= 0, f"{p}kd_weight={b.kd_weight} must be >= 0")
-  for key in ("fisher_every", "epochs", "repeats", "projection_dim", "refit_every"):
+  for key in ("fisher_every", "epochs", "repeats", "projection_dim", "refit_every",
+              "draw_per_class"):
     if key in values:
       _require(values[key] >= 1, f"{p}{key}={values[key]} must be >= 1")
   for key in ("temperature", "c", "proto_temperature", "instance_temperature", "mixup_alpha"):

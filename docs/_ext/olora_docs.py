@@ -136,23 +136,15 @@ class ConfigKeys(SphinxDirective):
 
 
 def source_rows(name: str) -> list[list[str]]:
-  """One row per key of method `name`'s block: key, our default, the source's kind, its value,
-  where it is set, the batch a rate was set at, and what differs (or why a rate is unscaled)."""
+  """One row per key of method `name`'s block: the key, our default, its meaning and where the
+  default comes from (`olora_jax.config_keys.describe`)."""
   from olora_jax import config_keys, methods
 
   block = methods.resolve(name).config()
-  found = config_keys.sources(block)
-  rows = []
-  for key, default in config_keys.leaves(block):
-    source = found.get(key)
-    if source is None:
-      rows.append([key, repr(default), "none declared", "", "", "", ""])
-      continue
-    value = "" if source.kind == "ours" else repr(source.value)
-    notes = "; ".join(text for text in (source.differs, source.unscaled) if text)
-    rows.append([key, repr(default), source.kind, value, source.where,
-                 str(source.batch) if source.batch else "", notes])
-  return rows
+  found, given = config_keys.sources(block), config_keys.meanings(block)
+  return [[key, repr(default), given.get(key, ""),
+           config_keys.describe(found[key]) if key in found else "none declared"]
+          for key, default in config_keys.leaves(block)]
 
 
 class MethodCheck(SphinxDirective):
@@ -184,8 +176,8 @@ class KeySources(SphinxDirective):
     for line in config_keys.unsourced(spec.config()):
       LOGGER.warning(f"{spec.name}.{line}", location=self.get_location(), type="olora",
                      subtype="config")
-    return [table(["key", "ours", "source", "theirs", "where", "batch", "differs / unscaled"],
-                  source_rows(spec.name), literal_columns=(0, 1, 3), widths=(3, 2, 2, 2, 6, 1, 5))]
+    return [table(["key", "ours", "meaning", "where the default comes from"],
+                  source_rows(spec.name), literal_columns=(0, 1), widths=(3, 2, 6, 6))]
 
 
 class MetricNotes(SphinxDirective):

@@ -13,7 +13,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from olora_jax.config_keys import Key
+from olora_jax import config_keys
+from olora_jax.config_keys import Key, authors, paper
 from olora_jax.methods import base, common, replay
 from olora_jax.methods.er import init_with_buffer
 
@@ -70,16 +71,23 @@ def replay_keys() -> dict:
   DER++'s declare them from here."""
   return dict(
       replay_batch=Key(0, "samples in each of DER++'s two replay draws per step, at most"
-                       " buffer_size; 0 = learner.batch_size (Mammoth's default)"),
+                       " buffer_size; 0 = learner.batch_size (Mammoth's default)",
+                       authors(0, "aimagelab/mammoth, utils/best_args.py: minibatch_size equal"
+                               " to batch_size (32) for buffer 500; 0 here is the learner's"
+                               " batch")),
       alpha=Key(0.2, "weight of the MSE between replayed samples' logits and the logits stored"
-                " with them (>= 0)"),
-      beta=Key(0.5, "weight of the CE on the second replay draw's labels (>= 0)"))
+                " with them (>= 0)", paper(0.2, config_keys.PAPER_TABLE + ": DER++'s alpha")),
+      beta=Key(0.5, "weight of the CE on the second replay draw's labels (>= 0)",
+               paper(0.5, config_keys.PAPER_TABLE + ": DER++'s beta")))
 
 
 def config():
   """The `der_pp` block: each key with its meaning (the paper's appendix values)."""
-  return common.baseline_block(learning_rate=3e-4, weight_decay=0.0, buffer_size=500,
-                               **replay_keys())
+  return common.baseline_block(
+      learning_rate=common.shared(3e-4, paper(3e-4, rate=True)),
+      weight_decay=common.shared(0.0, paper(0.0, config_keys.PAPER_TABLE + ": DER++'s row gives"
+                                            " no weight decay (Mammoth's optim_wd 0)")),
+      buffer_size=common.shared(500, common.PAPER_BUFFER), **replay_keys())
 
 
 PAPER_RESULTS = {

@@ -14,7 +14,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from olora_jax.config_keys import Key
+from olora_jax import config_keys
+from olora_jax.config_keys import Key, authors, ours, paper
 from olora_jax.methods import base, common, der_pp, rar
 
 
@@ -55,11 +56,19 @@ def _config(**keys):
   """The keys of the EMA wrapper (the paper's lambda 0.9 during warm-up, then 0.99; no WD in the
   paper's table), then the inner method's `keys`."""
   return common.baseline_block(
-      learning_rate=2e-4, weight_decay=0.0, buffer_size=500,
+      learning_rate=common.shared(2e-4, paper(2e-4, rate=True)),
+      weight_decay=common.shared(0.0, paper(0.0, config_keys.PAPER_TABLE + ": EMA's row gives no"
+                                            " weight decay (the authors' configs: 0)")),
+      buffer_size=common.shared(500, common.PAPER_BUFFER),
       ema_decay=Key(0.99, "lambda of ema <- lambda * ema + (1 - lambda) * weights after the"
-                    " warm-up, in [0, 1); the evaluator reads the average"),
-      ema_warmup_decay=Key(0.9, "lambda during the first ema_warmup_steps steps, in [0, 1)"),
-      ema_warmup_steps=Key(100, "steps that use ema_warmup_decay (>= 0; *ours*)"),
+                    " warm-up, in [0, 1); the evaluator reads the average",
+                    paper(0.99, config_keys.PAPER_TABLE + ": EMA's lambda")),
+      ema_warmup_decay=Key(0.9, "lambda during the first ema_warmup_steps steps, in [0, 1)",
+                           paper(0.9, config_keys.PAPER_TABLE + ": EMA's lambda for warm-up")),
+      ema_warmup_steps=Key(100, "steps that use ema_warmup_decay (>= 0; *ours*)",
+                           ours("the authors warm up for one task's iterations (about 222 on"
+                                " their CIFAR-100 config, AlbinSou/online_ema); a task-free run"
+                                " cannot read a task's length")),
       **keys)
 
 
@@ -72,11 +81,19 @@ def config_rar():
   """The `ema_rar` block: EMA on RAR (ER's keys, and RAR's repeats and flip, *ours*)."""
   return _config(
       replay_batch=Key(10, "stored samples drawn uniformly for each rehearsal, at most"
-                       " buffer_size; 0 = learner.batch_size"),
+                       " buffer_size; 0 = learner.batch_size",
+                       authors(0, "AlbinSou/online_ema, src/online_factories.py: the replay"
+                               " draw equals the incoming batch (32)",
+                               differs="ER's 10 replayed per batch (the Online-LoRA paper's ER"
+                               " row), as RAR is ER with repeats and augmentation")),
       repeats=Key(3, "rehearsals of each incoming batch, each with a fresh replay draw and"
-                  " augmentation (>= 1; *ours*)"),
+                  " augmentation (>= 1; the authors' 3 passes)",
+                  authors(3, "AlbinSou/online_ema, src/config/cifar100/rar.yml: nepochs (each"
+                          " incoming batch trained nepochs times)")),
       flip=Key(True, "RAR's augmentation mirrors images left-right (besides its random shift);"
-               " False for data a mirror changes, such as digits"))
+               " False for data a mirror changes, such as digits",
+               authors(True, "AlbinSou/online_ema, src/config/cifar100/rar.yml:"
+                       " use_transforms")))
 
 
 DER_PP_PAPER_RESULTS = {

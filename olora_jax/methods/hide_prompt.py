@@ -63,9 +63,10 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from olora_jax.config_keys import Key
+from olora_jax.config_keys import Key, authors
 from olora_jax.methods import base, common, dualprompt, prompt_pool, slca
 
+HIDE = "thu-ml/HiDe-Prompt"  # the authors' released code, where the defaults come from
 HIGHEST = jax.lax.Precision.HIGHEST
 ALIGNMENTS = ("every_evaluation", "none")
 INIT_BOUND = 1.0  # prompts start uniform in [-1, 1] (the authors' initialiser)
@@ -383,8 +384,14 @@ def config():
                                       " of lr_reference_batch, cosine-annealed (> 0; the"
                                       " authors' ca_lr 0.005, scaled as their TII run scales"
                                       " it)"),
-      alignment_weight_decay=Key(5e-4, "L2 weight decay of both alignments' SGD (>= 0; the"
-                                 " authors' 5e-4)"),
+      alignment_weight_decay=Key(0.0, "L2 weight decay of both alignments' SGD (>= 0; the"
+                                 " authors' resolves to 0.0: the 5e-4 their parser also"
+                                 " declares never takes effect)",
+                                 authors(0.0, f"{HIDE}, configs/cifar100_hideprompt_5e.py:"
+                                         " --weight-decay (default 0.0, line 27) and"
+                                         " --weight_decay (default 5e-4, line 144) share the"
+                                         " destination weight_decay; argparse keeps the first"
+                                         " default")),
       covariance_shrinkage=Key(1e-4, "added to each class covariance's diagonal (> 0; the"
                                " authors' 1e-4)"))
 

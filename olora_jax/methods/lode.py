@@ -15,7 +15,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from olora_jax.config_keys import Key
+from olora_jax import config_keys
+from olora_jax.config_keys import Key, paper
 from olora_jax.methods import base, common, der_pp
 
 
@@ -60,9 +61,14 @@ def build(ctx: base.Context) -> base.Method:
 def config():
   """The `lode` block: DER++'s keys and values plus LODE's C and rho (the paper's values)."""
   return common.baseline_block(
-      learning_rate=3e-4, weight_decay=0.0, buffer_size=500, **der_pp.replay_keys(),
-      c=Key(1.0, "C, the weight of the CE over the new classes' logits only (> 0)"),
-      rho=Key(0.1, "rho, the weight of the new-vs-old term, scaled by |new| / |old| (>= 0)"))
+      learning_rate=common.shared(3e-4, paper(3e-4, rate=True)),
+      weight_decay=common.shared(0.0, paper(0.0, config_keys.PAPER_TABLE + ": LODE's row gives"
+                                            " no weight decay (the authors' Mammoth fork: 0)")),
+      buffer_size=common.shared(500, common.PAPER_BUFFER), **der_pp.replay_keys(),
+      c=Key(1.0, "C, the weight of the CE over the new classes' logits only (> 0)",
+            paper(1.0, config_keys.PAPER_TABLE + ": LODE's C")),
+      rho=Key(0.1, "rho, the weight of the new-vs-old term, scaled by |new| / |old| (>= 0)",
+              paper(0.1, config_keys.PAPER_TABLE + ": LODE's rho")))
 
 
 PAPER_RESULTS = {

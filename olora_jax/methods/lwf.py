@@ -24,8 +24,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from olora_jax.config_keys import Key
+from olora_jax.config_keys import Key, authors, ours
 from olora_jax.methods import base, common
+
+# LwF is not in the Online-LoRA paper's table: it runs EWC++'s optimiser settings from there
+# (the authors' are SGD 0.1 at batch 10), so the two regularisers compare at one rate.
+EWC_SETTINGS = ("EWC++'s settings of the Online-LoRA paper (Adam; the authors' SGD 0.1 at batch"
+                " 10), so that the two regularisers compare at one rate")
 
 
 def distillation(logits: jax.Array, teacher_logits: jax.Array, mask: jax.Array,
@@ -91,15 +96,22 @@ def config():
   """The `lwf` block: each key with its meaning (the online-continual-learning codebase's LwF on
   the Online-LoRA paper's baseline optimiser)."""
   return common.baseline_block(
-      learning_rate=1e-4, weight_decay=1e-4,
+      learning_rate=common.shared(1e-4, ours(EWC_SETTINGS)),
+      weight_decay=common.shared(1e-4, ours(EWC_SETTINGS)),
       temperature=Key(2.0, "T, the distillation temperature: teacher and model logits are"
-                      " divided by it, the loss multiplied by T^2 (> 0; the paper's 2)"),
+                      " divided by it, the loss multiplied by T^2 (> 0; the paper's 2)",
+                      authors(2.0, "RaptorMai/online-continual-learning, utils/kd_manager.py:"
+                              " the distillation's temperature")),
       kd_weight=Key(0.0, "0: CE weighted 1/(n+1) and distillation 1 - 1/(n+1), n the teacher"
                     " refreshes so far (the online-continual-learning codebase's); > 0: CE +"
-                    " kd_weight * distillation (the paper's lambda_o, 1)"),
+                    " kd_weight * distillation (the paper's lambda_o, 1)",
+                    authors(0.0, "RaptorMai/online-continual-learning, agents/lwf.py: the"
+                            " 1/(n+1) weighting, which 0 selects")),
       refresh_every=Key(50, "train steps between teacher refreshes, the task-free stand-in for"
                         " task ends (as EWC++'s fisher_every); 0: refresh only at the boundaries"
-                        " the boundary switch signals (boundaries.rule)"))
+                        " the boundary switch signals (boundaries.rule)",
+                        ours("the authors refresh the teacher at task ends, which a task-free"
+                             " run does not see; EWC++'s 50-step period stands in")))
 
 
 METHODS = (base.MethodSpec(name="lwf", build=build, config=config, report_name="LwF",

@@ -37,9 +37,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from olora_jax.config_keys import Key
+from olora_jax.config_keys import Key, authors
 from olora_jax.methods import base, common, replay, scr
 from olora_jax.methods.pcr import normalise
+
+ONPRO = "weilllllls/OnPro"  # the authors' released code, where the defaults come from
 
 
 def class_prototypes(z: jax.Array, labels: jax.Array, mask: jax.Array, num_classes: int):
@@ -81,11 +83,13 @@ def pair_probabilities(means: jax.Array, present: jax.Array) -> jax.Array:
   return jnp.where(pairs.reshape(-1), flat, 0.0).reshape(c, c)
 
 
-def feedback_mix(key, mem: dict, buf: replay.ReplayBuffer, means, present, block, scale):
-  """APF: the replay draw `mem` mixed up (module docstring). Returns (images, first labels,
-  second labels, weights of the second, valid). Pure."""
+def feedback_mix(key, mem: dict, buf: replay.ReplayBuffer, means, present, block, scale,
+                 count: jax.Array):
+  """APF: the first `count` items of the replay draw `mem` mixed up (module docstring); the rest
+  of the draw's slots are masked. Returns (images, first labels, second labels, weights of the
+  second, valid). Pure."""
   n = mem["labels"].shape[0]
-  n_base = int(n * block.mixup_base_rate)
+  n_base = jnp.floor(count * block.mixup_base_rate).astype(jnp.int32)
   keys = jax.random.split(key, 8)
   # The base share: each item mixed with a random partner of the draw with probability mixup_p.
   partner = jax.random.permutation(keys[0], n)
@@ -109,13 +113,14 @@ def feedback_mix(key, mem: dict, buf: replay.ReplayBuffer, means, present, block
       jax.random.bernoulli(keys[7], block.mixup_p))
   stored_a = replay.gather(buf, slot_a, scale)
   stored_b = replay.gather(buf, slot_b, scale)
-  guided = (jnp.arange(n) >= n_base) & have_pairs
+  drawn_slot = jnp.arange(n) < count
+  guided = (jnp.arange(n) >= n_base) & drawn_slot & have_pairs
   x_a = jnp.where(guided[:, None, None, None], stored_a["images"], mem["images"])
   x_b = jnp.where(guided[:, None, None, None], stored_b["images"], mem["images"][partner])
   y_a = jnp.where(guided, stored_a["labels"], mem["labels"])
   y_b = jnp.where(guided, stored_b["labels"], mem["labels"][partner])
   w = jnp.where(guided, pair_w, base_w * mem["mask"][partner])
-  valid = jnp.where(guided, stored_a["mask"] & stored_b["mask"], mem["mask"])
+  valid = jnp.where(guided, stored_a["mask"] & stored_b["mask"], mem["mask"]) & drawn_slot
   images = (1.0 - w)[:, None, None, None] * x_a + w[:, None, None, None] * x_b
   return images, y_a, y_b, w, valid
 
@@ -129,10 +134,18 @@ def linear_projection(key: jax.Array, width: int, out: int) -> dict:
           "bias": jax.random.uniform(k2, (out,), minval=-bound, maxval=bound)}
 
 
+def draw_size(class_seen: jax.Array, n_replay: int, per_class: int) -> jax.Array:
+  """How many stored samples a step replays: min(n_replay, per_class x classes seen so far),
+  the authors' rule (their buffer_batch_size 64 and buffer_per_class 7), so that the replay's
+  share of a step grows with the classes met instead of staying fixed. Pure."""
+  return jnp.minimum(n_replay, per_class * jnp.sum(class_seen.astype(jnp.int32)))
+
+
 def build(ctx: base.Context) -> base.Method:
   """OnPro from the `onpro` block."""
   block, scale, num_classes = ctx.config.onpro, ctx.config.data.input_scale, ctx.num_classes
-  tx = common.make_adam(block.learning_rate, block.weight_decay)
+  tx = common.make_adam(block.learning_rate * common.batch_scale(block, ctx.batch_size),
+                        block.weight_decay)
   n_replay = common.replay_batch(ctx, block)
   features, init_network = scr.projected_network(
       ctx, block, tx, lambda key, width: linear_projection(key, width, block.projection_dim))
@@ -143,16 +156,22 @@ def build(ctx: base.Context) -> base.Method:
   def init(key, params):
     return {**init_network(key, params),
             "class_means": jnp.zeros((num_classes, block.projection_dim), jnp.float32),
-            "class_means_present": jnp.zeros((num_classes,), bool)}
+            "class_means_present": jnp.zeros((num_classes,), bool),
+            "class_seen": jnp.zeros((num_classes,), bool)}
 
   @common.train_step("onpro")
   def train_step(state, batch):
     keys = jax.random.split(common.step_key(state), 4)
+    # The classes met so far, the batch's own included (the authors count them before the draw).
+    state["class_seen"] = state["class_seen"] | common.classes_in(
+        batch["labels"], batch["mask"], num_classes)
+    count = draw_size(state["class_seen"], n_replay, block.draw_per_class)
     mem = replay.sample(state["buffer"], keys[0], n_replay, scale)
+    mem["mask"] = mem["mask"] & (jnp.arange(n_replay) < count)  # a uniform subset of `count`
     has_mem = jnp.any(mem["mask"])
     mixed, y_a, y_b, w, mixed_valid = feedback_mix(
         keys[1], mem, state["buffer"], state["class_means"], state["class_means_present"], block,
-        scale)
+        scale, count)
     b, r = batch["labels"].shape[0], n_replay
     # One augmentation call for every view (one program to compile, not three).
     augmented = scr.augment(keys[2], jnp.concatenate([batch["images"], mem["images"], mixed]),
@@ -201,29 +220,50 @@ def build(ctx: base.Context) -> base.Method:
 
 
 def config():
-  """The `onpro` block: the authors' CIFAR-100 settings on the Online-LoRA paper's replay
-  settings."""
+  """The `onpro` block: the authors' CIFAR-100 settings (their main.py, README and training
+  loop), their rate scaled to the learner's batch."""
   return common.baseline_block(
-      learning_rate=1e-4, weight_decay=1e-4, buffer_size=500,
-      replay_batch=Key(10, "stored samples drawn uniformly each step, at most buffer_size; 0 ="
-                       " learner.batch_size (the authors' 64)"),
+      learning_rate=Key(5e-4, "Adam's learning rate for a batch of lr_reference_batch, constant,"
+                        " scaled to learner.batch_size (> 0; the authors' 5e-4 at batch 10)",
+                        authors(5e-4, f"{ONPRO}, main.py: --lr (Adam in multi_runs.py)",
+                                batch=10)),
+      lr_reference_batch=Key(10, common.LR_REFERENCE_BATCH_MEANING + " (scales learning_rate)",
+                             authors(10, f"{ONPRO}, main.py: --batch_size")),
+      weight_decay=common.shared(1e-4, authors(1e-4, f"{ONPRO}, multi_runs.py: the Adam's"
+                                               " weight_decay")),
+      buffer_size=common.shared(500, authors(500, f"{ONPRO}, README: the CIFAR-100 command's"
+                                             " --buffer_size")),
+      replay_batch=Key(64, "the most stored samples drawn uniformly in a step (the draw is"
+                       " min(replay_batch, draw_per_class x classes seen)), at most buffer_size;"
+                       " 0 = learner.batch_size (the authors' 64)",
+                       authors(64, f"{ONPRO}, main.py: --buffer_batch_size")),
+      draw_per_class=Key(7, "stored samples drawn per class seen so far, up to replay_batch, so"
+                         " the replay grows with the classes met (>= 1; the authors' 7)",
+                         authors(7, f"{ONPRO}, train.py: buffer_per_class")),
       projection_dim=Key(128, "width of the linear projection whose normalised output the"
-                         " contrastive losses compare (>= 1; the authors' 128)"),
+                         " contrastive losses compare (>= 1; the authors' 128)",
+                         authors(128, f"{ONPRO}, models/Resnet18.py: the projection's width")),
       proto_temperature=Key(0.5, "tau of OPE's prototype contrastive loss (> 0; the authors'"
-                            " 0.5)"),
+                            " 0.5)", authors(0.5, f"{ONPRO}, main.py: --proto_t")),
       instance_temperature=Key(0.07, "tau of the instance-wise contrastive loss (> 0; the"
-                               " authors' 0.07)"),
+                               " authors' 0.07)", authors(0.07, f"{ONPRO}, main.py: --ins_t")),
       mixup_base_rate=Key(0.9, "share of the replay draw mixed with random partners; the rest"
                           " mixes prototype-guided class pairs, in [0, 1] (the authors'"
-                          " CIFAR-100 0.9)"),
+                          " CIFAR-100 0.9)",
+                          authors(0.9, f"{ONPRO}, README: the CIFAR-100 command's"
+                                  " --mixup_base_rate (the parser's 0.75 is CIFAR-10's)")),
       mixup_p=Key(0.2, "probability that a sample (the base share) or the guided share is mixed"
-                  " at all, in [0, 1] (the authors' CIFAR-100 0.2)"),
+                  " at all, in [0, 1] (the authors' CIFAR-100 0.2)",
+                  authors(0.2, f"{ONPRO}, README: the CIFAR-100 command's --mixup_p (the"
+                          " parser's 0.6 is CIFAR-10's)")),
       mixup_upper=Key(0.6, "the base share's mixing weight is uniform in [0, mixup_upper], in"
-                      " [0, 1] (the authors' 0.6)"),
+                      " [0, 1] (the authors' 0.6)",
+                      authors(0.6, f"{ONPRO}, main.py: --mixup_upper")),
       mixup_alpha=Key(0.4, "the guided share's mixing weight ~ Beta(alpha, alpha) (> 0; the"
-                      " authors' 0.4)"),
+                      " authors' 0.4)", authors(0.4, f"{ONPRO}, main.py: --mixup_alpha")),
       flip=Key(True, "the augmented views mirror half of the images (False for data a mirror"
-               " changes, as digits)"))
+               " changes, as digits)",
+               authors(True, f"{ONPRO}, train.py: the augmentation's horizontal flip")))
 
 
 METHODS = (base.MethodSpec(name="onpro", build=build, config=config, report_name="OnPro",

@@ -17,7 +17,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from olora_jax.config_keys import Key
+from olora_jax import config_keys
+from olora_jax.config_keys import Key, paper
 from olora_jax.methods import base, common, replay
 from olora_jax.methods.er import init_with_buffer
 
@@ -88,13 +89,20 @@ def build(ctx: base.Context) -> base.Method:
 def config():
   """The `pcr` block: each key with its meaning (the paper's appendix values)."""
   return common.baseline_block(
-      learning_rate=1e-4, weight_decay=1e-4, buffer_size=500,
+      learning_rate=common.shared(1e-4, paper(1e-4, rate=True)),
+      weight_decay=common.shared(1e-4, paper(1e-4)),
+      buffer_size=common.shared(500, common.PAPER_BUFFER),
       replay_batch=Key(10, "stored samples drawn uniformly and replayed with each batch"
                        " (\"episode memory per batch\"), at most buffer_size; 0 ="
-                       " learner.batch_size"),
+                       " learner.batch_size",
+                       paper(10, config_keys.PAPER_TABLE + ": episode memory per batch")),
       temperature=Key(0.09, "the cosine logits between features and class proxies are divided"
-                      " by it (> 0)"),
-      warmup_batches=Key(4, "steps before the first replay, while the buffer warms up (>= 0)"))
+                      " by it (> 0)", paper(0.09, config_keys.PAPER_TABLE + ": temperature (the"
+                                            " authors' cosLinear scale, FelixHuiweiLin/PCR)")),
+      warmup_batches=Key(4, "steps before the first replay, while the buffer warms up (>= 0)",
+                         paper(4, config_keys.PAPER_TABLE + ": warmup of buffer before"
+                               " retrieve (the authors' --warmup, which their random retrieval"
+                               " never reads)")))
 
 
 PAPER_RESULTS = {

@@ -24,9 +24,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from olora_jax.config_keys import Key
+from olora_jax.config_keys import Key, authors, ours
 from olora_jax.methods import base, common, replay
 from olora_jax.methods.pcr import normalise
+
+OCL = "RaptorMai/online-continual-learning"  # the authors' released code (SCR's agent)
+# Why SCR's optimiser and memory are ER's rather than the authors' SGD 0.1 at batch 10: SCR is not
+# in the Online-LoRA paper's table, and ER's settings make the two rows differ in the loss alone.
+ER_SETTINGS = ("ER's settings of the Online-LoRA paper (Adam; the authors' are SGD 0.1 at batch"
+               " 10 with a 5,000-sample memory), so that SCR's row differs from ER's in the loss")
 
 CROP_AREA = (0.2, 1.0)  # the authors' RandomResizedCrop scale
 CROP_LOG_RATIO = (float(np.log(3 / 4)), float(np.log(4 / 3)))  # its default aspect ratios
@@ -200,14 +206,23 @@ def build(ctx: base.Context) -> base.Method:
 def config():
   """The `scr` block: the authors' loss settings on the Online-LoRA paper's replay settings."""
   return common.baseline_block(
-      learning_rate=1e-4, weight_decay=1e-4, buffer_size=500,
+      learning_rate=common.shared(1e-4, ours(ER_SETTINGS)),
+      weight_decay=common.shared(1e-4, ours(ER_SETTINGS)),
+      buffer_size=common.shared(500, ours(ER_SETTINGS)),
       replay_batch=Key(10, "stored samples drawn uniformly and joined to each batch, at most"
-                       " buffer_size; 0 = learner.batch_size"),
-      temperature=Key(0.07, "tau of the supervised contrastive loss (> 0; the authors' 0.07)"),
+                       " buffer_size; 0 = learner.batch_size",
+                       authors(100, f"{OCL}, README: the CIFAR-100 SCR command's --eps_mem_batch",
+                               differs="ER's 10, so that SCR sits beside ER with the same"
+                               " replay (" + ER_SETTINGS + ")")),
+      temperature=Key(0.07, "tau of the supervised contrastive loss (> 0; the authors' 0.07)",
+                      authors(0.07, f"{OCL}, general_main.py: --temp (and the README's SCR"
+                              " command; their config_CVPR files give 0.1)")),
       projection_dim=Key(128, "output width of the projection head (Linear, ReLU, Linear) whose"
-                         " normalised output the loss contrasts (>= 1; the authors' 128)"),
+                         " normalised output the loss contrasts (>= 1; the authors' 128)",
+                         authors(128, f"{OCL}, models/resnet.py: SupConResNet's feat_dim")),
       flip=Key(True, "the augmented view mirrors half of the images (False for data a mirror"
-               " changes, as digits)"))
+               " changes, as digits)",
+               authors(True, f"{OCL}, agents/scr.py: the augmentation's horizontal flip")))
 
 
 METHODS = (base.MethodSpec(name="scr", build=build, config=config, report_name="SCR",
