@@ -52,8 +52,9 @@ PAPER_BATCH = 64
 class Source(NamedTuple):
   """Where a key's default comes from.
 
-    kind      'authors' (the method's authors' released code), 'paper' (the Online-LoRA paper's
-              appendix tables) or 'ours' (this project's choice)
+    kind      'authors' (the method's authors: their released code, or their own paper where
+              its value is the one taken and the code differs, as `where` says), 'paper' (the
+              Online-LoRA paper's appendix tables) or 'ours' (this project's choice)
     where     authors: "repository, file: setting"; paper: the table; ours: the reason
     value     the value found there (None for 'ours')
     batch     for a learning rate: the batch size it was set at (0: not a rate, or not stated)
@@ -70,6 +71,12 @@ class Source(NamedTuple):
   unscaled: str = ""
 
 
+# The one rule for a rate set at another batch: an SGD rate is scaled linearly to the run's batch
+# (the linear scaling rule of Goyal et al., 2017: the block's `lr_reference_batch`); an Adam rate,
+# whose per-coordinate step does not grow with the batch as SGD's does, is kept as its authors set
+# it, unless their own code scales it (DualPrompt's and HiDe-Prompt's lr x batch / 256).
+ADAM_UNSCALED = ("an Adam rate, kept as the authors set it (the linear scaling rule is SGD's; their"
+                 " code scales it by no batch rule)")
 # Why the Online-LoRA paper's rates are used as given at any batch: the paper set them by a grid
 # search for its own comparison, not carried from a codebase run at another batch.
 PAPER_UNSCALED = ("tuned by the Online-LoRA paper's grid search for its batch 64 and used as"

@@ -160,7 +160,7 @@ def test_aper_first_phase_optimizer_is_sgd_with_momentum_l2_and_the_schedule(cos
   block = simplecil.config()
   block.first_phase_cosine_steps = cosine_steps
   assert (block.learning_rate, block.weight_decay) == (0.01, 5e-4)  # the authors' configs
-  tx = simplecil.first_phase_optimizer(block)
+  tx = simplecil.first_phase_optimizer(block, block.lr_reference_batch)  # their batch: 0.01
   rng = np.random.default_rng(0)
   theta = rng.normal(size=(3, 2)).astype(np.float32)
   params, opt_state = {"w": jnp.asarray(theta)}, tx.init({"w": jnp.asarray(theta)})

@@ -54,8 +54,11 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from olora_jax.config_keys import Key
+from olora_jax import config_keys
+from olora_jax.config_keys import Key, authors, ours
 from olora_jax.methods import base, common, prompt_pool
+
+CODA = "GT-RIPL/CODA-Prompt"  # the authors' released code, where the defaults come from
 
 BOUNDARY_SALT = 0x0C0DA  # folded into the step key for a new block's Gram-Schmidt draws
 ENTRIES = ("keys", "attention", "prompts")
@@ -231,20 +234,36 @@ def config():
   docs/methods/coda_prompt.md); batch 128 in the authors' runs (ours: learner.batch_size)."""
   return common.baseline_block(
       trainable=Key("prompts", "'prompts', the only value: the components (keys, attention"
-                    " vectors, prompts), plus the head, on the frozen backbone"),
-      learning_rate=1e-3, weight_decay=0.0,
+                    " vectors, prompts), plus the head, on the frozen backbone",
+                    authors("prompts", f"{CODA}, models/zoo.py: the frozen backbone")),
+      learning_rate=common.shared(1e-3, authors(1e-3, f"{CODA}, configs/imnet-r_prompt.yaml: lr"
+                                                " (Adam)", batch=128,
+                                                unscaled=config_keys.ADAM_UNSCALED)),
+      weight_decay=common.shared(0.0, authors(0.0, f"{CODA}, configs/imnet-r_prompt.yaml:"
+                                              " weight_decay")),
       layers=Key((0, 1, 2, 3, 4), "blocks that take a prompt prefix, indices < model.depth (the"
-                 " authors': 0-4 of ViT-B's 12)"),
+                 " authors': 0-4 of ViT-B's 12)",
+                 authors((0, 1, 2, 3, 4), f"{CODA}, models/zoo.py: e_layers")),
       pool_size=Key(100, "M, components per block, in n_tasks groups of M // n_tasks, one group"
-                    " per task; in [n_tasks, model width]"),
+                    " per task; in [n_tasks, model width]",
+                    authors(100, f"{CODA}, experiments/imagenet-r.sh: --prompt_param's first"
+                                 " value")),
       n_tasks=Key(0, "T, the groups the pool is split into; 0 = data.n_tasks (read from the"
                   " config, never from a batch); past T boundaries the last group keeps"
-                  " training"),
+                  " training",
+                  ours("read from the stream (data.n_tasks), as the authors' count of tasks is"
+                       " read from their dataset split")),
       prompt_length=Key(8, "Lp, tokens of a component: Lp/2 key and Lp/2 value prefix tokens"
-                        " (even)"),
+                        " (even)",
+                        authors(8, f"{CODA}, experiments/imagenet-r.sh: --prompt_param's second"
+                                   " value")),
       ortho_weight=Key(0.0, "weight of the orthogonality loss on keys, attention vectors and"
-                       " prompts (>= 0; the authors' released script: 0)"),
-      reset_optimizer=Key(True, "Adam's state restarts at each boundary"))
+                       " prompts (>= 0; the authors' released script: 0)",
+                       authors(0.0, f"{CODA}, experiments/imagenet-r.sh: --prompt_param's third"
+                                    " value")),
+      reset_optimizer=Key(True, "Adam's state restarts at each boundary",
+                          authors(True, f"{CODA}, learners/prompt.py: a new optimiser for each"
+                                  " task")))
 
 
 METHODS = (base.MethodSpec(name="coda_prompt", build=build, config=config,

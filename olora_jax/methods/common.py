@@ -91,8 +91,10 @@ LR_REFERENCE_BATCH_MEANING = (
 def batch_scale(block, batch_size: int) -> float:
   """The factor a learning rate set by a method's authors at a batch of `lr_reference_batch` is
   multiplied by at this run's `batch_size` (the learner's global batch): batch_size /
-  lr_reference_batch, the linear scaling rule (Goyal et al., 2017), one rule for every method
-  whose block has the key; 1.0 when `lr_reference_batch` is 0 (rates as given)."""
+  lr_reference_batch, the linear scaling rule (Goyal et al., 2017), for every SGD rate set at
+  another batch (SLCA, EASE, SimpleCIL's first phase) and the Adam rates whose authors' code
+  scales them itself (DualPrompt, HiDe-Prompt); 1.0 when `lr_reference_batch` is 0 (rates as
+  given). The rule is `olora_jax.config_keys.ADAM_UNSCALED`'s note."""
   return batch_size / block.lr_reference_batch if block.lr_reference_batch else 1.0
 
 

@@ -51,8 +51,11 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from olora_jax.config_keys import Key
+from olora_jax.config_keys import Key, authors
 from olora_jax.methods import base, common, prompt_pool
+
+DUALPROMPT = "google-research/l2p"  # the authors' released code (DualPrompt's configs)
+DUALPROMPT_PORT = "JH-LEE-KR/dualprompt-pytorch"  # their PyTorch port
 
 INIT_MAX = 0.01  # prompts and keys start uniform in [0, INIT_MAX) (the authors' initialiser)
 
@@ -174,29 +177,51 @@ def config():
   docs/methods/dualprompt.md); batch 24 in the authors' runs (ours: learner.batch_size)."""
   return common.baseline_block(
       trainable=Key("prompts", "'prompts', the only value: the G-prompt, the E-prompt pool with"
-                    " its keys, plus the head, on the frozen backbone"),
+                    " its keys, plus the head, on the frozen backbone",
+                    authors("prompts", f"{DUALPROMPT}, configs/imr_dualprompt.py: the frozen"
+                                       " backbone")),
       learning_rate=Key(5e-3, "Adam's learning rate for a batch of lr_reference_batch, scaled"
-                        " linearly to learner.batch_size, constant (> 0)"),
+                        " linearly to learner.batch_size, constant (> 0)",
+                        authors(5e-3, f"{DUALPROMPT}, configs/imr_dualprompt.py: learning_rate"
+                                " (scaled by batch / 256 in train_continual.py)", batch=256)),
       lr_reference_batch=Key(256, "the batch the learning rate is given for (the authors' 256);"
-                             " 0 = learning_rate unscaled"),
-      weight_decay=0.0,
-      clip_norm=Key(1.0, "the global gradient norm is clipped to this (>= 0; 0 = no clipping)"),
+                             " 0 = learning_rate unscaled",
+                             authors(256, f"{DUALPROMPT}, train_continual.py: the rate times the"
+                                          " global batch / 256")),
+      weight_decay=common.shared(0.0, authors(0.0, f"{DUALPROMPT}, configs/imr_dualprompt.py:"
+                                                   " weight_decay")),
+      clip_norm=Key(1.0, "the global gradient norm is clipped to this (>= 0; 0 = no clipping)",
+                    authors(1.0, f"{DUALPROMPT}, configs/imr_dualprompt.py: grad_clip_max_norm")),
       g_layers=Key((0, 1), "blocks that take the G-prompt prefix, indices < model.depth (the"
-                   " paper: 0-1 of ViT-B's 12)"),
+                   " paper: 0-1 of ViT-B's 12)",
+                   authors((0, 1), f"{DUALPROMPT}, configs/imr_dualprompt.py: g_prompt_layer_idx")),
       g_prompt_length=Key(5, "Lg, G-prompt tokens per block, for keys and for values each"
-                          " (>= 1)"),
+                          " (>= 1)",
+                          authors(5, f"{DUALPROMPT}, configs/imr_dualprompt.py: g_prompt_length")),
       e_layers=Key((2, 3, 4), "blocks that take the E-prompt prefix, indices < model.depth (the"
-                   " paper: 2-4)"),
-      prompt_length=Key(20, "Le, E-prompt tokens per block, for keys and for values each (>= 1)"),
+                   " paper: 2-4)",
+                   authors((2, 3, 4), f"{DUALPROMPT}, configs/imr_dualprompt.py:"
+                                      " e_prompt_layer_idx")),
+      prompt_length=Key(20, "Le, E-prompt tokens per block, for keys and for values each (>= 1)",
+                        authors(20, f"{DUALPROMPT}, configs/imr_dualprompt.py: the E-prompts'"
+                                    " length")),
       pool_size=Key(10, "M, E-prompts in the pool with one key each; task t trains prompts t k"
-                    " .. (t + 1) k - 1 while they last (>= 1)"),
+                    " .. (t + 1) k - 1 while they last (>= 1)",
+                    authors(10, f"{DUALPROMPT}, configs/imr_dualprompt.py: pool_size")),
       top_k=Key(1, "k, E-prompts an image takes (in training, per task; at test, the nearest"
-                " keys), in [1, pool_size]"),
-      key_loss_weight=Key(1.0, "lambda of the key-matching loss sum (1 - cos(query, key)) (>= 0)"),
+                " keys), in [1, pool_size]",
+                authors(1, f"{DUALPROMPT}, configs/imr_dualprompt.py: top_k")),
+      key_loss_weight=Key(1.0, "lambda of the key-matching loss sum (1 - cos(query, key)) (>= 0)",
+                          authors(1.0, f"{DUALPROMPT}, configs/imr_dualprompt.py:"
+                                       " pull_constraint_coeff")),
       init_from_previous=Key(True, "at a boundary the new task's E-prompts start as copies of the"
-                             " previous task's (the authors' shared_prompt_pool)"),
+                             " previous task's (the authors' shared_prompt_pool)",
+                             authors(True, f"{DUALPROMPT_PORT}, configs/imr_dualprompt.py:"
+                                           " shared_prompt_pool (the authors' PyTorch port)")),
       reset_optimizer=Key(True, "Adam's state restarts at each boundary (the authors'"
-                          " reinit_optimizer)"))
+                          " reinit_optimizer)",
+                          authors(True, f"{DUALPROMPT}, configs/imr_dualprompt.py:"
+                                        " reinit_optimizer")))
 
 
 METHODS = (base.MethodSpec(name="dualprompt", build=build, config=config,

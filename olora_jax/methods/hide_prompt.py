@@ -63,7 +63,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from olora_jax.config_keys import Key, authors
+from olora_jax.config_keys import Key, authors, ours
 from olora_jax.methods import base, common, dualprompt, prompt_pool, slca
 
 HIDE = "thu-ml/HiDe-Prompt"  # the authors' released code, where the defaults come from
@@ -336,54 +336,98 @@ def config():
   train_cifar100_vit.sh and config; docs/methods/hide_prompt.md)."""
   return common.baseline_block(
       trainable=Key("prompts", "'prompts', the only value: the task prompts, the head and the TII"
-                    " layer, on the frozen backbone"),
+                    " layer, on the frozen backbone",
+                    authors("prompts", f"{HIDE}, trainers/hideprompt_trainer.py: the frozen"
+                                       " backbone")),
       learning_rate=Key(0.03, "Adam's rate of the prompts for a batch of lr_reference_batch,"
                         " scaled linearly to learner.batch_size, constant (> 0; the authors'"
-                        " 0.03)"),
+                        " 0.03)",
+                        authors(0.03, f"{HIDE}, configs/cifar100_hideprompt_5e.py: --lr (times"
+                                      " the per-device batch / 256)", batch=256)),
       head_lr_scale=Key(0.1, "the head's Adam rate is learning_rate times this (> 0; the"
-                        " authors' larger_prompt_lr: 0.1)"),
+                        " authors' larger_prompt_lr: 0.1)",
+                        authors(0.1, f"{HIDE}, trainers/hideprompt_trainer.py: larger_prompt_lr")),
       lr_reference_batch=Key(256, "the batch every Adam rate (and tii_alignment_learning_rate)"
-                             " is given for (the authors' 256); 0 = the rates unscaled"),
-      weight_decay=0.0,
+                             " is given for (the authors' 256); 0 = the rates unscaled",
+                             authors(256, f"{HIDE}, trainers/hideprompt_trainer.py: the rate"
+                                          " times the batch / 256 (unscale_lr)")),
+      weight_decay=common.shared(0.0, authors(0.0, f"{HIDE}, configs/cifar100_hideprompt_5e.py:"
+                                                   " --weight-decay")),
       clip_norm=Key(1.0, "each of the two models' gradients (WTP's, TII's) is clipped to this"
-                    " global norm (>= 0; 0 = no clipping; the authors' 1.0)"),
+                    " global norm (>= 0; 0 = no clipping; the authors' 1.0)",
+                    authors(1.0, f"{HIDE}, configs/cifar100_hideprompt_5e.py: --clip-grad")),
       e_layers=Key((0, 1, 2, 3, 4), "blocks that take the task prompt's prefix, indices <"
-                   " model.depth (the authors': 0-4 of ViT-B's 12)"),
+                   " model.depth (the authors': 0-4 of ViT-B's 12)",
+                   authors((0, 1, 2, 3, 4), f"{HIDE}, configs/cifar100_hideprompt_5e.py:"
+                                            " --e_prompt_layer_idx")),
       prompt_length=Key(5, "Lp, prompt tokens per block, for keys and for values each (>= 1;"
-                        " the authors' script: 5)"),
+                        " the authors' script: 5)",
+                        authors(5, f"{HIDE}, training_scripts/train_cifar100_vit.sh: --length")),
       pool_size=Key(10, "M, prompts in the pool; task t trains prompts t k .. (t + 1) k - 1,"
-                    " past M // k tasks the last task's (>= 1)"),
-      top_k=Key(1, "k, prompts a task takes, in [1, pool_size] (the authors' 1)"),
+                    " past M // k tasks the last task's (>= 1)",
+                    authors(10, f"{HIDE}, configs/cifar100_hideprompt_5e.py: --size")),
+      top_k=Key(1, "k, prompts a task takes, in [1, pool_size] (the authors' 1)",
+                authors(1, f"{HIDE}, configs/cifar100_hideprompt_5e.py: --top_k")),
       init_from_previous=Key(True, "at a boundary the new task's prompt starts as a copy of the"
-                             " previous task's (the authors' shared_prompt_pool)"),
+                             " previous task's (the authors' shared_prompt_pool)",
+                             authors(True, f"{HIDE}, configs/cifar100_hideprompt_5e.py:"
+                                           " shared_prompt_pool")),
       reset_optimizer=Key(True, "both Adams' states restart at each boundary (the authors'"
-                          " reinit_optimizer)"),
+                          " reinit_optimizer)",
+                          authors(True, f"{HIDE}, configs/cifar100_hideprompt_5e.py:"
+                                        " reinit_optimizer")),
       prompt_momentum=Key(0.01, "m: from the second task the live prompt enters as (1 - m) e_t +"
                           " m mean of the earlier prompts, and keeps that at the task's end, in"
-                          " [0, 1) (the authors' 0.01)"),
+                          " [0, 1) (the authors' 0.01)",
+                          authors(0.01, f"{HIDE}, configs/cifar100_hideprompt_5e.py:"
+                                        " --prompt_momentum")),
       contrastive_weight=Key(0.1, "weight of WTP's contrastive regulariser against the earlier"
-                             " tasks' prototypes (>= 0; the authors' script: 0.1)"),
+                             " tasks' prototypes (>= 0; the authors' script: 0.1)",
+                             authors(0.1, f"{HIDE}, training_scripts/train_cifar100_vit.sh:"
+                                     " --reg")),
       contrastive_temperature=Key(0.8, "temperature of the regulariser's dot products (> 0; the"
-                                  " authors' 0.8)"),
+                                  " authors' 0.8)",
+                                  authors(0.8, f"{HIDE},"
+                                               " engines/hide_promtp_wtp_and_tap_engine.py: the"
+                                               " similarities divided by 0.8")),
       tii_learning_rate=Key(5e-4, "Adam's rate of the TII layer for a batch of"
-                            " lr_reference_batch, constant (> 0; the authors' 5e-4)"),
+                            " lr_reference_batch, constant (> 0; the authors' 5e-4)",
+                            authors(5e-4, f"{HIDE}, training_scripts/train_cifar100_vit.sh: the"
+                                    " TII stage's --lr (times the batch / 256)", batch=256)),
       tii_hidden_ratio=Key(2, "the TII layer's residual MLP has this times the model width"
-                           " hidden units; 0 = a linear layer alone (the authors' 2)"),
+                           " hidden units; 0 = a linear layer alone (the authors' 2)",
+                           authors(2, f"{HIDE}, configs/cifar100_hideprompt_5e.py:"
+                                      " --original_model_mlp_structure")),
       align=Key("every_evaluation", "when the head (TAP) and the TII layer are aligned on"
                     " the class statistics: 'every_evaluation' (*ours*: at each evaluation once"
-                    " two classes are seen, on copies) | 'none' (never)"),
-      tap_epochs=Key(30, "epochs of the head's alignment (>= 1; the authors' crct_epochs 30)"),
+                    " two classes are seen, on copies) | 'none' (never)",
+                ours("online there is no task end to align at: an evaluation is when the aligned"
+                     " head and TII layer are read")),
+      tap_epochs=Key(30, "epochs of the head's alignment (>= 1; the authors' crct_epochs 30)",
+                     authors(30, f"{HIDE}, training_scripts/train_cifar100_vit.sh: --crct_epochs")),
       tap_samples_per_class=Key(120, "features drawn per class and epoch for the head's"
-                                " alignment, and its batch (>= 1; the authors' 5 x batch 24)"),
+                                " alignment, and its batch (>= 1; the authors' 5 x batch 24)",
+                                authors(120, f"{HIDE}, engines/hide_promtp_wtp_and_tap_engine.py:"
+                                             " five times the batch (24) drawn per class")),
       tap_learning_rate=Key(0.005, "SGD rate of the head's alignment, cosine-annealed over its"
-                            " epochs (> 0; the authors' ca_lr 0.005)"),
-      tii_alignment_epochs=Key(30, "epochs of the TII layer's alignment (>= 1; the authors' 30)"),
+                            " epochs (> 0; the authors' ca_lr 0.005)",
+                            authors(0.005, f"{HIDE}, training_scripts/train_cifar100_vit.sh:"
+                                    " --ca_lr, unscaled in the prompt stage", batch=24,
+                                    unscaled="the alignment's batch is tap_samples_per_class,"
+                                    " the authors' own, at any learner batch")),
+      tii_alignment_epochs=Key(30, "epochs of the TII layer's alignment (>= 1; the authors' 30)",
+                               authors(30, f"{HIDE}, training_scripts/train_cifar100_vit.sh:"
+                                           " --crct_epochs")),
       tii_samples_per_class=Key(24, "features drawn per class and epoch for the TII layer's"
-                                " alignment, and its batch (>= 1; the authors' batch 24)"),
+                                " alignment, and its batch (>= 1; the authors' batch 24)",
+                                authors(24, f"{HIDE}, engines/hide_tii_engine.py: the batch (24)"
+                                            " drawn per class")),
       tii_alignment_learning_rate=Key(0.005, "SGD rate of the TII layer's alignment for a batch"
                                       " of lr_reference_batch, cosine-annealed (> 0; the"
                                       " authors' ca_lr 0.005, scaled as their TII run scales"
-                                      " it)"),
+                                      " it)",
+                                      authors(0.005, f"{HIDE}, trainers/tii_trainer.py: ca_lr"
+                                                     " times the batch / 256", batch=256)),
       alignment_weight_decay=Key(0.0, "L2 weight decay of both alignments' SGD (>= 0; the"
                                  " authors' resolves to 0.0: the 5e-4 their parser also"
                                  " declares never takes effect)",
@@ -393,7 +437,10 @@ def config():
                                          " destination weight_decay; argparse keeps the first"
                                          " default")),
       covariance_shrinkage=Key(1e-4, "added to each class covariance's diagonal (> 0; the"
-                               " authors' 1e-4)"))
+                               " authors' 1e-4)",
+                               authors(0.0001, f"{HIDE},"
+                                               " engines/hide_promtp_wtp_and_tap_engine.py: the"
+                                               " identity added to each class covariance")))
 
 
 METHODS = (base.MethodSpec(name="hide_prompt", build=build, config=config,

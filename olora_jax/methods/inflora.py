@@ -75,10 +75,13 @@ import math
 import jax
 import jax.numpy as jnp
 
-from olora_jax.config_keys import Key
+from olora_jax import config_keys
+from olora_jax.config_keys import Key, authors, ours
 from olora_jax.methods import base, common
 from olora_jax.models import lora as lora_lib
 from olora_jax.models.vit import LORA_TARGETS
+
+INFLORA = "liangyanshuo/InfLoRA"  # the authors' released code, where the defaults come from
 
 DESIGN_SCALE = 1.0 / math.sqrt(3.0)  # the released code's scale of a designed down-projection
 
@@ -239,14 +242,25 @@ def config():
   """The `inflora` block: the code's ViT-B/16 ImageNet-R settings (module docstring)."""
   return common.baseline_block(
       trainable=Key("lora", "'lora', the only value: the branches' up-projections, plus the"
-                    " head"),
-      learning_rate=Key(5e-4, "Adam's learning rate, constant online (> 0)"),
-      weight_decay=0.0,
-      rank=Key(10, "r of each task's branch, in [1, model width]"),
+                    " head",
+                    authors("lora", f"{INFLORA}, methods/inflora.py: the branches' up-projections"
+                                    " and the head")),
+      learning_rate=Key(5e-4, "Adam's learning rate, constant online (> 0)",
+                        authors(5e-4, f"{INFLORA}, configs/mimg10_inflora.json: lrate (Adam)",
+                                batch=128, unscaled=config_keys.ADAM_UNSCALED)),
+      weight_decay=common.shared(0.0, authors(0.0, f"{INFLORA}, configs/mimg10_inflora.json:"
+                                                   " weight_decay")),
+      rank=Key(10, "r of each task's branch, in [1, model width]",
+               authors(10, f"{INFLORA}, configs/mimg10_inflora.json: rank")),
       threshold_start=Key(0.98, "the DualGPM energy threshold eps at the first task (the code's"
-                          " lamb); 0 < threshold_start <= threshold_end <= 1"),
-      threshold_end=Key(1.0, "eps after the last task (the code's lame), linear in between"),
-      n_tasks=Key(0, "T of that threshold schedule; 0 = data.n_tasks"))
+                          " lamb); 0 < threshold_start <= threshold_end <= 1",
+                          authors(0.98, f"{INFLORA}, configs/mimg10_inflora.json: lamb"
+                                        " (CIFAR-100's config: 0.95)")),
+      threshold_end=Key(1.0, "eps after the last task (the code's lame), linear in between",
+                        authors(1.0, f"{INFLORA}, configs/mimg10_inflora.json: lame")),
+      n_tasks=Key(0, "T of that threshold schedule; 0 = data.n_tasks",
+                  ours("read from the stream (data.n_tasks), as the authors' count of tasks is"
+                       " read from their dataset split")))
 
 
 METHODS = (base.MethodSpec(name="inflora", build=build, config=config, report_name="InfLoRA",

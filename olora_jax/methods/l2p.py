@@ -18,8 +18,11 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from olora_jax.config_keys import Key
+from olora_jax import config_keys
+from olora_jax.config_keys import Key, authors, paper
 from olora_jax.methods import base, common, prompt_pool
+
+L2P = "google-research/l2p"  # the authors' released code (JAX)
 
 
 def build(ctx: base.Context) -> base.Method:
@@ -72,14 +75,24 @@ def config():
   prompts, LR 3e-3, no weight decay)."""
   return common.baseline_block(
       trainable=Key("prompts", "'prompts', the only value: the prompt pool with its keys, plus"
-                    " the head, on the frozen backbone"),
-      learning_rate=3e-3, weight_decay=0.0,
-      pool_size=Key(10, "prompts in the pool, each with one key (>= 1)"),
-      prompt_length=Key(10, "tokens per prompt (>= 1)"),
+                    " the head, on the frozen backbone",
+                    authors("prompts", f"{L2P}, configs/cifar100_l2p.py: the frozen backbone")),
+      learning_rate=common.shared(3e-3, paper(3e-3, rate=True)),
+      weight_decay=common.shared(0.0, authors(0.0, f"{L2P}, configs/cifar100_l2p.py:"
+                                              " weight_decay")),
+      pool_size=Key(10, "prompts in the pool, each with one key (>= 1)",
+                    paper(10, config_keys.PAPER_TABLE + ": size of the prompt pool")),
+      prompt_length=Key(10, "tokens per prompt (>= 1)",
+                        paper(10, config_keys.PAPER_TABLE + ": length of a single prompt")),
       top_k=Key(4, "prompts an image takes: those whose keys are nearest its frozen class"
-                " token, in [1, pool_size]"),
+                " token, in [1, pool_size]",
+                paper(4, config_keys.PAPER_TABLE + ": number of prepended prompts")),
       key_loss_weight=Key(0.1, "L2P's lambda on the key-matching loss sum (1 - cos(query, key))"
-                          " (>= 0; *ours*: not in the paper's table)"))
+                          " (>= 0; *ours*: not in the paper's table)",
+                          authors(1.0, f"{L2P}, configs/cifar100_l2p.py: pull_constraint_coeff",
+                                  differs="0.1, the PyTorch port's (JH-LEE-KR/l2p-pytorch,"
+                                  " configs/cifar100_l2p.py), which this row has always run;"
+                                  " the official config's 1.0 is one override away")))
 
 
 PAPER_RESULTS = {

@@ -26,8 +26,11 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from olora_jax.config_keys import Key
+from olora_jax import config_keys
+from olora_jax.config_keys import Key, authors, ours, paper
 from olora_jax.methods import base, common, prompt_pool
+
+SI_BLURRY = "KHU-AGI/Si-Blurry"  # the authors' released code (MVP)
 
 
 def init_pool(key: jax.Array, pool_size: int, length: int, width: int, num_classes: int,
@@ -160,25 +163,46 @@ def config():
   LR 5e-3)."""
   return common.baseline_block(
       trainable=Key("prompts", "'prompts', the only value: the prompt pool with its keys and"
-                    " mask logits, plus the head, on the frozen backbone"),
-      learning_rate=5e-3, weight_decay=0.0,
-      pool_size=Key(10, "prompts in the pool, each with one key (>= 2; *ours*, as L2P's)"),
-      prompt_length=Key(10, "tokens per prompt (>= 1; *ours*, as L2P's)"),
+                    " mask logits, plus the head, on the frozen backbone",
+                    authors("prompts", f"{SI_BLURRY}, models/mvp.py: the frozen backbone")),
+      learning_rate=common.shared(5e-3, paper(5e-3, rate=True)),
+      weight_decay=common.shared(0.0, authors(0.0, f"{SI_BLURRY}, scripts/mvp.sh: no weight"
+                                              " decay passed")),
+      pool_size=Key(10, "prompts in the pool, each with one key (>= 2; *ours*, as L2P's)",
+                    ours("L2P's pool (the Online-LoRA paper's L2P row): the authors' MVP keeps a"
+                         " DualPrompt-style pool of one prompt per task (10)")),
+      prompt_length=Key(10, "tokens per prompt (>= 1; *ours*, as L2P's)",
+                        ours("L2P's prompt length: the authors' MVP prefixes 20-token E-prompts"
+                             " and 5-token G-prompts, a structure this row does not take")),
       top_k=Key(1, "prompts an image takes, by the count-scaled key distance, in [1, pool_size"
-                " - 1] (MVP's selection size)"),
+                " - 1] (MVP's selection size)",
+                authors(1, f"{SI_BLURRY}, configuration/config.py: --selection_size")),
       gamma=Key(1.0, "focal exponent on the gradient dissimilarity s_b (>= 0); the authors'"
-                " code runs 1.0, the Online-LoRA paper's table gives 2.0"),
-      margin=Key(0.5, "m of the adaptive feature scale 1 - cos(W_y, f) + m (> 0)"),
+                " first release ran 1.0, their released code and the Online-LoRA paper's table"
+                " give 2.0",
+                authors(2.0, f"{SI_BLURRY}, configuration/config.py: --gamma",
+                        differs="1.0, the default of the authors' first commit (2bb41d5) that"
+                        " this row was read from; their released code and the paper's table say"
+                        " 2.0 (the page measured no difference beyond the seeds' spread)")),
+      margin=Key(0.5, "m of the adaptive feature scale 1 - cos(W_y, f) + m (> 0)",
+                 paper(0.5, config_keys.PAPER_TABLE + ": MVP's m")),
       alpha=Key(0.5, "weight of the focal term: a sample's loss is ((1 - alpha) + alpha"
-                " s_b^gamma) CE, alpha in [0, 1]"),
+                " s_b^gamma) CE, alpha in [0, 1]",
+                paper(0.5, config_keys.PAPER_TABLE + ": MVP's alpha")),
       query=Key("penultimate", "where the frozen class token that selects prompts is read:"
                 " 'penultimate' (after block depth - 2, no LayerNorm: the authors' script) |"
                 " 'last' (after the last block, before the final LayerNorm) | 'last_norm' (after"
-                " it: L2P's)"),
+                " it: L2P's)",
+                authors("penultimate", f"{SI_BLURRY}, scripts/mvp.sh: no --use_last_layer")),
       key_init=Key("uniform", "the keys' initialisation: 'uniform' (L2P's) | 'normal' (the"
-                   " authors' code)"),
+                   " authors' code)",
+                   authors("normal", f"{SI_BLURRY}, models/mvp.py: the keys drawn by randn",
+                           differs="L2P's uniform keys, as this row's pool is L2P's")),
       updates_per_batch=Key(1, "optimizer updates on each incoming batch (>= 1; the authors'"
-                            " script's online_iter is 3, 1 is every method's budget here)"))
+                            " script's online_iter is 3, 1 is every method's budget here)",
+                            authors(3, f"{SI_BLURRY}, scripts/mvp.sh: ONLINE_ITER",
+                                    differs="one update per batch, every method's budget on"
+                                    " this loop")))
 
 
 PAPER_RESULTS = {

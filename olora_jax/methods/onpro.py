@@ -37,6 +37,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from olora_jax import config_keys
 from olora_jax.config_keys import Key, authors
 from olora_jax.methods import base, common, replay, scr
 from olora_jax.methods.pcr import normalise
@@ -144,8 +145,7 @@ def draw_size(class_seen: jax.Array, n_replay: int, per_class: int) -> jax.Array
 def build(ctx: base.Context) -> base.Method:
   """OnPro from the `onpro` block."""
   block, scale, num_classes = ctx.config.onpro, ctx.config.data.input_scale, ctx.num_classes
-  tx = common.make_adam(block.learning_rate * common.batch_scale(block, ctx.batch_size),
-                        block.weight_decay)
+  tx = common.make_adam(block.learning_rate, block.weight_decay)
   n_replay = common.replay_batch(ctx, block)
   features, init_network = scr.projected_network(
       ctx, block, tx, lambda key, width: linear_projection(key, width, block.projection_dim))
@@ -223,12 +223,9 @@ def config():
   """The `onpro` block: the authors' CIFAR-100 settings (their main.py, README and training
   loop), their rate scaled to the learner's batch."""
   return common.baseline_block(
-      learning_rate=Key(5e-4, "Adam's learning rate for a batch of lr_reference_batch, constant,"
-                        " scaled to learner.batch_size (> 0; the authors' 5e-4 at batch 10)",
+      learning_rate=Key(5e-4, "Adam's learning rate, constant (> 0; the authors' 5e-4)",
                         authors(5e-4, f"{ONPRO}, main.py: --lr (Adam in multi_runs.py)",
-                                batch=10)),
-      lr_reference_batch=Key(10, common.LR_REFERENCE_BATCH_MEANING + " (scales learning_rate)",
-                             authors(10, f"{ONPRO}, main.py: --batch_size")),
+                                batch=10, unscaled=config_keys.ADAM_UNSCALED)),
       weight_decay=common.shared(1e-4, authors(1e-4, f"{ONPRO}, multi_runs.py: the Adam's"
                                                " weight_decay")),
       buffer_size=common.shared(500, authors(500, f"{ONPRO}, README: the CIFAR-100 command's"

@@ -57,8 +57,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from olora_jax import config_keys
-from olora_jax.config_keys import Key
+from olora_jax.config_keys import Key, authors, ours
 from olora_jax.methods import base, common
+
+RANPAC = "RanPAC/RanPAC"  # the authors' released code, where the defaults come from
 
 HIGHEST = jax.lax.Precision.HIGHEST
 
@@ -173,15 +175,20 @@ def config():
   return config_keys.block(
       "",
       projection_dim=Key(10000, "M, the width of the fixed random projection (>= 1; the paper:"
-                         " 10,000)"),
+                         " 10,000)", authors(10000, f"{RANPAC}, args/cifar224_publish.csv: M")),
       log10_ridge_min=Key(-8, "the ridge lambda is chosen from the grid 10^min .. 10^max (integer;"
-                          " the released code: -8)"),
+                          " the released code: -8)",
+                          authors(-8, f"{RANPAC}, RanPAC.py: the ridge grid's lowest power")),
       log10_ridge_max=Key(8, "top of that grid (integer >= log10_ridge_min; the released code:"
-                          " 8)"),
+                          " 8)",
+                          authors(8, f"{RANPAC}, RanPAC.py: the ridge grid's highest power")),
       holdout_every=Key(5, "every holdout_every-th sample is held out to choose lambda (>= 2; 5:"
-                        " 20%, the released code's split)"),
+                        " 20%, the released code's split)",
+                        authors(5, f"{RANPAC}, RanPAC.py: the 80/20 split that chooses lambda")),
       refit_every=Key(10, "train steps between refits of the head the logged loss reads (>= 1;"
-                      " *ours*; evaluations always refit)"))
+                      " *ours*; evaluations always refit)",
+                      ours("the authors refit at each task end; online, the logged loss needs a"
+                           " head between evaluations")))
 
 
 METHODS = (base.MethodSpec(name="ranpac", build=build, config=config, report_name="RanPAC",

@@ -59,9 +59,12 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from olora_jax.config_keys import Key
+from olora_jax import config_keys
+from olora_jax.config_keys import Key, authors, ours
 from olora_jax.methods import base, common
 from olora_jax.models.vit import LORA_TARGETS
+
+SDLORA = "WuYichen-97/SD-Lora-CL"  # the authors' released code, where the defaults come from
 
 
 def fresh_component(key: jax.Array, depth: int, width: int, rank: int) -> dict:
@@ -172,12 +175,23 @@ def config():
   """The `sd_lora` block: the paper's ViT-B/16 ImageNet-R settings (module docstring)."""
   return common.baseline_block(
       trainable=Key("lora", "'lora', the only value: the components, their magnitudes, plus the"
-                    " head"),
-      learning_rate=8e-3, weight_decay=0.0,
-      rank=Key(10, "r of each component, in [1, model width]"),
+                    " head",
+                    authors("lora", f"{SDLORA}, models/sdlora.py: the components, their"
+                                    " magnitudes and the head")),
+      learning_rate=common.shared(8e-3, authors(
+          8e-3, "the SD-LoRA paper (Wu et al., ICLR 2025): Adam at 8e-3; their code's loop runs"
+          " SGD at 1e-2 (ImageNet-R) or 8e-3 (CIFAR-100, exps/sdlora_c100.json)", batch=128,
+          unscaled=config_keys.ADAM_UNSCALED)),
+      weight_decay=common.shared(0.0, authors(0.0, f"{SDLORA}, models/sdlora.py: no weight decay"
+                                              " passed to the optimiser")),
+      rank=Key(10, "r of each component, in [1, model width]",
+               authors(10, f"{SDLORA}, models/sdlora.py: the rank")),
       magnitude_init=Key(0.8, "alpha, the magnitude a new component starts with (the code's"
-                         " 0.8)"),
-      n_tasks=Key(0, "T, the component slots (one per task); 0 = data.n_tasks"))
+                         " 0.8)",
+                         authors(0.8, f"{SDLORA}, backbone/lora.py: a new magnitude's start")),
+      n_tasks=Key(0, "T, the component slots (one per task); 0 = data.n_tasks",
+                  ours("read from the stream (data.n_tasks), as the authors' count of tasks is"
+                       " read from their dataset split")))
 
 
 METHODS = (base.MethodSpec(name="sd_lora", build=build, config=config, report_name="SD-LoRA",

@@ -80,8 +80,10 @@ import numpy as np
 import optax
 
 from olora_jax import config_keys
-from olora_jax.config_keys import Key
+from olora_jax.config_keys import Key, authors, ours
 from olora_jax.methods import base, common
+
+APER = "zhoudw-zdw/RevisitingCIL"  # the authors' released code (SimpleCIL and APER)
 
 
 def cosine_scores(features: jnp.ndarray, sums: jnp.ndarray, counts: jnp.ndarray,
@@ -116,18 +118,21 @@ def init_cosine_head(key: jax.Array, width: int, num_classes: int) -> dict:
           "sigma": jnp.ones((), jnp.float32)}
 
 
-def first_phase_learning_rate(block):
-  """The first phase's rate: constant `learning_rate`, or with `first_phase_cosine_steps` N > 0
+def first_phase_learning_rate(block, batch_size: int):
+  """The first phase's rate lr = `learning_rate` scaled from the authors' batch to `batch_size`
+  (`common.batch_scale`): constant, or with `first_phase_cosine_steps` N > 0
   lr (1 + cos(pi min(t, N) / N)) / 2 at the phase's update t (0 from step N on)."""
+  rate = block.learning_rate * common.batch_scale(block, batch_size)
   if block.first_phase_cosine_steps == 0:
-    return block.learning_rate
-  return optax.cosine_decay_schedule(block.learning_rate, block.first_phase_cosine_steps)
+    return rate
+  return optax.cosine_decay_schedule(rate, block.first_phase_cosine_steps)
 
 
-def first_phase_optimizer(block) -> optax.GradientTransformation:
+def first_phase_optimizer(block, batch_size: int) -> optax.GradientTransformation:
   """SGD with momentum 0.9 and L2 weight decay added to the gradient (the authors'), or the
-  baselines' Adam (`common.make_adam`)."""
-  lr = first_phase_learning_rate(block)
+  baselines' Adam (`common.make_adam`), at `first_phase_learning_rate` for a batch of
+  `batch_size`."""
+  lr = first_phase_learning_rate(block, batch_size)
   if block.first_phase_optimizer == "adam":
     return common.make_adam(lr, block.weight_decay)
   parts = [optax.add_decayed_weights(block.weight_decay)] if block.weight_decay > 0 else []
@@ -149,7 +154,7 @@ def build(ctx: base.Context) -> base.Method:
   cosine_head = block.first_phase_head == "cosine"
   frozen_features = common.frozen_features(ctx.model)
   apply = common.make_apply(ctx.model)
-  tx = first_phase_optimizer(block)
+  tx = first_phase_optimizer(block, ctx.batch_size)
   num_classes, width = ctx.num_classes, ctx.spec.width * (2 if adapt else 1)
 
   def pretrained(state):
@@ -247,21 +252,39 @@ def config():
   return config_keys.block(
       "",
       temperature=Key(0.1, "the cosine logits are cos / temperature (> 0): the argmax does not"
-                      " depend on it, it scales the logged prequential loss (*ours*)"),
+                      " depend on it, it scales the logged prequential loss (*ours*)",
+                      ours("prediction is the argmax, which no temperature moves; it only sets"
+                           " the scale of the logged loss")),
       first_phase=Key("none", "'none' (SimpleCIL: nothing is trained) | 'lora' (APER: a LoRA of"
                       " rank learner.rank on q and v, plus the head) | 'all' (APER's finetune:"
                       " the whole ViT), trained until the boundary switch first calls the"
-                      " method"),
+                      " method",
+                      ours("SimpleCIL trains nothing; APER's first phase is an option")),
       first_phase_head=Key("cosine", "the first phase's head: 'cosine' (sigma cos over the"
                            " classes seen; the authors') | 'linear' (the ViT's linear head over"
-                           " every class)"),
+                           " every class)",
+                           authors("cosine", f"{APER}, models/aper_finetune.py:"
+                                   " SimpleCosineIncrementalNet")),
       first_phase_optimizer=Key("sgd", "'sgd' (momentum 0.9; the authors') | 'adam' (the"
-                                " baselines' Adam)"),
-      learning_rate=Key(0.01, "the first phase's learning rate (> 0)"),
-      weight_decay=Key(5e-4, "the first phase's L2 weight decay, added to the gradient (>= 0)"),
+                                " baselines' Adam)",
+                                authors("sgd", f"{APER}, models/aper_finetune.py: SGD with"
+                                        " momentum 0.9")),
+      learning_rate=Key(0.01, "the first phase's learning rate for a batch of"
+                        " lr_reference_batch, scaled to learner.batch_size (> 0)",
+                        authors(0.01, f"{APER}, exps/aper_finetune/"
+                                "cifar224_5_5_vit-b_finetune.json: init_lr", batch=128)),
+      lr_reference_batch=Key(128, common.LR_REFERENCE_BATCH_MEANING + " (scales learning_rate;"
+                             " the authors' adapter configs set the same 0.01 at batch 48)",
+                             authors(128, f"{APER}, exps/aper_finetune/"
+                                     "cifar224_5_5_vit-b_finetune.json: batch_size")),
+      weight_decay=Key(5e-4, "the first phase's L2 weight decay, added to the gradient (>= 0)",
+                       authors(5e-4, f"{APER}, exps/aper_finetune/"
+                               "cifar224_5_5_vit-b_finetune.json: weight_decay")),
       first_phase_cosine_steps=Key(0, "0 = a constant learning rate (the authors' first"
                                    " epoch); N > 0 = a cosine anneal to 0 over the phase's first"
-                                   " N steps"))
+                                   " N steps",
+                                   ours("one pass runs at the first epoch's rate of the"
+                                        " authors' per-epoch cosine")))
 
 
 METHODS = (base.MethodSpec(name="simplecil", build=build, config=config,

@@ -43,7 +43,7 @@ import jax
 import jax.numpy as jnp
 
 from olora_jax import config_keys
-from olora_jax.config_keys import Key
+from olora_jax.config_keys import Key, authors
 from olora_jax.methods import base, common
 
 
@@ -122,7 +122,8 @@ def config():
   return config_keys.block(
       "",
       shrinkage=Key(1e-4, "epsilon of the shrunk covariance (1 - epsilon) Sigma + epsilon I, in"
-                    " (0, 1] (the paper: 1e-4)"))
+                    " (0, 1] (the paper: 1e-4)",
+                    authors(1e-4, "tyler-hayes/Deep_SLDA, SLDA_Model.py: shrinkage_param")))
 
 
 METHODS = (base.MethodSpec(name="slda", build=build, config=config, report_name="SLDA",
