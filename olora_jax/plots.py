@@ -1,6 +1,7 @@
 """Figures of runs, drawn from their metrics.jsonl and results.json.
 
-Every figure is written twice: a PNG (`DPI`) and a PDF (vector, for papers) of the same name.
+Every figure is written twice: a PNG (`DPI`) and a PDF (vector, fonts embedded as TrueType, for
+papers) of the same name.
 Each title names the run by its method's display name, setting and seed (`run_name`); with
 `titles=False` (`launch/report.py --no_titles`) a figure has no title, for a paper's caption to
 say it. One run, into `DIR/plots/` (`plot_files`):
@@ -54,6 +55,7 @@ OVERLAY_FILE = "anytime_overlay.png"
 FORGETTING_FILE = "forgetting_per_task.png"
 MATRICES_FILE = "accuracy_matrices_{setting}.png"  # one per setting (`setting_slug`)
 DPI = 150  # PNG resolution; the PDF beside each PNG is vector
+PDF_FONTS = {"pdf.fonttype": 42}  # TrueType in the PDFs, which submission systems accept
 
 
 def read_events(path: str) -> dict[str, list[dict]]:
@@ -88,7 +90,9 @@ def import_in_background() -> None:
 
 
 def _save(fig: Figure, path: str) -> str:
-  """Writes `path` (PNG) and the same figure as a vector PDF beside it; returns `path`."""
+  """Writes `path` (PNG) and the same figure as a vector PDF beside it, its fonts embedded as
+  TrueType (`PDF_FONTS`); returns `path`."""
+  import matplotlib
   from matplotlib.backends.backend_agg import FigureCanvasAgg
   from matplotlib.backends.backend_pdf import FigureCanvasPdf
 
@@ -101,7 +105,10 @@ def _save(fig: Figure, path: str) -> str:
     # The PDF keeps the PNG's layout (positions are fractions of the figure): one layout pass.
     fig.set_layout_engine("none")
     FigureCanvasPdf(fig)
-    fig.savefig(os.path.splitext(path)[0] + ".pdf")
+    # TrueType (Type 42) fonts, not matplotlib's default Type 3, which several venues' PDF
+    # checkers refuse.
+    with matplotlib.rc_context(PDF_FONTS):
+      fig.savefig(os.path.splitext(path)[0] + ".pdf")
   _warn_missing_glyphs(caught)
   return path
 
