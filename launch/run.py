@@ -29,7 +29,8 @@ traceback to the terminal, before the line, for every failure, bad input include
        no longer matches its checkpoint
   3    the loss became NaN or Inf (learner.skip_nonfinite=False), or more than
        learner.max_skipped_fraction of the stream was skipped: the last good state is
-       checkpointed and the message names the step
+       checkpointed and the message names the step; or the model a method computes for
+       evaluation (its eval_state) holds NaN/Inf: the line names the key that sets it
   4    the environment failed: disk full, file-size limit, read-only or unwritable DIR, or DIR in
        use by another process (named by pid and host). The newest good checkpoint is intact:
        remove the cause and run the same command to resume

@@ -6,7 +6,8 @@ one table.
   1     InternalError       an unexpected error (a bug): please report it    the newest checkpoint
   2     BadInput            bad input, refused before any compute            nothing was written
   3     NonFiniteLoss       the loss became NaN/Inf (or too many steps were  the last good state,
-                            skipped with learner.skip_nonfinite)             checkpointed
+                            skipped with learner.skip_nonfinite), or the     checkpointed
+                            model evaluated holds NaN/Inf
   4     EnvironmentFailure  disk full, file-size limit, read-only or         the newest good
                             unwritable workdir, workdir busy (another        checkpoint: rerun the
                             process holds it), another process of a          command to resume
@@ -82,7 +83,8 @@ class BadInput(RunError, ValueError):
 
 
 class NonFiniteLoss(RunError):
-  """The loss became NaN or Inf; the last good state has been checkpointed."""
+  """The loss became NaN or Inf (the last good state has been checkpointed), or the model a
+  method computes for evaluation did (`run_control.evaluated_state`)."""
 
   exit_code = EXIT_NONFINITE
   # The loss and the checkpoint's finite flags are replicated values: every process of a

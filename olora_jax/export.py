@@ -127,7 +127,8 @@ class NullExport:
 class Export:
   """Writes WORKDIR/export/ (module docstring). `evaluator` gives the logits
   (`Evaluator.logits`), `seen_classes()` the classes seen so far, `task_ends` {step: task}, and
-  `view(state)` the state the evaluator reads (a method's `eval_state`, or the state)."""
+  `view(state, step)` the state the evaluator reads after stream step `step` (a method's
+  `eval_state`, checked: `run_control.evaluated_state`; or the state)."""
 
   def __init__(self, workdir: str, mode: str, top_k: int, method, evaluator,
                record_ids: np.ndarray, labels: np.ndarray, task_ends: dict[int, int],
@@ -152,7 +153,7 @@ class Export:
   def _export(self, name: str, step: int, samples_seen: int, task: int, state: Any) -> None:
     seen = np.asarray(self.seen_classes(), np.int64)
     # Every process computes (the predictions are sharded over them); process 0 writes.
-    evaluated = self.view(state)  # the model the predictions are of: its parameters too
+    evaluated = self.view(state, step)  # the model the predictions are of: its parameters too
     logits = self.evaluator.logits(evaluated, np.arange(len(self.labels)))
     params = _flatten(sharding.to_host(trainable_params(self.method, evaluated)), "params/")
     if not self.primary:
@@ -172,14 +173,16 @@ class Export:
 
 
 def make_export(config, workdir: str, method, evaluator, test_source, stream,
-                seen_classes: Callable[[], list]) -> Export | NullExport:
-  """The run's export (eval.export), or a `NullExport` when off."""
+                seen_classes: Callable[[], list],
+                eval_state: Callable[[Any, int], Any] | None = None) -> Export | NullExport:
+  """The run's export (eval.export), or a `NullExport` when off. `eval_state(state, step)`: the
+  state the evaluator reads (the protocol's); None: the state itself."""
   if config.eval.export == "none":
     return NullExport()
   record_ids = manifest_lib.record_ids(test_source)
   ends = stream.task_end_steps().tolist()
   task_ends = {int(step): int(stream.step_task[step]) for step in ends}
-  view = method.eval_state if method.eval_state is not None else (lambda s: s)
+  view = eval_state if eval_state is not None else (lambda state, step: state)
   return Export(workdir, config.eval.export, config.eval.export_top_k, method, evaluator,
                 record_ids, test_source.labels, task_ends, seen_classes, view)
 

@@ -400,7 +400,8 @@ def _train_and_evaluate(setup: Setup, init: tuple, workdir: str,
                                   c, methods_lib.resolve(c.method).block))
   # eval.export: each task end's predictions and trained parameters (a no-op when off).
   export = export_lib.make_export(c, workdir, method, protocol.evaluator, setup.test_source,
-                                  stream, lambda: protocol.log.seen_classes)
+                                  stream, lambda: protocol.log.seen_classes,
+                                  protocol.eval_state)
   run_control.stop_if_signalled("while the state was built and restored")
   bar = _progress_bar(len(stream.steps), p.cursor, progress)
   # The files are closed however the loop ends (finished, preempted, non-finite loss).
@@ -484,7 +485,7 @@ def _start(setup: Setup, init: tuple, workdir: str,
   protocol = EvaluationProtocol(p.evaluation, stream, setup.test_source, evaluator,
                                 setup.num_classes, c.eval.eval_every, method.anytime_eval,
                                 c.eval.mask_unseen_logits, log.write, ledger.timed_eval,
-                                method.eval_state)
+                                run_control.evaluated_state(method, checkpointer))
   return state, p, saver, protocol, switch
 
 

@@ -427,6 +427,24 @@ def test_skipping_non_finite_steps_stops_past_the_bound(tmp_path):
   assert [e["step"] for e in events if e["event"] == "nonfinite_skipped"] == [1, 2, 3, 4]
 
 
+def test_a_non_finite_evaluated_model_stops_the_run_naming_the_key_that_made_it(tmp_path):
+  """SLCA's aligned head is computed for evaluation only (its eval_state), after the trained
+  state's finite loss: a runaway alignment rate made it NaN and the run scored the NaN logits
+  (A_final 10%, exit 0, NaN in the export). The evaluated model has its own check."""
+  config = tiny.get_config("slca")
+  config.slca.alignment_learning_rate = 1e30
+  config.eval.export, config.eval.write_plots = "logits", False
+  workdir = tmp_path / "run"
+  with pytest.raises(errors.NonFiniteLoss, match=re.escape(
+      "the model evaluated after stream step 8 holds NaN/Inf (2 array(s), e.g."
+      " ['params']['head']['bias']) though the trained state's loss was finite: method='slca'"
+      " computes it for evaluation (its eval_state); lower slca.alignment_learning_rate with a"
+      " new --workdir (this one keeps this run's config), or check the data; no checkpoint was"
+      " written yet")):
+    trainer.train_and_evaluate(config, str(workdir), progress=False)
+  assert not (workdir / "export").exists() and not (workdir / "results.json").exists()
+
+
 def test_an_error_in_a_host_callback_names_the_users_exception_and_file(tmp_path):
   """A method's host callback that raises reaches the loop as JAX's runtime error, whose first
   line is a frame of JAX's: the line names the method's exception and file instead."""

@@ -28,7 +28,10 @@ replicates it over the mesh, and hands it to these functions:
                                                        recorder (olora_jax/trace.py)
     eval_state(state) -> state                         optional: the state the evaluator
                                                        reads (GDumb trains its model from the
-                                                       buffer here); never written back
+                                                       buffer here); never written back; it
+                                                       must hold no NaN/Inf (the loop checks:
+                                                       exit 3 naming `eval_state_keys`, the
+                                                       config keys that set what it computes)
     init_host() -> dict                                the host hook's initial record
     finish(state, workdir)                             optional, after the last step (Online-
                                                        LoRA: export_online_lora)
@@ -80,6 +83,7 @@ class Method:
   predict: Callable[[Any, Any], Any]
   after_step: Callable | None = None
   eval_state: Callable[[Any], Any] | None = None
+  eval_state_keys: tuple[str, ...] = ()
   init_host: Callable[[], dict] = dict
   finish: Callable[[Any, str], None] | None = None
   at_boundary: Callable[[Any, dict], tuple[Any, dict]] | None = None
