@@ -99,6 +99,9 @@ class Setup:
       sample_images, _ = source.get(np.arange(min(len(source), 8)))
       validation.check_source(source.labels, sample_images, self.num_classes,
                               f"data.dataset={c.data.dataset!r} ({source.split} split)")
+    validation.check_class_count(self.num_classes, [self.train_source.labels,
+                                                    self.test_source.labels],
+                                 f"data.dataset={c.data.dataset!r}")
     self.model = build_model(c, self.spec, self.num_classes)  # a ViT or a Swin
     # From the seed, or replayed from data.stream_manifest (data/manifest.py).
     # A manifest recorded on another source re-indexes the sources to the images it names.

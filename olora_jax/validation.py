@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import ml_collections
 import numpy as np
@@ -413,6 +413,20 @@ def check_source(labels: np.ndarray, images: np.ndarray, num_classes: int, what:
     _require(0 <= lo and hi < num_classes,
              f"{what}: labels span [{lo}, {hi}] but must lie in [0, {num_classes}); relabel"
              " the classes as 0..C-1")
+
+
+def check_class_count(num_classes: int, labels: Sequence[np.ndarray], what: str) -> None:
+  """Refuses more classes than examples (`labels`: each split's): a dataset whose classes are
+  1 + its largest label (a user dataset's) with a stray label far out (10^12) would size every
+  per-class array of the stream, the head and the metrics by it."""
+  n = sum(len(x) for x in labels)
+  if num_classes <= n:
+    return
+  present = np.unique(np.concatenate([np.asarray(x).reshape(-1) for x in labels]))
+  raise InputError(
+      f"{what}: {num_classes} classes (0..{num_classes - 1}), more than its {n} examples"
+      f" ({len(present)} distinct labels, the largest {int(present.max())}); relabel the classes"
+      " as 0..C-1, e.g. classes, labels = np.unique(labels, return_inverse=True)")
 
 
 # The `loggers` key (olora_jax/loggers.py writes what it names).

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -139,6 +140,17 @@ def test_labels_out_of_range(tmp_path, monkeypatch):
   monkeypatch.undo()
   _patched_source(monkeypatch, labels_fn=lambda y: np.where(y == 3, -1, y))
   _refused(tiny.get_config(), tmp_path / "run", validation.InputError, r"labels span \[-1, 9\]")
+
+
+def test_a_stray_huge_label_is_refused_naming_it(tmp_path, monkeypatch):
+  """A user dataset's classes are 1 + its largest label: one label of 10^12 made the stream
+  builder ask for a 7 TiB array (exit 4, "out of memory ... lower learner.batch_size")."""
+  _patched_source(monkeypatch, labels_fn=lambda y: np.where(np.arange(len(y)) == 5, 10**12, y),
+                  num_classes=10**12 + 1)
+  _refused(tiny.get_config(), tmp_path / "run", validation.InputError, re.escape(
+      "data.dataset='sklearn_digits': 1000000000001 classes (0..1000000000000), more than its"
+      " 1797 examples (11 distinct labels, the largest 1000000000000); relabel the classes as"
+      " 0..C-1, e.g. classes, labels = np.unique(labels, return_inverse=True)"))
 
 
 class _StoredAtManySizes(sources_lib.Source):
