@@ -103,7 +103,9 @@ signal.set_wakeup_fd(_WAKE_WRITE, warn_on_full_buffer=False)
 threading.Thread(target=_watch_signals, args=(_WAKE_READ,), name="signals", daemon=True).start()
 
 import contextlib  # noqa: E402
+import linecache  # noqa: E402
 import logging as py_logging  # noqa: E402
+import re  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 import traceback  # noqa: E402
@@ -210,8 +212,39 @@ def _parse_flags(argv: list[str]) -> list[str]:
     known = validation.flat_keys(common.get_config())
     unknown = [k for k in overrides if k not in known]
     if unknown:
-      _fail(validation.unknown_keys_message(unknown), errors.EXIT_BAD_INPUT)
-    _fail(f"{_reason(str(e))}; fix the flag or the config file", errors.EXIT_BAD_INPUT)
+      _fail(validation.unknown_keys_message(unknown, known), errors.EXIT_BAD_INPUT)
+    _fail(_config_file_unknown_key(e, known)
+          or f"{_reason(str(e))}; fix the flag or the config file", errors.EXIT_BAD_INPUT)
+
+
+# ml_collections' refusal of a key that a config file sets on the locked config.
+_LOCKED_KEY = re.compile(r'Key "([^"]+)" does not exist and cannot be added since the config is'
+                         r" locked")
+# The key a config file's line sets: `config.learner.learning_rat = ...` or
+# `config["learner"]["learning_rat"] = ...`.
+_ASSIGNED = re.compile(r"^\s*([A-Za-z_]\w*(?:\.\w+|\[\s*['\"]\w+['\"]\s*\])+)\s*=[^=]")
+
+
+def _config_file_unknown_key(e: BaseException, known: set[str]) -> str | None:
+  """The line for a key that a config file sets but the config does not have (ml_collections
+  refuses it with its whole block printed), naming the key, the file's line and the nearest
+  known keys; None for any other error."""
+  for x in errors.causes(e):
+    found = _LOCKED_KEY.search(str(x))
+    if found is None:
+      continue
+    key, (_, where) = found.group(1), errors.code_origin(x)
+    if where is not None:
+      path, _, line = where.rpartition(":")
+      assigned = _ASSIGNED.match(linecache.getline(path, int(line)))
+      if assigned:  # the dotted path below the config's own name
+        names = re.sub(r"\[\s*['\"](\w+)['\"]\s*\]", r".\1", assigned.group(1)).split(".")[1:]
+        dotted = ".".join(names)
+        if names and names[-1] == key and any(k.startswith(dotted.rpartition(".")[0] + ".")
+                                              for k in known):
+          key = dotted
+    return validation.unknown_keys_message([key], known, f"set at {where}" if where else "")
+  return None
 
 
 def _load_config():
@@ -226,7 +259,8 @@ def _load_config():
     if not os.path.isfile(file_name):
       raise errors.BadInput(f"config file {file_name!r} does not exist; check the --config path"
                             " (settings are in configs/)") from e
-    raise errors.BadInput(f"cannot load --config={path}: {_reason(str(e))}") from e
+    unknown = _config_file_unknown_key(e, validation.flat_keys(common.get_config()))
+    raise errors.BadInput(unknown or f"cannot load --config={path}: {_reason(str(e))}") from e
 
 
 def _warn_unread_overrides(method: str) -> None:

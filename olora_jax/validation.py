@@ -23,9 +23,10 @@ missing or malformed pretrained checkpoints by `olora_jax.pretrained`, both befo
 
 from __future__ import annotations
 
+import difflib
 import importlib.util
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 import ml_collections
 import numpy as np
@@ -67,21 +68,42 @@ RENAMED_KEYS = {
 }
 
 
-def unknown_keys_message(unknown: list[str]) -> str:
-  """The one line that refuses unknown keys, naming the replacement of a renamed one."""
+def unknown_keys_message(unknown: list[str], known: Collection[str] = (), where: str = "") -> str:
+  """The one line that refuses unknown keys, naming the replacement of a renamed one, else the
+  nearest `known` keys (a misspelling's); `where` ('set at FILE:LINE') says where they were
+  given."""
+  given = ", ".join(unknown) + (f" {where}" if where else "")
   renamed = [f"{k} is now {RENAMED_KEYS[k]}" for k in unknown if k in RENAMED_KEYS]
   if renamed:
-    return f"unknown config key(s) {', '.join(unknown)}: {'; '.join(renamed)}"
-  return (f"unknown config key(s) {', '.join(unknown)}: no code reads them; fix the spelling or"
+    return f"unknown config key(s) {given}: {'; '.join(renamed)}"
+  nearest = list(dict.fromkeys(m for k in unknown for m in nearest_keys(k, known)))
+  meant = f" (did you mean {' or '.join(nearest)}?)" if nearest else ""
+  return (f"unknown config key(s) {given}: no code reads them; fix the spelling{meant} or"
           " remove them (the keys are listed in configs/common.py)")
+
+
+def nearest_keys(key: str, known: Collection[str]) -> list[str]:
+  """The `known` dotted key nearest to `key` (a misspelt key's likely intent): in its own block
+  when that block exists, else by the whole path; for a bare name (its block not known), the
+  nearest last name of a known key; [] when none is close."""
+  block = key.rpartition(".")[0]
+  if not block:
+    return difflib.get_close_matches(key, sorted({k.rpartition(".")[2] for k in known}), n=1,
+                                     cutoff=0.8)
+  for pool in ([k for k in known if k.rpartition(".")[0] == block], known):
+    nearest = difflib.get_close_matches(key, sorted(pool), n=1, cutoff=0.8)
+    if nearest:
+      return nearest
+  return []
 
 
 def check_known_keys(config: ml_collections.ConfigDict,
                      reference: ml_collections.ConfigDict) -> None:
   """Refuses keys that `reference` (configs/common.py) does not define: nothing reads them."""
-  unknown = sorted(flat_keys(config) - flat_keys(reference))
+  known = flat_keys(reference)
+  unknown = sorted(flat_keys(config) - known)
   if unknown:
-    raise InputError(unknown_keys_message(unknown))
+    raise InputError(unknown_keys_message(unknown, known))
 
 
 def _require(ok: bool, message: str) -> None:

@@ -93,7 +93,8 @@ def test_unknown_config_keys_are_refused():
   config = tiny.get_config()
   config.unlock()
   config.learner.lerning_rate = 1.0
-  with pytest.raises(validation.InputError, match=r"unknown config key\(s\) learner.lerning_rate"):
+  with pytest.raises(validation.InputError, match=r"unknown config key\(s\) learner.lerning_rate:"
+                     r" .* \(did you mean learner.learning_rate\?\)"):
     validation.check_known_keys(config, common.get_config())
   validation.check_known_keys(tiny.get_config(), common.get_config())  # the real one passes
   config.mvp.query_before_norm = True  # renamed: the line names the key to give instead
@@ -187,7 +188,8 @@ def _cli(workdir: Path, *overrides: str) -> subprocess.CompletedProcess:
 
 @pytest.mark.parametrize("override,message", [
     ("--config.learner.lerning_rate=1",
-     "error: unknown config key(s) learner.lerning_rate: no code reads them; fix the spelling"),
+     "error: unknown config key(s) learner.lerning_rate: no code reads them; fix the spelling"
+     " (did you mean learner.learning_rate?) or remove them"),
     # A renamed key names its replacement (issue 42 replaced CODA's block count).
     ("--config.coda_prompt.n_blocks=10", "error: unknown config key(s) coda_prompt.n_blocks:"
      " coda_prompt.n_blocks is now coda_prompt.n_tasks"),
@@ -210,4 +212,27 @@ def test_command_line_exit_code_2_and_one_line(tmp_path, override, message):
   assert done.returncode == 2
   errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
   assert len(errors) == 1 and errors[0].startswith(message), done.stderr[-1000:]
+  assert not workdir.exists()
+
+
+@pytest.mark.parametrize("assignment,key", [
+    ("config.learner.learning_rat = 3e-4", "learner.learning_rat"),
+    ('config["learner"]["learning_rat"] = 3e-4', "learner.learning_rat"),
+], ids=["attribute", "item"])
+def test_an_unknown_key_set_in_a_config_file_is_one_clean_line(tmp_path, assignment, key):
+  """ml_collections refuses it with its whole block printed (escaped quotes, FieldReference
+  addresses, a literal \\n, the suggestion last): the line names the key, where the file sets
+  it and the key meant."""
+  config_file = tmp_path / "my_config.py"
+  config_file.write_text("from configs import tiny\n\n\ndef get_config():\n"
+                         f"  config = tiny.get_config()\n  {assignment}\n  return config\n")
+  workdir = tmp_path / "run"
+  done = subprocess.run([sys.executable, str(ROOT / "launch" / "run.py"), "--config",
+                         str(config_file), "--workdir", str(workdir)],
+                        cwd=ROOT, capture_output=True, text=True, timeout=300)
+  assert done.returncode == 2
+  assert done.stderr.splitlines()[-1] == (
+      f"error: unknown config key(s) {key} set at {config_file}:6: no code reads them; fix the"
+      " spelling (did you mean learner.learning_rate?) or remove them (the keys are listed in"
+      " configs/common.py)"), done.stderr[-1000:]
   assert not workdir.exists()
