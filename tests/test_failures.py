@@ -447,9 +447,10 @@ def test_a_non_finite_evaluated_model_stops_the_run_naming_the_key_that_made_it(
 
 def test_an_error_in_a_host_callback_names_the_users_exception_and_file(tmp_path):
   """A method's host callback that raises reaches the loop as JAX's runtime error, whose first
-  line is a frame of JAX's: the line names the method's exception and file instead."""
+  line is a frame of JAX's: the line names the method's exception and file instead, by its type
+  and first line when its message spans several (it read "x = 3", its last line)."""
   def check(x):
-    raise ValueError("my check failed")
+    raise ValueError("my check failed\nx = 3")
 
   line = check.__code__.co_firstlineno + 1
 
