@@ -420,12 +420,14 @@ def _check_prefix_layers(config: ml_collections.ConfigDict, b, p: str) -> None:
 
 def check_source(labels: np.ndarray, images: np.ndarray, num_classes: int, what: str) -> None:
   """Checks one split: all its labels are integers in [0, num_classes); `images` (a sample of the
-  split, as `Source.get` returns it) are uint8 NHWC with 1 or 3 channels."""
+  split, as `Source.get` returns it) are uint8 NHWC with 1 or 3 channels. A wrong shape is named
+  as the split's (N = its number of labels), not the sample's."""
   images, labels = np.asarray(images), np.asarray(labels)
   _require(images.dtype == np.uint8,
            f"{what}: images must be uint8, got {images.dtype}; store 8-bit pixels (0..255)")
+  shape = (len(labels), *images.shape[1:]) if images.ndim else images.shape
   _require(images.ndim == 4 and images.shape[-1] in (1, 3),
-           f"{what}: images must be (N, H, W, 1|3), got shape {images.shape}; convert them to"
+           f"{what}: images must be (N, H, W, 1|3), got shape {shape}; convert them to"
            " grey or RGB NHWC")
   _require(labels.ndim == 1, f"{what}: labels must be 1-d, got shape {labels.shape}")
   _require(np.issubdtype(labels.dtype, np.integer),

@@ -126,8 +126,9 @@ def _patched_source(monkeypatch, images_fn=None, labels_fn=None, num_classes=Non
 
 @pytest.mark.parametrize("images_fn,match", [
     (lambda x: x.astype(np.float32) / 255, r"images must be uint8, got float32"),
-    (lambda x: x[..., 0], r"images must be \(N, H, W, 1\|3\), got shape \(8, 8, 8\)"),
-    (lambda x: np.repeat(x, 2, axis=-1), r"got shape \(8, 8, 8, 2\)"),
+    # The split's shape (its 1438 training images), not that of the 8 images checked.
+    (lambda x: x[..., 0], r"images must be \(N, H, W, 1\|3\), got shape \(1438, 8, 8\)"),
+    (lambda x: np.repeat(x, 2, axis=-1), r"got shape \(1438, 8, 8, 2\)"),
 ], ids=["float_images", "no_channel_axis", "two_channels"])
 def test_images_of_the_wrong_dtype_or_shape(tmp_path, monkeypatch, images_fn, match):
   _patched_source(monkeypatch, images_fn=images_fn)
