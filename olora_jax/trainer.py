@@ -85,6 +85,10 @@ class Setup:
 
   def __init__(self, config: ml_collections.ConfigDict):
     c = self.config = fidelity_lib.resolve(config)
+    # A ViT's weights for a Swin (or the reverse) is said first, not as the model's sizes.
+    if c.pretrained.path and os.path.isfile(c.pretrained.path) and models.family(c.model.name):
+      pretrained_lib.check_backbone_kind(c.pretrained.path, c.pretrained.format,
+                                         models.family(c.model.name) == "Swin")
     self.spec: ViTSpec | SwinSpec = spec_from_config(c.model)  # the backbone's static sizes
     validation.check_config(c, self.spec.width)
     for key, path in (("pretrained.path", c.pretrained.path),

@@ -11,7 +11,7 @@ import ml_collections
 import numpy as np
 import pytest
 
-from configs import common, tiny
+from configs import common, demo, tiny
 from olora_jax import fidelity, trainer, validation
 from olora_jax.data import sources as sources_lib
 from olora_jax.pretrained import CheckpointError
@@ -100,6 +100,19 @@ def test_unknown_config_keys_are_refused():
   config.mvp.query_before_norm = True  # renamed: the line names the key to give instead
   with pytest.raises(validation.InputError, match=r"mvp.query_before_norm is now mvp.query"):
     validation.check_known_keys(config, common.get_config())
+
+
+@pytest.mark.parametrize("name", ["swin_t", "swin_custom"])
+def test_a_vit_file_for_a_swin_is_said_first(tmp_path, name):
+  """The demo's ViT weights with model.name='swin_t' were first refused for the Swin's image
+  size (32 is no multiple of its window); following that advice only then led to the line that
+  the file holds a ViT. That line comes first."""
+  config = demo.get_config()
+  config.model.name = name
+  _refused(config, tmp_path / "run", CheckpointError, re.escape(
+      f"checkpoint {config.pretrained.path} holds a ViT, but the model (model.name) is a Swin:"
+      " give a Swin's weights in pretrained.path, or a model.name of the ViT this file holds;"
+      " for the demo on a Swin run configs/demo_swin.py"))
 
 
 def test_missing_or_malformed_pretrained_checkpoint(tmp_path):
