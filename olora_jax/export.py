@@ -28,14 +28,17 @@ Each file holds (N test examples, C classes, in the test source's order):
                    logits are of, one array per leaf, named by its path in the method's tree
                    ('/'-joined, as in trace.npz)
 
-Each file is written whole or not at all (a temporary file, then a rename), before the
-checkpoint of its step: a resumed run finds the files of the points before the checkpoint it
-resumes from and writes the later ones again, with the same values (bit for bit on a CPU). The
-export reads the state and never changes it: a run's results are the same with it on or off.
+Each file is written whole or not at all (a temporary file, then a rename; one left by a killed
+run is removed when the run starts again), before the checkpoint of its step: a resumed run finds
+the files of the points before the checkpoint it resumes from and writes the later ones again,
+with the same values (bit for bit on a CPU). The export reads the state and never changes it: a
+run's results are the same with it on or off.
 """
 
 from __future__ import annotations
 
+import contextlib
+import glob
 import os
 import zipfile
 from collections.abc import Callable
@@ -114,6 +117,14 @@ def _write(path: str, arrays: dict[str, np.ndarray]) -> None:
 _ZIP_DATE = (1980, 1, 1, 0, 0, 0)  # zip's earliest date
 
 
+def remove_partial_files(directory: str) -> None:
+  """Removes the temporary files of writes cut short (`_write`'s `<file>.<pid>.tmp`, left by a
+  SIGKILL or a second signal): the run that starts writes the files it reaches again."""
+  for path in glob.glob(os.path.join(glob.escape(directory), "*.npz.*.tmp")):
+    with contextlib.suppress(FileNotFoundError):
+      os.remove(path)
+
+
 class NullExport:
   """eval.export='none': nothing is computed or written."""
 
@@ -139,6 +150,8 @@ class Export:
     self.labels = np.asarray(labels, np.int64)
     self.task_ends, self.seen_classes, self.view = task_ends, seen_classes, view
     self.primary = sharding.is_primary()
+    if self.primary:  # under the workdir's lock: no other run writes here
+      remove_partial_files(self.directory)
 
   def at_step(self, step: int, samples_seen: int, state: Any) -> None:
     """After the evaluations of stream step `step`: the task-end file when a task ended."""

@@ -182,6 +182,16 @@ class Saver:
           f" {self.checkpointer.directory}/{p.cursor}: run the same command to resume"),
           every_process=True)
 
+  def stop_if_signalled_at_end(self, stop: StopSignal, p) -> None:
+    """After the stream's end and its exports (a signal to any process): `errors.Preempted`
+    before results.json is written, the final checkpoint kept; a rerun finishes from it."""
+    signum = sharding.process_max(stop.signum or 0)
+    if signum:
+      raise errors.Preempted(signum, (
+          f"stopped by signal {signum} after the stream's end, before results.json was written;"
+          f" the final checkpoint is {self.checkpointer.directory}/{p.cursor}: run the same"
+          " command to finish from it"), every_process=True)
+
   def close(self) -> None:
     self.checkpointer.close()
     self.log.close()

@@ -411,7 +411,8 @@ def _train_and_evaluate(setup: Setup, init: tuple, workdir: str,
                                   protocol.eval_state)
   run_control.stop_if_signalled("while the state was built and restored")
   bar = _progress_bar(len(stream.steps), p.cursor, progress)
-  # The files are closed however the loop ends (finished, preempted, non-finite loss).
+  # The files are closed however the loop ends (finished, preempted, non-finite loss). A signal
+  # is heard until the end's exports are written: it then stops the run before results.json.
   with StopSignal() as stop, contextlib.closing(saver), bar:
     for step, batch in _batches(setup, p.cursor, ledger):  # the stream, seen once; no task ids
       with compute_lib.Stopwatch() as step_time:  # 1. the method's train step    [jitted]
@@ -438,9 +439,10 @@ def _train_and_evaluate(setup: Setup, init: tuple, workdir: str,
       saver.after_step(state, p, step, stop)  # 6. checkpoint cadence; a signal: save and stop
       _advance(bar, step, scalars, p)
     saver.save(state, p)  # the final state (a no-op if the last periodic save already wrote it)
-  export.at_end(len(stream.steps) - 1, p.samples_seen, state)  # eval.export: final.npz
-  if method.finish is not None and sharding.is_primary():  # e.g. Online-LoRA's export
-    method.finish(state, workdir)
+    export.at_end(len(stream.steps) - 1, p.samples_seen, state)  # eval.export: final.npz
+    if method.finish is not None and sharding.is_primary():  # e.g. Online-LoRA's export
+      method.finish(state, workdir)
+    saver.stop_if_signalled_at_end(stop, p)
   return _write_results(setup, workdir, protocol, switch, p, saver)
 
 
