@@ -18,8 +18,9 @@ with identical results. `--compilation_cache=off` compiles everything afresh.
 Exit codes (olora_jax/errors.py); every non-zero exit ends stderr with one `error: ...` line that
 names the cause and the fix. Exits 1, 3 and 4 (but a busy DIR) also write the full traceback to
 DIR/error.log (or, when DIR cannot be written, to the system's temp directory; the line says
-where); bad input (2), a busy DIR and signals leave no error.log. `--traceback` prints the
-traceback to the terminal, before the line, for every failure, bad input included:
+where); bad input (2), a busy DIR and signals leave no error.log, and DIR/error.log is removed
+once the run finishes. `--traceback` prints the traceback to the terminal, before the line, for
+every failure, bad input included:
   0    finished (or DIR already held the finished run: nothing ran, the table is reprinted)
   1    an unexpected error (a bug; please report it with error.log): the newest checkpoint is kept
   2    bad input, refused before any compute, nothing written: a missing or broken config file,
@@ -391,6 +392,9 @@ def main(argv):
         message += f" ({where})"
     _fail(" ".join(message.split()), code, every_process)
   if jax.process_index() == 0:  # one table for a run over many processes
+    # The traceback of an earlier failure of this run, which has now finished: not left behind.
+    with contextlib.suppress(OSError):
+      os.remove(os.path.join(workdir, "error.log"))
     _print_results(results, config, workdir)
   distributed.finish()  # with the other processes, if any, before the runtime is left behind
   _exit_now(0)

@@ -181,12 +181,25 @@ def config_differences(saved: dict, current: dict, recorded: bool = False) -> li
 
 
 def check_same_config(saved: dict, config: ml_collections.ConfigDict, workdir: str) -> None:
-  diffs = config_differences(saved, config_to_dict(config))
+  """Refuses a workdir whose run was made with another config, naming the differences. Keys
+  that the saved config lacks were added to olora-jax after the run was made: no config given to
+  this version leaves them out, so the way to resume is the version that made the run."""
+  current = config_to_dict(config)
+  diffs = config_differences(saved, current)
   if diffs:
     shown = "; ".join(diffs[:4]) + (f"; and {len(diffs) - 4} more" if len(diffs) > 4 else "")
+    flat_saved = validation.flatten(saved)
+    added = sorted(k for k in set(validation.flatten(current)) - set(flat_saved)
+                   if k not in OPERATIONAL_KEYS)
+    if not added:
+      advice = "pass a new --workdir, or the run's original config to resume it"
+    else:
+      advice = (f"{', '.join(added)} {'is' if len(added) == 1 else 'are'} newer than the run"
+                " (added to olora-jax since it was made): pass a new --workdir to run it with"
+                " this version, or resume it with the version of olora-jax that made it"
+                + (" and the run's original config" if len(added) < len(diffs) else ""))
     raise WorkdirError(
-        f"workdir {workdir!r} holds a run made with a different config ({shown}); pass a new"
-        " --workdir, or the run's original config to resume it")
+        f"workdir {workdir!r} holds a run made with a different config ({shown}); {advice}")
 
 
 # --------------------------------------------------------------------------------------------

@@ -329,7 +329,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   init = (np.uint32(config.seed), load_params(setup, config))  # a bad file fails here
   # A state larger than the devices is refused before the workdir (and its lock) exists.
   check_state_fits(setup.method, jax.eval_shape(seeded_init(setup, config), *init), setup.mesh)
-  _check_workdir(workdir, config)  # a different config is refused before anything is written
+  # A different config is refused before anything is written.
+  finished = _check_workdir(workdir, config)
+  if finished is not None and not os.access(workdir, os.W_OK):
+    return _finished_read_only(workdir, config, finished)
   primary = sharding.is_primary()  # the process that writes the files (process 0)
   # One run per workdir, from here to the end; in a multi-process run process 0 holds the lock.
   with workdir_lib.WorkdirLock(workdir) if primary else contextlib.nullcontext():
@@ -346,6 +349,16 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
       return {**finished, "already_finished": workdir_lib.finished_at(workdir)}
     return _guarded(lambda: _train_and_evaluate(setup, init, workdir, progress, compile_start),
                     workdir)
+
+
+def _finished_read_only(workdir: str, config: ml_collections.ConfigDict, results: dict) -> dict:
+  """A finished run in a workdir that cannot be written (a read-only mount of results): its
+  stored results, with no lock to take and nothing to repair; what would be redrawn is named."""
+  missing = workdir_lib.missing_plots(workdir, plots_lib.plot_files(config))
+  if config.eval.write_plots and missing and sharding.is_primary():
+    logging.warning("the finished run in %s lacks the plot(s) %s, which cannot be redrawn there"
+                    " (it cannot be written)", workdir, ", ".join(missing))
+  return {**results, "already_finished": workdir_lib.finished_at(workdir)}
 
 
 def _restore_finished_log(workdir: str) -> None:
