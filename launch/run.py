@@ -18,8 +18,9 @@ with identical results. `--compilation_cache=off` compiles everything afresh.
 Exit codes (olora_jax/errors.py); every non-zero exit ends stderr with one `error: ...` line that
 names the cause and the fix. Exits 1, 3 and 4 (but a busy DIR) also write the full traceback to
 DIR/error.log (or, when DIR cannot be written, to the system's temp directory; the line says
-where); bad input (2), a busy DIR and signals leave no error.log. `--traceback` prints the
-traceback to the terminal, before the line, for every failure, bad input included:
+where); bad input (2), a busy DIR and signals leave no error.log, and DIR/error.log is removed
+once the run finishes. `--traceback` prints the traceback to the terminal, before the line, for
+every failure, bad input included:
   0    finished (or DIR already held the finished run: nothing ran, the table is reprinted)
   1    an unexpected error (a bug; please report it with error.log): the newest checkpoint is kept
   2    bad input, refused before any compute, nothing written: a missing or broken config file,
@@ -29,7 +30,8 @@ traceback to the terminal, before the line, for every failure, bad input include
        no longer matches its checkpoint
   3    the loss became NaN or Inf (learner.skip_nonfinite=False), or more than
        learner.max_skipped_fraction of the stream was skipped: the last good state is
-       checkpointed and the message names the step
+       checkpointed and the message names the step; or the model a method computes for
+       evaluation (its eval_state) holds NaN/Inf: the line names the key that sets it
   4    the environment failed: disk full, file-size limit, read-only or unwritable DIR, or DIR in
        use by another process (named by pid and host). The newest good checkpoint is intact:
        remove the cause and run the same command to resume
@@ -102,7 +104,9 @@ signal.set_wakeup_fd(_WAKE_WRITE, warn_on_full_buffer=False)
 threading.Thread(target=_watch_signals, args=(_WAKE_READ,), name="signals", daemon=True).start()
 
 import contextlib  # noqa: E402
+import linecache  # noqa: E402
 import logging as py_logging  # noqa: E402
+import re  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 import traceback  # noqa: E402
@@ -209,8 +213,39 @@ def _parse_flags(argv: list[str]) -> list[str]:
     known = validation.flat_keys(common.get_config())
     unknown = [k for k in overrides if k not in known]
     if unknown:
-      _fail(validation.unknown_keys_message(unknown), errors.EXIT_BAD_INPUT)
-    _fail(f"{_reason(str(e))}; fix the flag or the config file", errors.EXIT_BAD_INPUT)
+      _fail(validation.unknown_keys_message(unknown, known), errors.EXIT_BAD_INPUT)
+    _fail(_config_file_unknown_key(e, known)
+          or f"{_reason(str(e))}; fix the flag or the config file", errors.EXIT_BAD_INPUT)
+
+
+# ml_collections' refusal of a key that a config file sets on the locked config.
+_LOCKED_KEY = re.compile(r'Key "([^"]+)" does not exist and cannot be added since the config is'
+                         r" locked")
+# The key a config file's line sets: `config.learner.learning_rat = ...` or
+# `config["learner"]["learning_rat"] = ...`.
+_ASSIGNED = re.compile(r"^\s*([A-Za-z_]\w*(?:\.\w+|\[\s*['\"]\w+['\"]\s*\])+)\s*=[^=]")
+
+
+def _config_file_unknown_key(e: BaseException, known: set[str]) -> str | None:
+  """The line for a key that a config file sets but the config does not have (ml_collections
+  refuses it with its whole block printed), naming the key, the file's line and the nearest
+  known keys; None for any other error."""
+  for x in errors.causes(e):
+    found = _LOCKED_KEY.search(str(x))
+    if found is None:
+      continue
+    key, (_, where) = found.group(1), errors.code_origin(x)
+    if where is not None:
+      path, _, line = where.rpartition(":")
+      assigned = _ASSIGNED.match(linecache.getline(path, int(line)))
+      if assigned:  # the dotted path below the config's own name
+        names = re.sub(r"\[\s*['\"](\w+)['\"]\s*\]", r".\1", assigned.group(1)).split(".")[1:]
+        dotted = ".".join(names)
+        if names and names[-1] == key and any(k.startswith(dotted.rpartition(".")[0] + ".")
+                                              for k in known):
+          key = dotted
+    return validation.unknown_keys_message([key], known, f"set at {where}" if where else "")
+  return None
 
 
 def _load_config():
@@ -225,7 +260,8 @@ def _load_config():
     if not os.path.isfile(file_name):
       raise errors.BadInput(f"config file {file_name!r} does not exist; check the --config path"
                             " (settings are in configs/)") from e
-    raise errors.BadInput(f"cannot load --config={path}: {_reason(str(e))}") from e
+    unknown = _config_file_unknown_key(e, validation.flat_keys(common.get_config()))
+    raise errors.BadInput(unknown or f"cannot load --config={path}: {_reason(str(e))}") from e
 
 
 def _warn_unread_overrides(method: str) -> None:
@@ -356,6 +392,9 @@ def main(argv):
         message += f" ({where})"
     _fail(" ".join(message.split()), code, every_process)
   if jax.process_index() == 0:  # one table for a run over many processes
+    # The traceback of an earlier failure of this run, which has now finished: not left behind.
+    with contextlib.suppress(OSError):
+      os.remove(os.path.join(workdir, "error.log"))
     _print_results(results, config, workdir)
   distributed.finish()  # with the other processes, if any, before the runtime is left behind
   _exit_now(0)

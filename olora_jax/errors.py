@@ -6,7 +6,8 @@ one table.
   1     InternalError       an unexpected error (a bug): please report it    the newest checkpoint
   2     BadInput            bad input, refused before any compute            nothing was written
   3     NonFiniteLoss       the loss became NaN/Inf (or too many steps were  the last good state,
-                            skipped with learner.skip_nonfinite)             checkpointed
+                            skipped with learner.skip_nonfinite), or the     checkpointed
+                            model evaluated holds NaN/Inf
   4     EnvironmentFailure  disk full, file-size limit, read-only or         the newest good
                             unwritable workdir, workdir busy (another        checkpoint: rerun the
                             process holds it), another process of a          command to resume
@@ -82,7 +83,8 @@ class BadInput(RunError, ValueError):
 
 
 class NonFiniteLoss(RunError):
-  """The loss became NaN or Inf; the last good state has been checkpointed."""
+  """The loss became NaN or Inf (the last good state has been checkpointed), or the model a
+  method computes for evaluation did (`run_control.evaluated_state`)."""
 
   exit_code = EXIT_NONFINITE
   # The loss and the checkpoint's finite flags are replicated values: every process of a
@@ -214,10 +216,15 @@ def storage_advice(cause: str, elsewhere: str = "pass another --workdir") -> str
 def first_line(e: BaseException) -> str:
   """`TypeName: first line of the message` (some libraries put the reason on a later line:
   the first non-empty line that is not only a heading ending with ':' is taken)."""
-  lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+  return _headline(type(e).__name__, str(e))
+
+
+def _headline(name: str, message: str) -> str:
+  """`name: ` and the first informative line of `message` (`first_line`)."""
+  lines = [line.strip() for line in message.splitlines() if line.strip()]
   informative = [line for line in lines if not line.endswith(":")]
   text = (informative or lines or [""])[0]
-  return f"{type(e).__name__}: {text}" if text else type(e).__name__
+  return f"{name}: {text}" if text else name
 
 
 # Where libraries and Python itself live: a frame there is not the user's code (nor ours).
@@ -242,11 +249,16 @@ def code_origin(e: BaseException) -> tuple[str, str | None]:
     lines = str(x).splitlines()
     if not any("Traceback (most recent call last)" in line for line in lines):
       continue
-    frames = [(m.group(1), m.group(2)) for m in map(_FRAME.match, lines) if m]
-    own = [f"{path}:{line}" for path, line in frames if not _in_library(path)]
-    raised = [line.strip() for line in lines if line.strip() and not line.startswith(" ")]
-    if own and raised:  # the embedded exception is the last unindented line
-      return raised[-1], own[-1]
+    frames = [(i, m.group(1), m.group(2)) for i, m in enumerate(map(_FRAME.match, lines)) if m]
+    own = [f"{path}:{line}" for _, path, line in frames if not _in_library(path)]
+    # The embedded exception: from the first unindented line after the last frame (its message
+    # may span lines; the first is its type and first line).
+    after = frames[-1][0] + 1 if frames else 0
+    raised = [i for i in range(after, len(lines)) if lines[i].strip()
+              and not lines[i].startswith(" ")]
+    if own and raised:
+      name, _, message = lines[raised[0]].partition(":")
+      return _headline(name.strip(), "\n".join([message, *lines[raised[0] + 1:]])), own[-1]
   frames = traceback.extract_tb(e.__traceback__) if e.__traceback__ is not None else []
   own = [f"{f.filename}:{f.lineno}" for f in frames if not _in_library(f.filename)]
   return first_line(e), (own[-1] if own else None)

@@ -28,14 +28,17 @@ Each file holds (N test examples, C classes, in the test source's order):
                    logits are of, one array per leaf, named by its path in the method's tree
                    ('/'-joined, as in trace.npz)
 
-Each file is written whole or not at all (a temporary file, then a rename), before the
-checkpoint of its step: a resumed run finds the files of the points before the checkpoint it
-resumes from and writes the later ones again, with the same values (bit for bit on a CPU). The
-export reads the state and never changes it: a run's results are the same with it on or off.
+Each file is written whole or not at all (a temporary file, then a rename; one left by a killed
+run is removed when the run starts again), before the checkpoint of its step: a resumed run finds
+the files of the points before the checkpoint it resumes from and writes the later ones again,
+with the same values (bit for bit on a CPU). The export reads the state and never changes it: a
+run's results are the same with it on or off.
 """
 
 from __future__ import annotations
 
+import contextlib
+import glob
 import os
 import zipfile
 from collections.abc import Callable
@@ -114,6 +117,14 @@ def _write(path: str, arrays: dict[str, np.ndarray]) -> None:
 _ZIP_DATE = (1980, 1, 1, 0, 0, 0)  # zip's earliest date
 
 
+def remove_partial_files(directory: str) -> None:
+  """Removes the temporary files of writes cut short (`_write`'s `<file>.<pid>.tmp`, left by a
+  SIGKILL or a second signal): the run that starts writes the files it reaches again."""
+  for path in glob.glob(os.path.join(glob.escape(directory), "*.npz.*.tmp")):
+    with contextlib.suppress(FileNotFoundError):
+      os.remove(path)
+
+
 class NullExport:
   """eval.export='none': nothing is computed or written."""
 
@@ -127,7 +138,8 @@ class NullExport:
 class Export:
   """Writes WORKDIR/export/ (module docstring). `evaluator` gives the logits
   (`Evaluator.logits`), `seen_classes()` the classes seen so far, `task_ends` {step: task}, and
-  `view(state)` the state the evaluator reads (a method's `eval_state`, or the state)."""
+  `view(state, step)` the state the evaluator reads after stream step `step` (a method's
+  `eval_state`, checked: `run_control.evaluated_state`; or the state)."""
 
   def __init__(self, workdir: str, mode: str, top_k: int, method, evaluator,
                record_ids: np.ndarray, labels: np.ndarray, task_ends: dict[int, int],
@@ -138,6 +150,8 @@ class Export:
     self.labels = np.asarray(labels, np.int64)
     self.task_ends, self.seen_classes, self.view = task_ends, seen_classes, view
     self.primary = sharding.is_primary()
+    if self.primary:  # under the workdir's lock: no other run writes here
+      remove_partial_files(self.directory)
 
   def at_step(self, step: int, samples_seen: int, state: Any) -> None:
     """After the evaluations of stream step `step`: the task-end file when a task ended."""
@@ -152,7 +166,7 @@ class Export:
   def _export(self, name: str, step: int, samples_seen: int, task: int, state: Any) -> None:
     seen = np.asarray(self.seen_classes(), np.int64)
     # Every process computes (the predictions are sharded over them); process 0 writes.
-    evaluated = self.view(state)  # the model the predictions are of: its parameters too
+    evaluated = self.view(state, step)  # the model the predictions are of: its parameters too
     logits = self.evaluator.logits(evaluated, np.arange(len(self.labels)))
     params = _flatten(sharding.to_host(trainable_params(self.method, evaluated)), "params/")
     if not self.primary:
@@ -172,14 +186,16 @@ class Export:
 
 
 def make_export(config, workdir: str, method, evaluator, test_source, stream,
-                seen_classes: Callable[[], list]) -> Export | NullExport:
-  """The run's export (eval.export), or a `NullExport` when off."""
+                seen_classes: Callable[[], list],
+                eval_state: Callable[[Any, int], Any] | None = None) -> Export | NullExport:
+  """The run's export (eval.export), or a `NullExport` when off. `eval_state(state, step)`: the
+  state the evaluator reads (the protocol's); None: the state itself."""
   if config.eval.export == "none":
     return NullExport()
   record_ids = manifest_lib.record_ids(test_source)
   ends = stream.task_end_steps().tolist()
   task_ends = {int(step): int(stream.step_task[step]) for step in ends}
-  view = method.eval_state if method.eval_state is not None else (lambda s: s)
+  view = eval_state if eval_state is not None else (lambda state, step: state)
   return Export(workdir, config.eval.export, config.eval.export_top_k, method, evaluator,
                 record_ids, test_source.labels, task_ends, seen_classes, view)
 

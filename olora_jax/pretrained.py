@@ -753,6 +753,38 @@ def _backbone_kind(raw: dict[str, np.ndarray], fmt: str) -> str | None:
   return None
 
 
+def _check_backbone_kind(held: str | None, swin: bool, source: str) -> None:
+  """Refuses a file that holds a ViT for a Swin model (`swin`), or a Swin for a ViT."""
+  if swin and held == "ViT" or not swin and held == "Swin":
+    wanted = "a Swin" if swin else "a ViT"
+    raise CheckpointError(
+        f"checkpoint {source} holds a {held}, but the model (model.name) is {wanted}: give"
+        f" {wanted}'s weights in pretrained.path, or a model.name of the {held} this file holds;"
+        " for the demo on a Swin run configs/demo_swin.py (its weights are shipped)")
+
+
+def check_backbone_kind(path: str, fmt: str, swin: bool) -> None:
+  """The backbone check of `convert_checkpoint` from the file's names alone (the safetensors
+  header, the npz index; no tensor is read), before the model's sizes are checked: a ViT file
+  for a Swin model is named as such, not as a Swin's image size the file has nothing to do
+  with. A file that cannot be read is left to `read_checkpoint`, which says why."""
+  try:
+    if fmt == "auto":
+      fmt = detect_format(path)
+    if fmt in ("timm", "online_lora"):
+      with safetensors.safe_open(path, framework="numpy") as f:
+        keys = list(f.keys())
+    elif fmt in FORMATS:
+      with np.load(path, allow_pickle=False) as z:
+        keys = list(z.files)
+    else:
+      return
+  except (CheckpointError, safetensors.SafetensorError, OSError, ValueError, EOFError,
+          zipfile.BadZipFile):
+    return
+  _check_backbone_kind(_backbone_kind(dict.fromkeys(keys), fmt), swin, path)
+
+
 # --------------------------------------------------------------------------------------------
 # Public entry points.
 
@@ -779,13 +811,7 @@ def convert_checkpoint(raw: dict[str, np.ndarray], spec: ViTSpec, num_classes: i
     if lora is not None:
       notes.append("the file's LoRA factors are not part of the backbone; set"
                    " learner.initial_lora to this file to start from them")
-  held = _backbone_kind(raw, fmt)
-  if is_swin(spec) and held == "ViT" or not is_swin(spec) and held == "Swin":
-    wanted = "a Swin" if is_swin(spec) else "a ViT"
-    raise CheckpointError(
-        f"checkpoint {source} holds a {held}, but the model (model.name) is {wanted}: give"
-        f" {wanted}'s weights in pretrained.path, or a model.name of the {held} this file holds;"
-        " for the demo on a Swin run configs/demo_swin.py (its weights are shipped)")
+  _check_backbone_kind(_backbone_kind(raw, fmt), is_swin(spec), source)
   if is_swin(spec):
     if fmt not in ("timm", "online_lora"):
       raise CheckpointError(

@@ -66,8 +66,8 @@ class EvaluationProtocol:
   `evaluator` counts a model's predictions (`olora_jax.evaluate.Evaluator`); `write(event, step,
   samples_seen, **values)` appends a line to the run log; `timed_eval(seconds)` books the
   evaluation time in the compute ledger. `anytime_eval=False`: task ends only (GDumb);
-  `eval_state(state)`: the state the evaluator reads (a method's `eval_state`; None: the state
-  itself)."""
+  `eval_state(state, step)`: the state the evaluator reads after stream step `step` (a method's
+  `eval_state`, checked: `run_control.evaluated_state`; None: the state itself)."""
 
   def __init__(self, log: EvaluationLog, stream: Stream, test_source, evaluator: Any,
                num_classes: int, eval_every: int, anytime_eval: bool, mask_unseen_logits: bool,
@@ -101,7 +101,7 @@ class EvaluationProtocol:
       return
     seen = np.array(log.seen_classes)
     if self.eval_state is not None:  # e.g. GDumb trains its model from the buffer here
-      state = self.eval_state(state)
+      state = self.eval_state(state, step)
     # Domain streams evaluated by domain: the test data of the domains seen so far.
     seen_domains = (self.groups.domains[: stream.step_task[step] + 1] if self.groups.by_domain
                     else None)

@@ -9,6 +9,8 @@ cadence and signals. The loop of `olora_jax.trainer` calls these; none of them k
                         when a signal asks the run to stop
     StopSignal          SIGTERM / SIGINT as a flag the loop checks after each step; a second
                         signal stops the run at once, but never inside a checkpoint's save
+    evaluated_state     a method's `eval_state` (the model the evaluator reads) checked for
+                        NaN/Inf, as the trained state is by its loss and checkpoints (exit 3)
     stop_if_signalled   a signal that came before the loop (imports, set-up: `PENDING_SIGNALS`,
                         recorded by launch/run.py's first handler) stops the run there
 """
@@ -24,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from olora_jax import errors, sharding
+from olora_jax import checkpointing, errors, sharding
 
 # Signals received before the loop's handlers, in order (launch/run.py records them from its
 # first line on; empty in a run started from Python).
@@ -70,6 +72,36 @@ def make_guarded_step(train_step: Callable) -> Callable:
     return jax.lax.cond(finite, lambda: new_state, lambda: state), scalars, extras
 
   return jax.jit(step, donate_argnums=(0,))
+
+
+def evaluated_state(method, checkpointer) -> Callable | None:
+  """`(state, step) -> state`: `method.eval_state(state)`, the model the evaluator (and
+  eval.export) reads, refused with `errors.NonFiniteLoss` (exit 3) when it holds a NaN or an Inf:
+  its predictions would be meaningless (an argmax over NaN logits counts as class 0) while the
+  loss the trained state passed was finite. None when the method evaluates its state as it is
+  (that state is the one the loss and the checkpoints guard). The state is not saved: the
+  newest checkpoint stays the run's last good one."""
+  if method.eval_state is None:
+    return None
+  # The method's own keys that set what eval_state computes, else its settings as a whole.
+  fix = (f"lower {' or '.join(method.eval_state_keys)}" if method.eval_state_keys else
+         "change its settings")
+
+  def view(state, step: int):
+    evaluated = method.eval_state(state)
+    bad = checkpointing.nonfinite_leaves(evaluated)
+    if bad:
+      steps = checkpointer.steps()
+      kept = (f"the newest checkpoint, {checkpointer.directory}/{steps[-1]}, is kept" if steps
+              else "no checkpoint was written yet")
+      raise errors.NonFiniteLoss(
+          f"the model evaluated after stream step {step} holds NaN/Inf ({len(bad)} array(s),"
+          f" e.g. {bad[0]}) though the trained state's loss was finite: method={method.name!r}"
+          f" computes it for evaluation (its eval_state); {fix} with a new --workdir"
+          f" (this one keeps this run's config), or check the data; {kept}")
+    return evaluated
+
+  return view
 
 
 class StopSignal:
@@ -149,6 +181,16 @@ class Saver:
           f"stopped by signal {signum} after stream step {step}; checkpointed in"
           f" {self.checkpointer.directory}/{p.cursor}: run the same command to resume"),
           every_process=True)
+
+  def stop_if_signalled_at_end(self, stop: StopSignal, p) -> None:
+    """After the stream's end and its exports (a signal to any process): `errors.Preempted`
+    before results.json is written, the final checkpoint kept; a rerun finishes from it."""
+    signum = sharding.process_max(stop.signum or 0)
+    if signum:
+      raise errors.Preempted(signum, (
+          f"stopped by signal {signum} after the stream's end, before results.json was written;"
+          f" the final checkpoint is {self.checkpointer.directory}/{p.cursor}: run the same"
+          " command to finish from it"), every_process=True)
 
   def close(self) -> None:
     self.checkpointer.close()

@@ -85,6 +85,10 @@ class Setup:
 
   def __init__(self, config: ml_collections.ConfigDict):
     c = self.config = fidelity_lib.resolve(config)
+    # A ViT's weights for a Swin (or the reverse) is said first, not as the model's sizes.
+    if c.pretrained.path and os.path.isfile(c.pretrained.path) and models.family(c.model.name):
+      pretrained_lib.check_backbone_kind(c.pretrained.path, c.pretrained.format,
+                                         models.family(c.model.name) == "Swin")
     self.spec: ViTSpec | SwinSpec = spec_from_config(c.model)  # the backbone's static sizes
     validation.check_config(c, self.spec.width)
     for key, path in (("pretrained.path", c.pretrained.path),
@@ -99,6 +103,9 @@ class Setup:
       sample_images, _ = source.get(np.arange(min(len(source), 8)))
       validation.check_source(source.labels, sample_images, self.num_classes,
                               f"data.dataset={c.data.dataset!r} ({source.split} split)")
+    validation.check_class_count(self.num_classes, [self.train_source.labels,
+                                                    self.test_source.labels],
+                                 f"data.dataset={c.data.dataset!r}")
     self.model = build_model(c, self.spec, self.num_classes)  # a ViT or a Swin
     # From the seed, or replayed from data.stream_manifest (data/manifest.py).
     # A manifest recorded on another source re-indexes the sources to the images it names.
@@ -322,7 +329,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   init = (np.uint32(config.seed), load_params(setup, config))  # a bad file fails here
   # A state larger than the devices is refused before the workdir (and its lock) exists.
   check_state_fits(setup.method, jax.eval_shape(seeded_init(setup, config), *init), setup.mesh)
-  _check_workdir(workdir, config)  # a different config is refused before anything is written
+  # A different config is refused before anything is written.
+  finished = _check_workdir(workdir, config)
+  if finished is not None and not os.access(workdir, os.W_OK):
+    return _finished_read_only(workdir, config, finished)
   primary = sharding.is_primary()  # the process that writes the files (process 0)
   # One run per workdir, from here to the end; in a multi-process run process 0 holds the lock.
   with workdir_lib.WorkdirLock(workdir) if primary else contextlib.nullcontext():
@@ -339,6 +349,16 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
       return {**finished, "already_finished": workdir_lib.finished_at(workdir)}
     return _guarded(lambda: _train_and_evaluate(setup, init, workdir, progress, compile_start),
                     workdir)
+
+
+def _finished_read_only(workdir: str, config: ml_collections.ConfigDict, results: dict) -> dict:
+  """A finished run in a workdir that cannot be written (a read-only mount of results): its
+  stored results, with no lock to take and nothing to repair; what would be redrawn is named."""
+  missing = workdir_lib.missing_plots(workdir, plots_lib.plot_files(config))
+  if config.eval.write_plots and missing and sharding.is_primary():
+    logging.warning("the finished run in %s lacks the plot(s) %s, which cannot be redrawn there"
+                    " (it cannot be written)", workdir, ", ".join(missing))
+  return {**results, "already_finished": workdir_lib.finished_at(workdir)}
 
 
 def _restore_finished_log(workdir: str) -> None:
@@ -400,10 +420,12 @@ def _train_and_evaluate(setup: Setup, init: tuple, workdir: str,
                                   c, methods_lib.resolve(c.method).block))
   # eval.export: each task end's predictions and trained parameters (a no-op when off).
   export = export_lib.make_export(c, workdir, method, protocol.evaluator, setup.test_source,
-                                  stream, lambda: protocol.log.seen_classes)
+                                  stream, lambda: protocol.log.seen_classes,
+                                  protocol.eval_state)
   run_control.stop_if_signalled("while the state was built and restored")
   bar = _progress_bar(len(stream.steps), p.cursor, progress)
-  # The files are closed however the loop ends (finished, preempted, non-finite loss).
+  # The files are closed however the loop ends (finished, preempted, non-finite loss). A signal
+  # is heard until the end's exports are written: it then stops the run before results.json.
   with StopSignal() as stop, contextlib.closing(saver), bar:
     for step, batch in _batches(setup, p.cursor, ledger):  # the stream, seen once; no task ids
       with compute_lib.Stopwatch() as step_time:  # 1. the method's train step    [jitted]
@@ -430,9 +452,10 @@ def _train_and_evaluate(setup: Setup, init: tuple, workdir: str,
       saver.after_step(state, p, step, stop)  # 6. checkpoint cadence; a signal: save and stop
       _advance(bar, step, scalars, p)
     saver.save(state, p)  # the final state (a no-op if the last periodic save already wrote it)
-  export.at_end(len(stream.steps) - 1, p.samples_seen, state)  # eval.export: final.npz
-  if method.finish is not None and sharding.is_primary():  # e.g. Online-LoRA's export
-    method.finish(state, workdir)
+    export.at_end(len(stream.steps) - 1, p.samples_seen, state)  # eval.export: final.npz
+    if method.finish is not None and sharding.is_primary():  # e.g. Online-LoRA's export
+      method.finish(state, workdir)
+    saver.stop_if_signalled_at_end(stop, p)
   return _write_results(setup, workdir, protocol, switch, p, saver)
 
 
@@ -484,7 +507,7 @@ def _start(setup: Setup, init: tuple, workdir: str,
   protocol = EvaluationProtocol(p.evaluation, stream, setup.test_source, evaluator,
                                 setup.num_classes, c.eval.eval_every, method.anytime_eval,
                                 c.eval.mask_unseen_logits, log.write, ledger.timed_eval,
-                                method.eval_state)
+                                run_control.evaluated_state(method, checkpointer))
   return state, p, saver, protocol, switch
 
 

@@ -23,9 +23,10 @@ missing or malformed pretrained checkpoints by `olora_jax.pretrained`, both befo
 
 from __future__ import annotations
 
+import difflib
 import importlib.util
 import math
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping, Sequence
 
 import ml_collections
 import numpy as np
@@ -67,21 +68,42 @@ RENAMED_KEYS = {
 }
 
 
-def unknown_keys_message(unknown: list[str]) -> str:
-  """The one line that refuses unknown keys, naming the replacement of a renamed one."""
+def unknown_keys_message(unknown: list[str], known: Collection[str] = (), where: str = "") -> str:
+  """The one line that refuses unknown keys, naming the replacement of a renamed one, else the
+  nearest `known` keys (a misspelling's); `where` ('set at FILE:LINE') says where they were
+  given."""
+  given = ", ".join(unknown) + (f" {where}" if where else "")
   renamed = [f"{k} is now {RENAMED_KEYS[k]}" for k in unknown if k in RENAMED_KEYS]
   if renamed:
-    return f"unknown config key(s) {', '.join(unknown)}: {'; '.join(renamed)}"
-  return (f"unknown config key(s) {', '.join(unknown)}: no code reads them; fix the spelling or"
+    return f"unknown config key(s) {given}: {'; '.join(renamed)}"
+  nearest = list(dict.fromkeys(m for k in unknown for m in nearest_keys(k, known)))
+  meant = f" (did you mean {' or '.join(nearest)}?)" if nearest else ""
+  return (f"unknown config key(s) {given}: no code reads them; fix the spelling{meant} or"
           " remove them (the keys are listed in configs/common.py)")
+
+
+def nearest_keys(key: str, known: Collection[str]) -> list[str]:
+  """The `known` dotted key nearest to `key` (a misspelt key's likely intent): in its own block
+  when that block exists, else by the whole path; for a bare name (its block not known), the
+  nearest last name of a known key; [] when none is close."""
+  block = key.rpartition(".")[0]
+  if not block:
+    return difflib.get_close_matches(key, sorted({k.rpartition(".")[2] for k in known}), n=1,
+                                     cutoff=0.8)
+  for pool in ([k for k in known if k.rpartition(".")[0] == block], known):
+    nearest = difflib.get_close_matches(key, sorted(pool), n=1, cutoff=0.8)
+    if nearest:
+      return nearest
+  return []
 
 
 def check_known_keys(config: ml_collections.ConfigDict,
                      reference: ml_collections.ConfigDict) -> None:
   """Refuses keys that `reference` (configs/common.py) does not define: nothing reads them."""
-  unknown = sorted(flat_keys(config) - flat_keys(reference))
+  known = flat_keys(reference)
+  unknown = sorted(flat_keys(config) - known)
   if unknown:
-    raise InputError(unknown_keys_message(unknown))
+    raise InputError(unknown_keys_message(unknown, known))
 
 
 def _require(ok: bool, message: str) -> None:
@@ -399,12 +421,14 @@ def _check_prefix_layers(config: ml_collections.ConfigDict, b, p: str) -> None:
 
 def check_source(labels: np.ndarray, images: np.ndarray, num_classes: int, what: str) -> None:
   """Checks one split: all its labels are integers in [0, num_classes); `images` (a sample of the
-  split, as `Source.get` returns it) are uint8 NHWC with 1 or 3 channels."""
+  split, as `Source.get` returns it) are uint8 NHWC with 1 or 3 channels. A wrong shape is named
+  as the split's (N = its number of labels), not the sample's."""
   images, labels = np.asarray(images), np.asarray(labels)
   _require(images.dtype == np.uint8,
            f"{what}: images must be uint8, got {images.dtype}; store 8-bit pixels (0..255)")
+  shape = (len(labels), *images.shape[1:]) if images.ndim else images.shape
   _require(images.ndim == 4 and images.shape[-1] in (1, 3),
-           f"{what}: images must be (N, H, W, 1|3), got shape {images.shape}; convert them to"
+           f"{what}: images must be (N, H, W, 1|3), got shape {shape}; convert them to"
            " grey or RGB NHWC")
   _require(labels.ndim == 1, f"{what}: labels must be 1-d, got shape {labels.shape}")
   _require(np.issubdtype(labels.dtype, np.integer),
@@ -414,6 +438,20 @@ def check_source(labels: np.ndarray, images: np.ndarray, num_classes: int, what:
     _require(0 <= lo and hi < num_classes,
              f"{what}: labels span [{lo}, {hi}] but must lie in [0, {num_classes}); relabel"
              " the classes as 0..C-1")
+
+
+def check_class_count(num_classes: int, labels: Sequence[np.ndarray], what: str) -> None:
+  """Refuses more classes than examples (`labels`: each split's): a dataset whose classes are
+  1 + its largest label (a user dataset's) with a stray label far out (10^12) would size every
+  per-class array of the stream, the head and the metrics by it."""
+  n = sum(len(x) for x in labels)
+  if num_classes <= n:
+    return
+  present = np.unique(np.concatenate([np.asarray(x).reshape(-1) for x in labels]))
+  raise InputError(
+      f"{what}: {num_classes} classes (0..{num_classes - 1}), more than its {n} examples"
+      f" ({len(present)} distinct labels, the largest {int(present.max())}); relabel the classes"
+      " as 0..C-1, e.g. classes, labels = np.unique(labels, return_inverse=True)")
 
 
 # The `loggers` key (olora_jax/loggers.py writes what it names).

@@ -12,8 +12,12 @@ is sent if set). The download goes to a hidden file beside the destination
 (`.<name>.part`) and is checked as a run reads it before it takes the config's path:
 `olora_jax.pretrained.load_pretrained` with the preset's architecture (timm's layout, every
 tensor's shape, every weight finite). A download cut short (a dropped connection, Ctrl-C, a
-killed job) leaves its `.part` file, and the next call resumes it where it stopped (an HTTP range
-request; from the start when the server answers with the whole file). The path is the config's
+killed job) leaves its `.part` file and the server's validator of the file it was getting (its
+strong ETag, else its Last-Modified date, in `.<name>.part.source`), and the next call resumes
+it where it stopped: an HTTP range request that holds only while the server's file is still that
+one (If-Range); a changed file, or a `.part` without a validator, is downloaded from the start.
+One call at a time fetches a destination (a lock on `.<name>.lock`, removed at the end). The
+path is the config's
 `pretrained.path` (`checkpoints/<timm name>.safetensors`, below the current directory) or
 `--dest DIR/<the same name>`. A file already there is checked and kept (`--force` fetches it
 again). Prints each file's size and SHA-256.
@@ -25,17 +29,24 @@ line last on stderr:
      weights (the downloaded one is removed)
   4  the environment failed: no connection, an HTTP error, a connection dropped half way (the
      `.part` file is kept: run the same command to resume), a disk that cannot take the file
-     (its `.part` file is removed)
+     (its `.part` file is removed), another call fetching the same destination
+  128 + signal (130 for Ctrl-C, 143 for SIGTERM): stopped; the `.part` file is kept, and the
+     same command resumes it
+A folder this script made for a download that failed is removed again.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
+import fcntl
 import hashlib
 import http.client
+import json
 import os
 import pathlib
-import shutil
+import signal
 import sys
 import urllib.error
 import urllib.request
@@ -101,6 +112,76 @@ def partial_file(target: pathlib.Path) -> pathlib.Path:
   return target.parent / f".{target.name}.part"
 
 
+def source_file(part: pathlib.Path) -> pathlib.Path:
+  """Where `part`'s source is recorded: its URL and the server's validator of that file."""
+  return part.with_name(part.name + ".source")
+
+
+def lock_file(target: pathlib.Path) -> pathlib.Path:
+  return target.parent / f".{target.name}.lock"
+
+
+class Stopped(Exception):
+  """SIGINT (Ctrl-C) or SIGTERM: the download stops where it is (its `.part` kept)."""
+
+  def __init__(self, signum: int):
+    super().__init__(signum)
+    self.signum = signum
+
+
+def _stop(signum, frame) -> None:
+  raise Stopped(signum)
+
+
+@contextlib.contextmanager
+def locked(target: pathlib.Path):
+  """Holds the lock of `target`'s destination (an OS lock on `.<name>.lock`, released if the
+  process dies; the file is removed at the end). Another call on it: `Failure`, exit 4."""
+  path = lock_file(target)
+  while True:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+      fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+      holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
+      os.close(fd)
+      if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+        raise Failure(f"{target} is being fetched by {holder}; wait for it to end (or stop it),"
+                      " then run the same command", EXIT_ENVIRONMENT) from None
+      raise
+    try:  # the file locked is still the one at `path` (not one a finishing call removed)
+      same = os.fstat(fd).st_ino == os.stat(path).st_ino
+    except FileNotFoundError:
+      same = False
+    if same:
+      break
+    os.close(fd)
+  os.ftruncate(fd, 0)
+  os.pwrite(fd, f"get_weights.py (pid {os.getpid()})\n".encode(), 0)
+  try:
+    yield
+  finally:
+    path.unlink(missing_ok=True)
+    os.close(fd)
+
+
+def _make_folder(folder: pathlib.Path) -> list[pathlib.Path]:
+  """Makes `folder` and its missing parents; returns those it made, deepest first."""
+  missing = []
+  for parent in (folder, *folder.parents):
+    if parent.exists():
+      break
+    missing.append(parent)
+  folder.mkdir(parents=True, exist_ok=True)
+  return missing
+
+
+def _remove_empty(folders: list[pathlib.Path]) -> None:
+  for folder in folders:  # deepest first
+    with contextlib.suppress(OSError):
+      folder.rmdir()
+
+
 def _remove_stale_parts(target: pathlib.Path) -> None:
   """Removes the partial files `.<name>.<random>.part` that earlier versions of this script left
   when a download was killed (they cannot be resumed: they carry no record of their source)."""
@@ -112,16 +193,42 @@ def _size(n: int) -> str:
   return f"{n / 1e6:.1f} MB" if n >= 100_000 else f"{n:,} bytes"
 
 
+def _validator(headers) -> str | None:
+  """The server's validator of the file it sends, for If-Range: a strong ETag, else its
+  Last-Modified date; None when it gives neither (a weak ETag cannot validate a range)."""
+  etag = headers.get("ETag")
+  if etag and not etag.startswith("W/"):
+    return etag
+  return headers.get("Last-Modified")
+
+
+def _recorded_validator(part: pathlib.Path, url: str) -> str | None:
+  """The validator recorded with `part` when it came from `url`, else None."""
+  try:
+    record = json.loads(source_file(part).read_text())
+  except (OSError, ValueError):
+    return None
+  return record.get("validator") if record.get("url") == url else None
+
+
 def download(url: str, part: pathlib.Path) -> None:
-  """`url` into `part`, streamed, resuming from `part`'s bytes when it holds some and the server
-  takes a range request. OSError (`ConnectionError` for a body cut short) on failure; `part`
-  keeps what arrived."""
+  """`url` into `part`, streamed, resuming from `part`'s bytes when it holds some, its source
+  (`source_file`) records the server's validator of the file they came from, and the server
+  takes a range request while its file is still that one (If-Range; else it sends the whole file
+  and the download starts again). OSError (`ConnectionError` for a body cut short) on failure;
+  `part` keeps what arrived."""
   have = part.stat().st_size if part.exists() else 0
+  validator = _recorded_validator(part, url) if have else None
+  if have and validator is None:  # of unknown origin: bytes of another file cannot be told
+    print(f"  {part} does not record which file it holds: downloading from the start",
+          flush=True)
+    have = 0
   request = urllib.request.Request(url)
   if os.environ.get("HF_TOKEN"):
     request.add_header("Authorization", f"Bearer {os.environ['HF_TOKEN']}")
   if have:
     request.add_header("Range", f"bytes={have}-")
+    request.add_header("If-Range", validator)
   try:
     response = urllib.request.urlopen(request, timeout=60)
   except urllib.error.HTTPError as e:
@@ -134,17 +241,28 @@ def download(url: str, part: pathlib.Path) -> None:
     length = response.headers.get("Content-Length")
     expected = None if length is None else int(length) + (have if resumed else 0)
     if have and not resumed:
-      print("  the server sent the whole file: downloading it from the start", flush=True)
+      print("  the server's file changed, or it sent the whole file: downloading it from the"
+            " start", flush=True)
     elif resumed:
       print(f"  resuming after {_size(have)}", flush=True)
+    if not resumed:  # the source of the bytes to come, before the first of them
+      source_file(part).write_text(json.dumps({"url": url,
+                                               "validator": _validator(response.headers)}))
     with open(part, "ab" if resumed else "wb") as f:
-      try:
-        shutil.copyfileobj(response, f, 1 << 20)
+      try:  # each piece as it arrives: a stop keeps every byte received
+        for piece in iter(lambda: response.read1(1 << 20), b""):
+          f.write(piece)
       except (http.client.IncompleteRead, ConnectionError, TimeoutError) as e:
         raise ConnectionError(f"the connection dropped ({type(e).__name__})") from e
       got = f.tell()
   if expected is not None and got < expected:  # the server closed the connection early
     raise ConnectionError(f"the connection dropped after {_size(got)} of {_size(expected)}")
+
+
+def _discard(part: pathlib.Path) -> None:
+  """Removes `part` and the record of its source."""
+  part.unlink(missing_ok=True)
+  source_file(part).unlink(missing_ok=True)
 
 
 def fetch(preset: str, endpoint: str, dest: str = "", force: bool = False) -> pathlib.Path:
@@ -158,27 +276,39 @@ def fetch(preset: str, endpoint: str, dest: str = "", force: bool = False) -> pa
     print(f"{preset}: {target} is already there and checks out")
     return target
   try:
-    target.parent.mkdir(parents=True, exist_ok=True)
+    made = _make_folder(target.parent)
   except OSError as e:
     raise Failure(f"{preset}: cannot make {target.parent} ({e.strerror or e}); make it writable"
                   " or pass --dest DIR", EXIT_ENVIRONMENT) from None
+  part = partial_file(target)
+  try:
+    with locked(target):
+      return _fetch_locked(preset, endpoint, target, part)
+  finally:  # a failure that kept nothing leaves nothing: no record, no folder made for it
+    if not part.exists():
+      source_file(part).unlink(missing_ok=True)
+      _remove_empty(made)
+
+
+def _fetch_locked(preset: str, endpoint: str, target: pathlib.Path,
+                  part: pathlib.Path) -> pathlib.Path:
+  """`fetch` once the destination is held: the download into `part`, checked, then moved."""
   _remove_stale_parts(target)
   url = f"{endpoint.rstrip('/')}/{repository(preset)}/resolve/main/{FILENAME}"
-  part = partial_file(target)
   print(f"{preset}: downloading {url}", flush=True)
   try:
     download(url, part)
   except (urllib.error.URLError, OSError) as e:
     reason = getattr(e, "reason", None) or e
     if part.exists() and not part.stat().st_size:  # nothing arrived: nothing to resume
-      part.unlink()
+      _discard(part)
     if isinstance(e, ConnectionError) and part.exists():
       raise Failure(f"{preset}: downloading {url} stopped: {reason}; {part} keeps the"
                     f" {_size(part.stat().st_size)} received: run the same command to resume",
                     EXIT_ENVIRONMENT) from None
     cause = None if isinstance(e, urllib.error.URLError) else errors.storage_cause(e)
     if cause is not None:  # the disk: what was written takes the space a retry needs
-      part.unlink(missing_ok=True)
+      _discard(part)
       advice = errors.storage_advice(cause, "pass --dest DIR")
       raise Failure(f"{preset}: cannot write {part} ({cause}); {advice}, then run the same"
                     " command", EXIT_ENVIRONMENT) from None
@@ -194,15 +324,17 @@ def fetch(preset: str, endpoint: str, dest: str = "", force: bool = False) -> pa
                   EXIT_ENVIRONMENT) from None
   found = problem(part, preset)
   if found:
-    part.unlink(missing_ok=True)
+    _discard(part)
     raise Failure(f"{preset}: the file downloaded from {url} is not {preset}'s weights in"
                   f" timm's layout ({found}); nothing was written", EXIT_BAD_INPUT)
   os.replace(part, target)
+  source_file(part).unlink(missing_ok=True)
   return target
 
 
 def main(argv: list[str] | None = None) -> list[pathlib.Path]:
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser = argparse.ArgumentParser(description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("presets", nargs="+",
                       help=f"of {', '.join(benchmark.BACKBONES)}, or all")
   parser.add_argument("--dest", default="", help="a folder instead of checkpoints/")
@@ -223,9 +355,34 @@ def main(argv: list[str] | None = None) -> list[pathlib.Path]:
   return written
 
 
+def _stopped_line(signum: int, argv: list[str]) -> str:
+  """The line of a stop by `signum`: which partial downloads a rerun resumes."""
+  kept = [p for p in (partial_file(destination(preset, dest=_dest(argv)))
+                      for preset in benchmark.BACKBONES) if p.exists() and p.stat().st_size]
+  what = "; ".join(f"{p} keeps the {_size(p.stat().st_size)} received" for p in kept)
+  return (f"stopped by signal {signum}" + (f"; {what}" if what else "")
+          + ": run the same command to " + ("resume" if kept else "start again"))
+
+
+def _dest(argv: list[str]) -> str:
+  for i, arg in enumerate(argv):
+    if arg.startswith("--dest="):
+      return arg.partition("=")[2]
+    if arg == "--dest" and i + 1 < len(argv):
+      return argv[i + 1]
+  return ""
+
+
 if __name__ == "__main__":
+  for _signal in (signal.SIGINT, signal.SIGTERM):
+    signal.signal(_signal, _stop)
   try:
     main()
   except Failure as e:
     print(f"error: {e}", file=sys.stderr)
     sys.exit(e.exit_code)
+  except Stopped as e:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the line is written whole
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    print(f"\nerror: {_stopped_line(e.signum, sys.argv[1:])}", file=sys.stderr)
+    sys.exit(128 + e.signum)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -10,7 +11,7 @@ import ml_collections
 import numpy as np
 import pytest
 
-from configs import common, tiny
+from configs import common, demo, tiny
 from olora_jax import fidelity, trainer, validation
 from olora_jax.data import sources as sources_lib
 from olora_jax.pretrained import CheckpointError
@@ -92,12 +93,26 @@ def test_unknown_config_keys_are_refused():
   config = tiny.get_config()
   config.unlock()
   config.learner.lerning_rate = 1.0
-  with pytest.raises(validation.InputError, match=r"unknown config key\(s\) learner.lerning_rate"):
+  with pytest.raises(validation.InputError, match=r"unknown config key\(s\) learner.lerning_rate:"
+                     r" .* \(did you mean learner.learning_rate\?\)"):
     validation.check_known_keys(config, common.get_config())
   validation.check_known_keys(tiny.get_config(), common.get_config())  # the real one passes
   config.mvp.query_before_norm = True  # renamed: the line names the key to give instead
   with pytest.raises(validation.InputError, match=r"mvp.query_before_norm is now mvp.query"):
     validation.check_known_keys(config, common.get_config())
+
+
+@pytest.mark.parametrize("name", ["swin_t", "swin_custom"])
+def test_a_vit_file_for_a_swin_is_said_first(tmp_path, name):
+  """The demo's ViT weights with model.name='swin_t' were first refused for the Swin's image
+  size (32 is no multiple of its window); following that advice only then led to the line that
+  the file holds a ViT. That line comes first."""
+  config = demo.get_config()
+  config.model.name = name
+  _refused(config, tmp_path / "run", CheckpointError, re.escape(
+      f"checkpoint {config.pretrained.path} holds a ViT, but the model (model.name) is a Swin:"
+      " give a Swin's weights in pretrained.path, or a model.name of the ViT this file holds;"
+      " for the demo on a Swin run configs/demo_swin.py"))
 
 
 def test_missing_or_malformed_pretrained_checkpoint(tmp_path):
@@ -124,8 +139,9 @@ def _patched_source(monkeypatch, images_fn=None, labels_fn=None, num_classes=Non
 
 @pytest.mark.parametrize("images_fn,match", [
     (lambda x: x.astype(np.float32) / 255, r"images must be uint8, got float32"),
-    (lambda x: x[..., 0], r"images must be \(N, H, W, 1\|3\), got shape \(8, 8, 8\)"),
-    (lambda x: np.repeat(x, 2, axis=-1), r"got shape \(8, 8, 8, 2\)"),
+    # The split's shape (its 1438 training images), not that of the 8 images checked.
+    (lambda x: x[..., 0], r"images must be \(N, H, W, 1\|3\), got shape \(1438, 8, 8\)"),
+    (lambda x: np.repeat(x, 2, axis=-1), r"got shape \(1438, 8, 8, 2\)"),
 ], ids=["float_images", "no_channel_axis", "two_channels"])
 def test_images_of_the_wrong_dtype_or_shape(tmp_path, monkeypatch, images_fn, match):
   _patched_source(monkeypatch, images_fn=images_fn)
@@ -139,6 +155,17 @@ def test_labels_out_of_range(tmp_path, monkeypatch):
   monkeypatch.undo()
   _patched_source(monkeypatch, labels_fn=lambda y: np.where(y == 3, -1, y))
   _refused(tiny.get_config(), tmp_path / "run", validation.InputError, r"labels span \[-1, 9\]")
+
+
+def test_a_stray_huge_label_is_refused_naming_it(tmp_path, monkeypatch):
+  """A user dataset's classes are 1 + its largest label: one label of 10^12 made the stream
+  builder ask for a 7 TiB array (exit 4, "out of memory ... lower learner.batch_size")."""
+  _patched_source(monkeypatch, labels_fn=lambda y: np.where(np.arange(len(y)) == 5, 10**12, y),
+                  num_classes=10**12 + 1)
+  _refused(tiny.get_config(), tmp_path / "run", validation.InputError, re.escape(
+      "data.dataset='sklearn_digits': 1000000000001 classes (0..1000000000000), more than its"
+      " 1797 examples (11 distinct labels, the largest 1000000000000); relabel the classes as"
+      " 0..C-1, e.g. classes, labels = np.unique(labels, return_inverse=True)"))
 
 
 class _StoredAtManySizes(sources_lib.Source):
@@ -175,7 +202,8 @@ def _cli(workdir: Path, *overrides: str) -> subprocess.CompletedProcess:
 
 @pytest.mark.parametrize("override,message", [
     ("--config.learner.lerning_rate=1",
-     "error: unknown config key(s) learner.lerning_rate: no code reads them; fix the spelling"),
+     "error: unknown config key(s) learner.lerning_rate: no code reads them; fix the spelling"
+     " (did you mean learner.learning_rate?) or remove them"),
     # A renamed key names its replacement (issue 42 replaced CODA's block count).
     ("--config.coda_prompt.n_blocks=10", "error: unknown config key(s) coda_prompt.n_blocks:"
      " coda_prompt.n_blocks is now coda_prompt.n_tasks"),
@@ -198,4 +226,27 @@ def test_command_line_exit_code_2_and_one_line(tmp_path, override, message):
   assert done.returncode == 2
   errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
   assert len(errors) == 1 and errors[0].startswith(message), done.stderr[-1000:]
+  assert not workdir.exists()
+
+
+@pytest.mark.parametrize("assignment,key", [
+    ("config.learner.learning_rat = 3e-4", "learner.learning_rat"),
+    ('config["learner"]["learning_rat"] = 3e-4', "learner.learning_rat"),
+], ids=["attribute", "item"])
+def test_an_unknown_key_set_in_a_config_file_is_one_clean_line(tmp_path, assignment, key):
+  """ml_collections refuses it with its whole block printed (escaped quotes, FieldReference
+  addresses, a literal \\n, the suggestion last): the line names the key, where the file sets
+  it and the key meant."""
+  config_file = tmp_path / "my_config.py"
+  config_file.write_text("from configs import tiny\n\n\ndef get_config():\n"
+                         f"  config = tiny.get_config()\n  {assignment}\n  return config\n")
+  workdir = tmp_path / "run"
+  done = subprocess.run([sys.executable, str(ROOT / "launch" / "run.py"), "--config",
+                         str(config_file), "--workdir", str(workdir)],
+                        cwd=ROOT, capture_output=True, text=True, timeout=300)
+  assert done.returncode == 2
+  assert done.stderr.splitlines()[-1] == (
+      f"error: unknown config key(s) {key} set at {config_file}:6: no code reads them; fix the"
+      " spelling (did you mean learner.learning_rate?) or remove them (the keys are listed in"
+      " configs/common.py)"), done.stderr[-1000:]
   assert not workdir.exists()

@@ -392,10 +392,10 @@ def test_digests_are_the_same_on_every_layout_and_device_count():
 
 
 def test_nonfinite_leaves_names_exactly_the_leaves_that_hold_a_nan_or_an_inf():
-  """The finite flags are reduced per group of like-shaped leaves (tree_checks), and a group's
-  leaves need not be neighbours in the tree (a, c, f below; b, e): each flag still lands on its
-  own leaf, for every floating dtype; integers, booleans and keys are finite. Each digest is that
-  of its leaf alone."""
+  """The finite flags are reduced per group of like-shaped leaves (tree_checks, and alone in
+  nonfinite_leaves), and a group's leaves need not be neighbours in the tree (a, c, f below; b,
+  e): each flag still lands on its own leaf, for every floating dtype; integers, booleans and
+  keys are finite. Each digest is that of its leaf alone."""
   x = _dtype_arrays()
   tree = {"a": x["f32"], "b": x["bf16"], "c": x["f32"] * 2, "d": x["f16"], "e": x["bf16"] + 1,
           "f": x["f32"] + 1, "g": x["scalar"], **{f"z_{k}": v for k, v in x.items()}}
@@ -407,6 +407,7 @@ def test_nonfinite_leaves_names_exactly_the_leaves_that_hold_a_nan_or_an_inf():
       leaf.reshape(-1)[-1] = value
       damaged[name] = leaf
     assert sorted(checkpointing.nonfinite_leaves(damaged)) == sorted(f"['{n}']" for n in bad)
+    assert sorted(checkpointing.tree_checks(damaged)[1]) == sorted(f"['{n}']" for n in bad)
   together = checkpointing.array_checksums(tree)
   assert together == {f"['{k}']": checkpointing.array_checksums({k: v})[f"['{k}']"]
                       for k, v in tree.items()}

@@ -6,6 +6,7 @@ killed by SIGKILL resumes bit-identical to an uninterrupted one, `launch/sweep.p
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -18,7 +19,7 @@ import tiny_run
 from tiny_run import ROOT
 
 from configs import tiny
-from olora_jax import methods, validation
+from olora_jax import methods, trainer, validation
 from olora_jax.methods import base
 from olora_jax.models.vit import VisionTransformer, ViTSpec
 
@@ -106,6 +107,30 @@ def test_a_bad_method_file_is_one_line_before_any_compute(tmp_path, compilation_
     done = tiny_run.run(tmp_path / "run", compilation_cache, f"--config.method={target}:build")
     assert done.returncode == 2, done.stderr[-2000:]
     assert says in tiny_run.last_line(done.stderr) and not (tmp_path / "run").exists()
+
+
+def test_a_hook_of_the_wrong_signature_is_refused_naming_the_hook(tmp_path):
+  """An after_step written with six arguments (the interface docs once listed six; the loop
+  passes eight) failed at the first step as "unexpected TypeError ... (raised at
+  olora_jax/trainer.py) ... please report it": it is refused before any compute, naming it."""
+  source = ROOT / FILE
+  (tmp_path / "hooked.py").write_text(
+      f"import dataclasses\nimport importlib.util\n\nfrom olora_jax.methods import base\n\n"
+      f"spec = importlib.util.spec_from_file_location('cb_er_file', {str(source)!r})\n"
+      "cb_er = importlib.util.module_from_spec(spec)\nspec.loader.exec_module(cb_er)\n\n\n"
+      "def build(ctx):\n  def after_step(state, host, step, batch, scalars, extras):\n"
+      "    return state, host, base.StepReport()\n\n"
+      "  return dataclasses.replace(cb_er.build(ctx), after_step=after_step)\n\n\n"
+      "METHODS = (base.MethodSpec(name='cb_er', build=build, config=cb_er.config,"
+      " report_name='hooked'),)\n")
+  config = tiny.get_config(f"{tmp_path / 'hooked.py'}:build")
+  with pytest.raises(ValueError, match=re.escape(
+      "method='cb_er': its after_step(state, host, step, batch, scalars, extras) cannot take the"
+      " loop's call after_step(state, host, step, batch, scalars, extras, finite, trace) (too"
+      " many positional arguments); give after_step that signature (the method interface:"
+      " docs/methods/interface.md)")):
+    trainer.train_and_evaluate(config, str(tmp_path / "run"), progress=False)
+  assert not (tmp_path / "run").exists()
 
 
 def test_a_config_names_it_in_code():

@@ -6,13 +6,16 @@ stream manifest) ends with; a resumed run writes the same files; the export chan
 from __future__ import annotations
 
 import json
+import os
+import re
+import shutil
 import signal
 
 import numpy as np
 import pytest
 import tiny_run
 
-from olora_jax import export, trainer
+from olora_jax import errors, export, trainer
 
 
 def _config(**overrides):
@@ -109,6 +112,40 @@ def test_a_resumed_run_writes_the_same_export_files(exported, tmp_path, compilat
   # The task ends before the checkpoint it resumed from were not written again.
   assert all(after[name].stat().st_mtime_ns == t for name, t in before.items()
              if int(_load(after[name])["step"]) < tiny_run.steps(workdir)[0])
+
+
+def test_a_signal_at_the_end_stops_before_the_results_and_no_partial_file_stays(
+    exported, tmp_path, monkeypatch):
+  """A SIGTERM during the final export was recorded and ignored (exit 0), and the temporary file
+  of an export write cut by SIGKILL stayed in export/ for good. The signal now stops the run
+  before results.json (143), the rerun finishes from the final checkpoint, and a cut write's
+  file is removed when the run starts again."""
+  workdir = tmp_path / "run"
+  shutil.copytree(exported, workdir)
+  (workdir / "results.json").unlink()  # the run as it was before it wrote its results
+  (workdir / export.DIRECTORY / export.FINAL).unlink()
+  at_end = export.Export.at_end
+
+  def at_end_then_signal(self, step, samples_seen, state):
+    at_end(self, step, samples_seen, state)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+  monkeypatch.setattr(export.Export, "at_end", at_end_then_signal)
+  with pytest.raises(errors.Preempted, match=re.escape(
+      "stopped by signal 15 after the stream's end, before results.json was written; the final"
+      f" checkpoint is {workdir}/checkpoints/{tiny_run.N_STEPS}: run the same command to finish"
+      " from it")):
+    trainer.train_and_evaluate(_config(), str(workdir), progress=False)
+  assert not (workdir / "results.json").exists()
+  monkeypatch.undo()
+  cut = workdir / export.DIRECTORY / f"{export.task_file(1)}.999999.tmp"  # a SIGKILLed write's
+  cut.write_bytes(b"PK")
+  trainer.train_and_evaluate(_config(), str(workdir), progress=False)
+  assert sorted(p.name for p in (workdir / export.DIRECTORY).iterdir()) == sorted(
+      p.name for p in (exported / export.DIRECTORY).iterdir())
+  assert (workdir / export.DIRECTORY / export.FINAL).read_bytes() == (
+      exported / export.DIRECTORY / export.FINAL).read_bytes()
+  tiny_run.assert_same_run(workdir, exported)
 
 
 def test_top_k_ranks_the_classes_the_evaluator_would(exported, tmp_path):

@@ -245,12 +245,45 @@ def test_a_finished_workdir_says_nothing_ran_and_redraws_missing_plots(tmp_path,
   workdir = tmp_path / "run"
   shutil.copytree(tiny_reference, workdir)
   assert not (workdir / "plots").exists()  # as if killed between results.json and the plots
+  (workdir / "error.log").write_text("the traceback of a failure the run since resumed from\n")
   done = tiny_run.run(workdir, compilation_cache, "--config.eval.write_plots=True")
   assert done.returncode == 0, done.stderr[-2000:]
   assert "nothing ran" in done.stdout and "already holds this finished run" in done.stdout
   assert "results written" not in done.stdout
   assert sorted(os.listdir(workdir / "plots"))  # redrawn
   assert tiny_run.results(workdir) == tiny_run.results(tiny_reference)
+  assert not (workdir / "error.log").exists()  # an earlier failure's, stale once finished
+
+
+def test_a_finished_run_on_a_read_only_mount_reprints_its_results(tmp_path, tiny_reference):
+  """Reprinting a finished run needs no lock and writes nothing: on a read-only mount it was
+  refused as an unwritable workdir (exit 4)."""
+  workdir = tmp_path / "run"
+  shutil.copytree(tiny_reference, workdir)
+  config = tiny_run.config()
+  config.eval.write_plots = True  # its plots are missing: said, not redrawn
+  with _read_only(workdir):
+    before = snapshot(workdir)
+    results = trainer.train_and_evaluate(config, str(workdir), progress=False)
+    assert snapshot(workdir) == before
+  assert results.pop("already_finished")
+  assert results == json.loads((tiny_reference / "results.json").read_text())
+
+
+def test_a_key_added_since_the_run_was_made_is_told_as_such(tmp_path):
+  """A resume after an upgrade that added a key was told to pass "the run's original config",
+  which no config given to the new version can be (it has the key)."""
+  saved = checkpointing.config_to_dict(tiny.get_config())
+  del saved["learner"]["allow_dead_lora"]
+  with pytest.raises(checkpointing.WorkdirError, match=re.escape(
+      "(learner.allow_dead_lora: '<absent>' -> False); learner.allow_dead_lora is newer than the"
+      " run (added to olora-jax since it was made): pass a new --workdir to run it with this"
+      " version, or resume it with the version of olora-jax that made it")):
+    checkpointing.check_same_config(saved, tiny.get_config(), str(tmp_path))
+  saved["seed"] = 7  # and a value of its own: its original config too
+  with pytest.raises(checkpointing.WorkdirError, match=r"that made it and the run's original"
+                     r" config$"):
+    checkpointing.check_same_config(saved, tiny.get_config(), str(tmp_path))
 
 
 @pytest.mark.parametrize("damage", [_cut_at_a_line, Path.unlink, lambda log: log.open("a").write(
@@ -427,11 +460,30 @@ def test_skipping_non_finite_steps_stops_past_the_bound(tmp_path):
   assert [e["step"] for e in events if e["event"] == "nonfinite_skipped"] == [1, 2, 3, 4]
 
 
+def test_a_non_finite_evaluated_model_stops_the_run_naming_the_key_that_made_it(tmp_path):
+  """SLCA's aligned head is computed for evaluation only (its eval_state), after the trained
+  state's finite loss: a runaway alignment rate made it NaN and the run scored the NaN logits
+  (A_final 10%, exit 0, NaN in the export). The evaluated model has its own check."""
+  config = tiny.get_config("slca")
+  config.slca.alignment_learning_rate = 1e30
+  config.eval.export, config.eval.write_plots = "logits", False
+  workdir = tmp_path / "run"
+  with pytest.raises(errors.NonFiniteLoss, match=re.escape(
+      "the model evaluated after stream step 8 holds NaN/Inf (2 array(s), e.g."
+      " ['params']['head']['bias']) though the trained state's loss was finite: method='slca'"
+      " computes it for evaluation (its eval_state); lower slca.alignment_learning_rate with a"
+      " new --workdir (this one keeps this run's config), or check the data; no checkpoint was"
+      " written yet")):
+    trainer.train_and_evaluate(config, str(workdir), progress=False)
+  assert not (workdir / "export").exists() and not (workdir / "results.json").exists()
+
+
 def test_an_error_in_a_host_callback_names_the_users_exception_and_file(tmp_path):
   """A method's host callback that raises reaches the loop as JAX's runtime error, whose first
-  line is a frame of JAX's: the line names the method's exception and file instead."""
+  line is a frame of JAX's: the line names the method's exception and file instead, by its type
+  and first line when its message spans several (it read "x = 3", its last line)."""
   def check(x):
-    raise ValueError("my check failed")
+    raise ValueError("my check failed\nx = 3")
 
   line = check.__code__.co_firstlineno + 1
 

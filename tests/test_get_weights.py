@@ -7,10 +7,15 @@ line and leaves nothing behind; a connection dropped half way says so (exit 4), 
 from __future__ import annotations
 
 import functools
+import hashlib
 import http.server
+import os
+import re
+import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -49,10 +54,14 @@ def hub(tmp_path_factory):
 
 
 class _Ranged(http.server.SimpleHTTPRequestHandler):
-  """Serves files whole or from a `Range: bytes=N-` offset (206), as the Hub's CDN does; while
-  `DROP_AFTER[0]` is set, the connection is closed after that many bytes of the body."""
+  """Serves files whole or from a `Range: bytes=N-` offset (206), as the Hub's CDN does, each
+  with a strong ETag (its content's SHA-256): a range whose If-Range names another ETag gets the
+  whole file (200), as HTTP says. While `DROP_AFTER[0]` is set, the connection is closed after
+  that many bytes of the body."""
 
   DROP_AFTER: list[int | None] = [None]
+  STALL_AFTER: list[int | None] = [None]  # after that many bytes, wait for STALLED
+  STALLED = threading.Event()
   RANGES: list[str | None] = []  # the Range header of each request
 
   def do_GET(self):
@@ -61,10 +70,14 @@ class _Ranged(http.server.SimpleHTTPRequestHandler):
       self.send_error(404)
       return
     data = path.read_bytes()
+    etag = f'"{hashlib.sha256(data).hexdigest()}"'
     asked = self.headers.get("Range")
     self.RANGES.append(asked)
+    if asked and self.headers.get("If-Range") not in (None, etag):
+      asked = None  # the file changed since the part was fetched: all of it
     start = int(asked.removeprefix("bytes=").rstrip("-")) if asked else 0
     self.send_response(206 if asked else 200)
+    self.send_header("ETag", etag)
     self.send_header("Content-Length", str(len(data) - start))
     if asked:
       self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
@@ -73,6 +86,12 @@ class _Ranged(http.server.SimpleHTTPRequestHandler):
     if self.DROP_AFTER[0] is not None:
       body = body[:self.DROP_AFTER[0]]
       self.close_connection = True
+    if self.STALL_AFTER[0] is not None:  # a slow server: the client is stopped meanwhile
+      self.wfile.write(body[:self.STALL_AFTER[0]])
+      self.wfile.flush()
+      self.STALLED.wait(60)
+      self.close_connection = True
+      return
     self.wfile.write(body)
 
   def log_message(self, *args):
@@ -104,8 +123,9 @@ def test_a_wrong_or_missing_file_is_refused_in_one_line_and_nothing_is_left(hub,
   with pytest.raises(SystemExit, match="is not vit_b16's weights in timm's layout"):
     get_weights.main(["vit_b16", f"--dest={tmp_path}", f"--endpoint={endpoint}"])
   with pytest.raises(SystemExit, match="HTTP 404") as e:  # not on the stand-in
-    get_weights.main(["vit_l16", f"--dest={tmp_path}", f"--endpoint={endpoint}"])
+    get_weights.main(["vit_l16", f"--dest={tmp_path / 'new' / 'folder'}", f"--endpoint={endpoint}"])
   assert e.value.exit_code == 4  # the environment (docs/reference/exit-codes.md)
+  assert not (tmp_path / "new").exists()  # the folders it made for the download are gone
   with pytest.raises(SystemExit, match="unknown preset") as e:
     get_weights.main(["vit_z", f"--dest={tmp_path}", f"--endpoint={endpoint}"])
   assert e.value.exit_code == 2
@@ -140,7 +160,8 @@ def test_a_dropped_connection_is_named_and_the_next_call_resumes_the_partial_fil
   assert e.value.exit_code == 4 and "run the same command to resume" in str(e.value)
   assert "weights" not in str(e.value)  # not taken for a wrong file
   part = get_weights.partial_file(target)
-  assert sorted(p.name for p in tmp_path.iterdir()) == [part.name]  # the stale file is gone
+  source = get_weights.source_file(part)  # the validator of the file the part holds
+  assert sorted(p.name for p in tmp_path.iterdir()) == [part.name, source.name]  # no stale file
   assert part.read_bytes() == served.read_bytes()[:1000]
   get_weights.main(["vit_s16", f"--dest={tmp_path}", f"--endpoint={endpoint}"])
   assert _Ranged.RANGES == [None, "bytes=1000-"]  # resumed, not downloaded again
@@ -153,3 +174,101 @@ def test_the_command_line_exits_with_the_documented_code_and_one_error_line(tmp_
                         capture_output=True, text=True, cwd=tmp_path)
   assert done.returncode == 2
   assert done.stderr.strip().splitlines()[-1].startswith("error: unknown preset(s) ['vit_z']")
+
+
+def _serve(root: Path, preset: str, data: bytes) -> None:
+  (root / get_weights.repository(preset) / "resolve" / "main" / get_weights.FILENAME).write_bytes(
+      data)
+
+
+def test_a_resume_never_splices_two_files(hub, tmp_path):
+  """Killed at 1,000 bytes of file A, rerun while the server holds file B: the range request's
+  If-Range named A's ETag, so B came whole. Before, the rerun appended B's tail to A's head and
+  accepted the splice (exit 0). A .part that records no validator is fetched from the start."""
+  endpoint, served = hub
+  root = served.parent
+  config = benchmark.benchmark_config("vit_s16", dataset="cifar100", scenario="disjoint",
+                                      n_tasks=10, mean_threshold=0.0, var_threshold=0.0)
+  other = tmp_path / "b.safetensors"  # B: another ViT-S/16 of the same size
+  pretrained.save_timm_safetensors(
+      _random(pretrained.param_shapes(models.spec_from_config(config.model), 1000),
+              np.random.default_rng(1)), str(other))
+  dest = tmp_path / "dest"
+  target = get_weights.destination("vit_s16", str(dest))
+  _Ranged.RANGES.clear()
+  _Ranged.DROP_AFTER[0] = 1000
+  try:
+    with pytest.raises(SystemExit, match="the connection dropped after"):
+      get_weights.main(["vit_s16", f"--dest={dest}", f"--endpoint={endpoint}"])
+  finally:
+    _Ranged.DROP_AFTER[0] = None
+  _serve(root, "vit_s16", other.read_bytes())
+  try:
+    get_weights.main(["vit_s16", f"--dest={dest}", f"--endpoint={endpoint}"])
+  finally:
+    _serve(root, "vit_s16", served.read_bytes())
+  assert _Ranged.RANGES == [None, "bytes=1000-"]  # asked for the rest of A; got all of B
+  assert target.read_bytes() == other.read_bytes()
+  assert sorted(p.name for p in dest.iterdir()) == [target.name]
+  # A .part of unknown origin (no record of its source): not resumed.
+  target.unlink()
+  part = get_weights.partial_file(target)
+  part.write_bytes(other.read_bytes()[:1000])
+  _Ranged.RANGES.clear()
+  get_weights.main(["vit_s16", f"--dest={dest}", f"--endpoint={endpoint}"])
+  assert _Ranged.RANGES == [None] and target.read_bytes() == served.read_bytes()
+
+
+def test_two_calls_on_one_destination_do_not_share_it(hub, tmp_path):
+  """The second call is refused while the first holds the destination (before, the two wrote
+  one .part, and the second ended with "nothing is ever downloaded, fetch the file yourself")."""
+  endpoint, served = hub
+  target = get_weights.destination("vit_s16", str(tmp_path))
+  with get_weights.locked(target):
+    with pytest.raises(SystemExit, match=re.escape(
+        f"{target} is being fetched by get_weights.py (pid {os.getpid()}); wait for it to"
+        " end")) as e:
+      get_weights.main(["vit_s16", f"--dest={tmp_path}", f"--endpoint={endpoint}"])
+    assert e.value.exit_code == 4
+  assert list(tmp_path.iterdir()) == []  # the lock file goes with the lock
+  get_weights.main(["vit_s16", f"--dest={tmp_path}", f"--endpoint={endpoint}"])
+  assert target.read_bytes() == served.read_bytes()
+  assert sorted(p.name for p in tmp_path.iterdir()) == [target.name]
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl_c", "sigterm"])
+def test_a_signal_stops_the_download_in_one_line_and_the_rerun_resumes(hub, tmp_path, signum):
+  """Ctrl-C printed a KeyboardInterrupt traceback and SIGTERM exited 143 with no line."""
+  endpoint, served = hub
+  target = get_weights.destination("vit_s16", str(tmp_path))
+  part = get_weights.partial_file(target)
+  _Ranged.STALLED.clear()
+  _Ranged.STALL_AFTER[0] = 5000
+  try:
+    process = subprocess.Popen([sys.executable, str(ROOT / "scripts" / "get_weights.py"),
+                                "vit_s16", f"--dest={tmp_path}", f"--endpoint={endpoint}"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not (part.exists() and part.stat().st_size == 5000) and time.monotonic() < deadline:
+      time.sleep(0.02)
+    process.send_signal(signum)
+    _, stderr = process.communicate(timeout=60)
+  finally:
+    _Ranged.STALL_AFTER[0] = None
+    _Ranged.STALLED.set()
+  assert process.returncode == 128 + signum, stderr
+  assert "Traceback" not in stderr
+  assert stderr.strip().splitlines()[-1] == (
+      f"error: stopped by signal {signum}; {part} keeps the 5,000 bytes received: run the same"
+      " command to resume")
+  _Ranged.RANGES.clear()
+  get_weights.main(["vit_s16", f"--dest={tmp_path}", f"--endpoint={endpoint}"])
+  assert _Ranged.RANGES == ["bytes=5000-"] and target.read_bytes() == served.read_bytes()
+
+
+def test_help_is_whole():
+  done = subprocess.run([sys.executable, str(ROOT / "scripts" / "get_weights.py"), "--help"],
+                        capture_output=True, text=True)
+  assert done.returncode == 0
+  assert "and writes them where the config expects them" in " ".join(done.stdout.split())
+  assert "128 + signal" in done.stdout

@@ -118,11 +118,14 @@ def unread_overrides(method: str, keys) -> list[str]:
 
 
 def build(ctx: base.Context) -> base.Method:
-  """The method named by `ctx.config.method`; ValueError for an unknown name. On a model with
+  """The method named by `ctx.config.method`; ValueError for an unknown name or a function of
+  the wrong signature (`base.check_signatures`). On a model with
   BatchNorm its steps also move the running statistics (`common.with_batch_statistics`)."""
   from olora_jax.methods import common
 
-  return common.with_batch_statistics(resolve(ctx.config.method).build(ctx), ctx.model)
+  method = resolve(ctx.config.method).build(ctx)
+  base.check_signatures(method)  # a hook of the wrong signature: refused before any compute
+  return common.with_batch_statistics(method, ctx.model)
 
 
 def __getattr__(attribute: str):

@@ -28,7 +28,10 @@ replicates it over the mesh, and hands it to these functions:
                                                        recorder (olora_jax/trace.py)
     eval_state(state) -> state                         optional: the state the evaluator
                                                        reads (GDumb trains its model from the
-                                                       buffer here); never written back
+                                                       buffer here); never written back; it
+                                                       must hold no NaN/Inf (the loop checks:
+                                                       exit 3 naming `eval_state_keys`, the
+                                                       config keys that set what it computes)
     init_host() -> dict                                the host hook's initial record
     finish(state, workdir)                             optional, after the last step (Online-
                                                        LoRA: export_online_lora)
@@ -55,6 +58,7 @@ docs/methods/boundaries.md).
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -80,6 +84,7 @@ class Method:
   predict: Callable[[Any, Any], Any]
   after_step: Callable | None = None
   eval_state: Callable[[Any], Any] | None = None
+  eval_state_keys: tuple[str, ...] = ()
   init_host: Callable[[], dict] = dict
   finish: Callable[[Any, str], None] | None = None
   at_boundary: Callable[[Any, dict], tuple[Any, dict]] | None = None
@@ -87,6 +92,35 @@ class Method:
   trainable: Callable[[Any], Any] | None = None
   # The method trains on an i.i.d. shuffle of the stream's samples (the upper bound).
   iid_stream: bool = False
+
+
+# How the loop calls each function of a `Method` (the module docstring's contracts).
+CALLS = {"init": ("key", "params"), "train_step": ("state", "batch"),
+         "predict": ("state", "images"),
+         "after_step": ("state", "host", "step", "batch", "scalars", "extras", "finite", "trace"),
+         "eval_state": ("state",), "init_host": (), "finish": ("state", "workdir"),
+         "at_boundary": ("state", "host"), "trainable": ("state",)}
+
+
+def check_signatures(method: Method) -> None:
+  """Refuses (ValueError: exit 2, before any compute) a function of `method` that cannot take
+  the loop's call, naming it and the call: a hook of the wrong signature would otherwise fail
+  steps later inside the loop, as if the loop were at fault."""
+  for name, args in CALLS.items():
+    fn = getattr(method, name)
+    if fn is None:
+      continue
+    try:
+      signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # a builtin or extension without a signature: not checked
+      continue
+    try:
+      signature.bind(*args)
+    except TypeError as e:
+      raise ValueError(
+          f"method={method.name!r}: its {name}{signature} cannot take the loop's call"
+          f" {name}({', '.join(args)}) ({e}); give {name} that signature (the method interface:"
+          " docs/methods/interface.md)") from e
 
 
 @dataclasses.dataclass(frozen=True)

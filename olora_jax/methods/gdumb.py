@@ -97,7 +97,8 @@ def build(ctx: base.Context) -> base.Method:
 
   return base.Method(name="gdumb", init=init, train_step=train_step,
                      predict=lambda s, x: apply(s["frozen"], s["params"], x),
-                     eval_state=jax.jit(eval_state), anytime_eval=False)
+                     eval_state=jax.jit(eval_state), anytime_eval=False,
+                     eval_state_keys=("gdumb.learning_rate",))
 
 
 def config():

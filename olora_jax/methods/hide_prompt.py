@@ -328,6 +328,8 @@ def build(ctx: base.Context) -> base.Method:
 
   return base.Method(name="hide_prompt", init=init, train_step=train_step, predict=predict,
                      eval_state=None if block.align == "none" else jax.jit(eval_state),
+                     eval_state_keys=("hide_prompt.tap_learning_rate",
+                                      "hide_prompt.tii_alignment_learning_rate"),
                      at_boundary=lambda state, host: (boundary(state), host))
 
 

@@ -289,6 +289,7 @@ def build(ctx: base.Context) -> base.Method:
 
   return base.Method(name="slca", init=init, train_step=train_step, predict=predict,
                      eval_state=None if block.alignment == "none" else jax.jit(eval_state),
+                     eval_state_keys=("slca.alignment_learning_rate",),
                      at_boundary=lambda state, host: (boundary(state), host))
 
 

@@ -50,13 +50,23 @@ def spec_from_config(model_config: Any) -> vit.ViTSpec | swin.SwinSpec | resnet.
   name = model_config.name
   if name == resnet.NAME:
     return resnet.spec_from_config(model_config)
-  if name in swin.PRESETS or name == swin.CUSTOM:
+  if family(name) == "Swin":
     return swin.spec_from_config(model_config)
-  if name in vit.PRESETS or name == "custom":
+  if family(name) == "ViT":
     return vit.spec_from_config(model_config)
   raise ValueError(
       f"unknown model.name={name!r}; use one of {sorted(vit.PRESETS)}, 'custom' (a ViT),"
       f" {sorted(swin.PRESETS)}, {swin.CUSTOM!r} or {resnet.NAME!r}")
+
+
+def family(name: str) -> str | None:
+  """'ViT' or 'Swin', the transformer a model.name builds (a preset or its custom sizes); None
+  for the ResNet or an unknown name."""
+  if name in swin.PRESETS or name == swin.CUSTOM:
+    return "Swin"
+  if name in vit.PRESETS or name == "custom":
+    return "ViT"
+  return None
 
 
 # The model keys a preset sizes itself, each as (config key, the preset's own value's key): they
