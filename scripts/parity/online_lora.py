@@ -18,12 +18,12 @@ Two stages, each in its own environment:
         --inputs /tmp/olora_parity_inputs.npz
 
 `prepare` builds the stream of configs/demo.py in `reference` fidelity (250 steps of 16 MNIST
-digits, 5 tasks; `--set KEY=VALUE` changes a config key) and writes into the fixture folder:
-`stream_manifest.json` (the run's manifest), `initial.safetensors` (the run's initial state, the
-pretrained backbone with the head and the first LoRA our seed draws, in the authors' layout,
-`pretrained.save_online_lora_safetensors`) and `settings.json` (every config value the authors'
-loop takes). The model inputs (float32, as our input pipeline makes them) go to `--inputs`, a
-scratch file (50 MB) that is not part of the fixture.
+digits, 5 tasks; `--set KEY=VALUE` changes one of its SETTING_KEYS) and writes into the fixture
+folder: `stream_manifest.json` (the run's manifest), `initial.safetensors` (the run's initial
+state, the pretrained backbone with the head and the first LoRA our seed draws, in the authors'
+layout, `pretrained.save_online_lora_safetensors`) and `settings.json` (every config value the
+authors' loop takes). The model inputs (float32, as our input pipeline makes them) go to
+`--inputs`, a scratch file (60 MB) that is not part of the fixture.
 
 `record` imports the authors' `Disjoint/` modules from `--authors` (a copy, patched with
 scripts/parity/online_lora.patch: one line, the reason in the file) and runs what their
@@ -109,6 +109,8 @@ def prepare(args) -> None:
   config.fidelity = "reference"
   for item in args.set:
     key, _, value = item.partition("=")
+    if key not in SETTING_KEYS[2:]:  # their loop reads these; the test sets them from settings
+      raise SystemExit(f"--set {key}: only {', '.join(SETTING_KEYS[2:])} can be set")
     section, _, leaf = key.rpartition(".")
     node = config[section] if section else config
     try:
@@ -547,7 +549,8 @@ def main(argv=None) -> None:
   p.add_argument("--fixture", required=True, help="folder of the fixture")
   p.add_argument("--inputs", required=True, help="scratch .npz of the model inputs")
   p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                 help="a config key of configs/demo.py to change (repeatable)")
+                 help="a setting of configs/demo.py to change, one of SETTING_KEYS but seed and"
+                 " fidelity (repeatable)")
   r = sub.add_parser("record", help="theirs: run their loop and record it")
   r.add_argument("--authors", required=True, help="checkout of Online-LoRA-official")
   r.add_argument("--fixture", required=True, help="the folder `prepare` wrote")
