@@ -36,15 +36,18 @@ import numpy as np
 EPS = float(np.finfo(np.float32).eps)  # 1.19e-7
 
 
-def assert_close(actual, expected, rtol: float = 1e-5, scale: float | None = None) -> None:
+def assert_close(actual, expected, rtol: float = 1e-5, scale: float | None = None,
+                 err_msg: str = "") -> None:
   """|actual - expected| <= rtol * |expected| + rtol * scale, elementwise; `scale` is the
   magnitude of the terms behind the values, max|expected| unless given (a value that cancels,
-  like a dot product near 0, passes the magnitude of its terms: the sum of |a_i b_i|)."""
+  like a dot product near 0, passes the magnitude of its terms: the sum of |a_i b_i|). `err_msg`
+  names what is compared in a failure."""
   actual = np.asarray(actual, np.float64)
   expected = np.asarray(expected, np.float64)
   if scale is None:
     scale = float(np.max(np.abs(expected))) if expected.size else 0.0
-  np.testing.assert_allclose(actual, expected, rtol=rtol, atol=rtol * max(float(scale), 1e-30))
+  np.testing.assert_allclose(actual, expected, rtol=rtol, atol=rtol * max(float(scale), 1e-30),
+                             err_msg=err_msg)
 
 
 def reduction_rtol(n_terms: int) -> float:

@@ -161,17 +161,21 @@ class Check:
             shared: means over 5 seeds each side), or 'none' (not checked)
   against   the authors' code the check ran ("owner/repository"), '' for 'none'
   test      the test that replays it ("tests/test_....py"), '' for 'none'
+  scope     the setting the check covers when it is not the method's default ("in `reference`
+            fidelity"), '' for the defaults
   """
 
   kind: str
   against: str = ""
   test: str = ""
+  scope: str = ""
 
   def sentence(self) -> str:
     """The line a method's page opens with."""
     if self.kind == "none":
       return f"Check: {CHECK_KINDS['none']}; its defaults' sources are listed on its page."
-    return f"Check: {CHECK_KINDS[self.kind]} ({self.against}; {self.test})."
+    scope = f", {self.scope}" if self.scope else ""
+    return f"Check: {CHECK_KINDS[self.kind]}{scope} ({self.against}; {self.test})."
 
 
 @dataclasses.dataclass(frozen=True)

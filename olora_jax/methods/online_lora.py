@@ -134,4 +134,6 @@ PAPER_RESULTS = {
 
 METHODS = (base.MethodSpec(
     name="online_lora", build=build, config=None, report_name="Online-LoRA", table_row=90,
-    paper_results=PAPER_RESULTS, paper_row_names={"table2": "Online-LoRA w/o hard loss"}),)
+    paper_results=PAPER_RESULTS, paper_row_names={"table2": "Online-LoRA w/o hard loss"},
+    check=base.Check("step", "Christina200/Online-LoRA-official",
+                     "tests/test_parity_online_lora.py", "in `reference` fidelity")),)
