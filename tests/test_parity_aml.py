@@ -1,31 +1,33 @@
 """ER and ER-ACE against their authors' code (pclucas14/AML), from committed recordings.
 
 tests/fixtures/parity/aml_{er,er_ace}.npz were recorded by scripts/parity/aml.py from the
-authors' code, unmodified, on a 60-step stream of the demo's MNIST digits (5 tasks of 12
-batches of 10) with the reduced ResNet-18 from our run's initial weights, at their settings
-(plain SGD, batch 10, 10 replayed, 200 slots; the learning rate their grid's 0.001)
+authors' code, unmodified, on a 40-step stream of the demo's MNIST digits (5 tasks of 8 batches
+of 10; 250 test images) with the reduced ResNet-18 from our run's initial weights, at their
+settings (plain SGD, batch 10, 10 replayed, 200 slots; the learning rate their grid's 0.001)
 (docs/parity.md). Each recording holds their run's per-step losses, each step's reservoir
 decisions, replay draw and buffer contents (record ids), every test sample's logits at each task
-end, and a second run of their code from the same weights perturbed at float32 rounding
-(x (1 + 1e-7 N(0, 1))): how far their run drifts from itself, the scale the tolerances below are
-set against.
+end, and three more runs of their code from the same weights perturbed at float32 rounding
+(x (1 + 1e-7 N(0, 1)), three draws): how far their run drifts from itself, the scale of the
+tolerances below ("own drift": the largest of the three).
 
 Here, no PyTorch: (1) their decisions, applied by our buffer (`replay.given_update`,
 `given_sample`), give their buffer contents and replay draws at every step; (2) our CLI replays the
 same stream with those draws (`data.replay_draws`) and their settings (the recording's
 overrides), and its losses and task-end predictions are compared with theirs.
 
-Tolerances, from the measured drift (2-core AMD EPYC; their recording's own run on the same CPU):
-- the first `EXACT_STEPS` steps' losses within 1e-6 relative: measured at most 2.5e-7 (float32
-  rounding of two implementations' convolutions and BatchNorm; their perturbed run: 1.5e-6);
+Tolerances, from the measured drift (2-core AMD EPYC; their recording on the same CPU):
+- the first `EXACT_STEPS` steps' losses within 1e-6 + 2x their own drift, relative: measured at
+  most 3.3e-6 (ER) and 1.9e-7 (ER-ACE), their own drift 3.5e-6 and 1.9e-7: float32 rounding of
+  two implementations' convolutions and BatchNorm, already amplified by the second update;
 - afterwards the training is chaotic at the float level (BatchNorm at batch 10, from scratch):
-  their own run drifts from itself to a median 8e-4 and a maximum 1.2e-2 relative loss difference
-  over the 60 steps. Ours against theirs must stay within `DRIFT_FACTOR` times their own drift
-  (median and maximum; measured 0.8x for ER, 1.3x for ER-ACE);
-- predictions: at the first task end at most 2 of 500 differ (measured 0, and 0 in their own
-  drift); at each later one at most 2x their own drift's count + 5 (measured ER 0/5/5/25/51
-  against their own 0/5/10/28/65; ER-ACE 0/2/12/21/43 against 0/0/9/17/48), and the largest
-  logit difference at most 2x their own + 0.01.
+  their own run drifts from itself to a median 3e-4 to 8e-4 and a maximum 3.5e-3 to 6.0e-3
+  relative loss difference over the 40 steps. Ours against theirs must stay within
+  `DRIFT_FACTOR` times their own drift, median and maximum (measured: ER median 6.8e-4, max
+  8.9e-3, against their 8.5e-4 and 6.0e-3; ER-ACE 3.5e-4 and 6.4e-3 against 6.1e-4 and 4.8e-3);
+- predictions: at the first task end at most 2 of 250 differ (measured 0, their own 0); at each
+  later one at most 2x their own drift's count + 5 (measured ER 0/0/3/12/12 against their own
+  at most 0/0/4/7/9; ER-ACE 0/0/5/4/15 against 0/1/4/3/15), and the largest logit difference at
+  most 2x their own + 0.01 (measured at most 1.0x their own).
 A real difference in the method (another replayed sample, a class left in ACE's softmax, the
 replayed samples' BatchNorm pass) moves the losses by 1e-2 to 1 from the step it happens.
 """
@@ -51,7 +53,7 @@ import aml  # noqa: E402 (the driver: its settings as command-line overrides)
 
 METHODS = ("er", "er_ace")
 EXACT_STEPS = 3
-DRIFT_FACTOR = 3.0
+DRIFT_FACTOR = 2.5
 
 
 def recording(method: str) -> dict:
@@ -133,18 +135,17 @@ def test_our_cli_run_matches_their_run(method, tmp_path):
   lines = [json.loads(x) for x in (workdir / "metrics.jsonl").read_text().splitlines()]
   ours = np.array([x["loss"] for x in lines if x.get("event") == "train"])
   theirs, own = rec["loss"].astype(np.float64), rec["own_loss"].astype(np.float64)
-  assert len(ours) == len(theirs) == 60
-  drift, own_drift = np.abs(ours - theirs) / theirs, np.abs(own - theirs) / theirs
-  assert drift[:EXACT_STEPS].max() < 1e-6, drift[:EXACT_STEPS]
+  assert len(ours) == len(theirs) == len(rec["manifest"]["steps"])
+  drift = np.abs(ours - theirs) / theirs
+  own_drift = (np.abs(own - theirs) / theirs).max(axis=0)  # the largest of their own runs'
+  assert (drift[:EXACT_STEPS] <= 1e-6 + 2 * own_drift[:EXACT_STEPS]).all(), drift[:EXACT_STEPS]
   assert np.median(drift) <= DRIFT_FACTOR * np.median(own_drift), (drift, own_drift)
   assert drift.max() <= DRIFT_FACTOR * own_drift.max(), (drift, own_drift)
   assert rec["ace_rule_differences"] == 0  # their ACE mask is ours at every step of this stream
-  for j, (logits, own_predictions) in enumerate(zip(rec["task_end_logits"],
-                                                    rec["own_task_end_predictions"],
-                                                    strict=True)):
+  for j, logits in enumerate(rec["task_end_logits"]):
     export = np.load(workdir / "export" / f"task_{j}.npz")
     np.testing.assert_array_equal(export["record_ids"], rec["test_ids"])
     differ = int((export["logits"].argmax(1) != logits.argmax(1)).sum())
-    own_differ = int((own_predictions != logits.argmax(1)).sum())
+    own_differ = int((rec["own_task_end_predictions"][:, j] != logits.argmax(1)).sum(1).max())
     assert differ <= (2 if j == 0 else 2 * own_differ + 5), (j, differ, own_differ)
-    assert np.abs(export["logits"] - logits).max() <= 2 * rec["own_logit_drift"][j] + 0.01
+    assert np.abs(export["logits"] - logits).max() <= 2 * rec["own_logit_drift"][:, j].max() + 0.01
