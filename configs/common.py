@@ -169,6 +169,9 @@ def get_config(method: str = "online_lora") -> ml_collections.ConfigDict:
           stream_manifest=Key("", "'' = build the stream from the seed; a path = replay the steps"
                               " that stream manifest lists (a run's stream_manifest.json;"
                               " docs/replay.md)"),
+          replay_draws=Key("", "'' = a replay method draws from the run's seed; a path = each"
+                           " step's reservoir decisions and replay draws from that file"
+                           " (another codebase's; er and er_ace; docs/replay.md)"),
           # Fidelity keys: docs/fidelity.md.
           input_scale=Key(config_dict.placeholder(str), "model input pixels: 'unit' [0, 1] |"
                           " 'signed' [-1, 1] (big_vision's AugReg); " + _FROM_FIDELITY

@@ -117,7 +117,7 @@ class Setup:
         config=c, model=self.model, spec=self.spec, num_classes=self.num_classes,
         batch_size=c.learner.batch_size,
         image_shape=(self.spec.image_size, self.spec.image_size, 3),
-        stream_samples=self.stream.n_samples))
+        stream_samples=self.stream.n_samples, stream_steps=len(self.stream.steps)))
     # (A replayed manifest lists its own steps; the batch size only pads them.)
     if c.learner.batch_size > self.stream.n_samples and not c.data.stream_manifest:
       raise validation.InputError(

@@ -178,6 +178,10 @@ def check_config(config: ml_collections.ConfigDict, width: int) -> None:
 
 
 TRAINABLE = ("all", "head", "lora", "prompts")
+GIVEN_DRAWS_METHODS = ("er", "er_ace")  # the methods that read data.replay_draws
+OPTIMIZERS = ("adam", "sgd")  # methods/common.py OPTIMIZERS
+REPLAY_PASSES = ("joint", "separate")  # methods/er.py REPLAY_PASSES
+ER_ACE_HEADS = ("cosine", "linear")  # methods/er_ace.py HEADS
 BOUNDARY_RULES = ("none", "oracle", "plateau")
 
 
@@ -205,6 +209,9 @@ def check_method(config: ml_collections.ConfigDict, width: int | None = None) ->
   except ValueError as e:  # an unknown name, or a method file that cannot be used
     raise InputError(str(e)) from None
   check_boundaries(config.boundaries, spec.name)
+  _require(not config.data.replay_draws or spec.name in GIVEN_DRAWS_METHODS,
+           f"data.replay_draws is read by {' and '.join(GIVEN_DRAWS_METHODS)} only; with"
+           f" method={spec.name!r} leave it ''")
   if spec.name == "online_lora":  # its block is `learner`, checked above
     return
   name = spec.name
@@ -217,6 +224,11 @@ def check_method(config: ml_collections.ConfigDict, width: int | None = None) ->
              f"{key}=True is Online-LoRA's; with method={name!r} set it to False")
   b, p = config[name], f"{name}."
   values = b.to_dict()
+  for key, allowed in (("optimizer", OPTIMIZERS), ("replay_pass", REPLAY_PASSES),
+                       ("head", ER_ACE_HEADS)):
+    if key in values and (key != "head" or name == "er_ace"):
+      _require(values[key] in allowed,
+               f"unknown {p}{key}={values[key]!r}; use one of {allowed}")
   # L2P, MVP, DualPrompt, CODA-Prompt: they train a prompt pool and the head
   prompt_method = "pool_size" in values
   # A training-free method (simplecil, slda, ranpac) has no `trainable` nor `learning_rate`.

@@ -134,6 +134,7 @@ class Context:
   batch_size: int
   image_shape: tuple[int, int, int]  # (H, W, 3) of a model input
   stream_samples: int = 0  # training samples in the run's stream (0: not known, e.g. in tests)
+  stream_steps: int = 0  # training steps of the run's stream (0: not known)
 
 
 def check_batch(batch: dict) -> None:

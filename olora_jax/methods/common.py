@@ -178,8 +178,8 @@ def moved_batch_statistics(model, frozen: dict, params: dict, images, mask) -> d
   if resnet.BATCH_STATS not in frozen:
     return frozen
   weights = {k: v for k, v in params.items() if k not in ADAPTERS}
-  _, moved = model.apply({"params": {**frozen, **weights}}, images, update_statistics=True,
-                         mask=mask)
+  _, moved = model.apply({"params": {**frozen, **weights}}, images, pre_logits=True,
+                         update_statistics=True, mask=mask)  # the head moves no statistics
   return {**frozen, resnet.BATCH_STATS: moved}
 
 
@@ -205,14 +205,21 @@ def make_adam(learning_rate, weight_decay: float, clip_norm: float = 0.0
 def make_sgd(learning_rate, weight_decay: float, momentum: float = 0.9
              ) -> optax.GradientTransformation:
   """PyTorch's SGD with momentum and L2 weight decay added to the gradient (SLCA's and EASE's
-  authors' optimiser): v <- momentum v + (grad + weight_decay theta), theta <- theta - lr v."""
+  authors' optimiser): v <- momentum v + (grad + weight_decay theta), theta <- theta - lr v.
+  `momentum` 0: plain SGD, theta <- theta - lr (grad + weight_decay theta)."""
   parts = [optax.add_decayed_weights(weight_decay)] if weight_decay > 0 else []
-  return optax.chain(*parts, optax.sgd(learning_rate, momentum=momentum))
+  return optax.chain(*parts, optax.sgd(learning_rate, momentum=momentum or None))
+
+
+OPTIMIZERS = ("adam", "sgd")  # a block's `optimizer` key, where it has one
 
 
 def optimizer_and_apply(ctx, block) -> tuple[optax.GradientTransformation, object]:
   """(tx, apply) of a baseline: Adam with its block's `learning_rate` and `weight_decay`
-  (`make_adam`) and the split-aware forward pass of the run's model (`make_apply`)."""
+  (`make_adam`), or plain SGD (`make_sgd`, no momentum) where the block has `optimizer='sgd'`,
+  and the split-aware forward pass of the run's model (`make_apply`)."""
+  if block.get("optimizer", "adam") == "sgd":
+    return make_sgd(block.learning_rate, block.weight_decay, momentum=0.0), make_apply(ctx.model)
   return make_adam(block.learning_rate, block.weight_decay), make_apply(ctx.model)
 
 
@@ -252,6 +259,15 @@ def per_example_ce(logits: jax.Array, labels: jax.Array) -> jax.Array:
   """(N,) float32 softmax cross-entropy of each item's logits (N, C) against its integer label
   (padded items included: mask them with `masked_mean`)."""
   return optax.softmax_cross_entropy_with_integer_labels(logits, labels)
+
+
+def cosine_logits(features: jax.Array, kernel: jax.Array, scale: float, eps: float) -> jax.Array:
+  """A cosine classifier without bias (ER-ACE's authors' `distLinear`): features (N, D), kernel
+  (D, C) -> scale * (features / (|features| + eps)) @ (kernel / (|kernel column| + eps)), (N, C);
+  `eps` is added to each L2 norm (not a floor), as theirs."""
+  f = features / (jnp.linalg.norm(features, axis=-1, keepdims=True) + eps)
+  w = kernel / (jnp.linalg.norm(kernel, axis=0, keepdims=True) + eps)
+  return scale * (f @ w)
 
 
 AS_LEARNER_BATCH = 0  # `replay_batch` = 0: replay as many samples per step as the learner's batch

@@ -1,20 +1,30 @@
 """ER, experience replay (Chaudhry et al. 2019): reservoir buffer, random retrieval.
 
-Each step: draw `er.replay_batch` stored samples uniformly, take one Adam step on
-CE(batch) + CE(replayed), then offer the batch to the reservoir buffer of `er.buffer_size`.
-Paper (appendix, ViT-B/16): buffer 500, 10 replayed samples per batch, LR 1e-4, WD 1e-4.
+Each step: draw `er.replay_batch` stored samples uniformly, take one optimiser step (Adam, or
+plain SGD with `er.optimizer='sgd'`) on CE(batch) + CE(replayed), then offer the batch to the
+reservoir buffer of `er.buffer_size`. Paper (appendix, ViT-B/16): buffer 500, 10 replayed
+samples per batch, LR 1e-4, WD 1e-4.
+
+`replay_pass`: the batch and the replayed samples pass the model together ('joint', one forward
+pass) or apart ('separate', two, as the ER-ACE authors' code pclucas14/AML does). On a ViT or a
+Swin the two compute the same function; on a model with BatchNorm (the reduced ResNet-18) each
+pass normalises with its own rows' statistics, and 'separate' also moves the running statistics
+a second time, by the replayed samples, after the batch's move (`replay_statistics`).
+
+`data.replay_draws`: the reservoir decisions and replay draws of every step are read from a file
+(another codebase's, olora_jax/methods/replay.py) instead of drawn from the run's key.
 """
 
 from __future__ import annotations
 
-import functools
-
 import jax
 import jax.numpy as jnp
 
-from olora_jax import config_keys
-from olora_jax.config_keys import Key, paper
+from olora_jax import config_keys, models
+from olora_jax.config_keys import Key, ours, paper
 from olora_jax.methods import base, common, replay
+
+REPLAY_PASSES = ("joint", "separate")  # `replay_pass`
 
 
 def init_with_buffer(ctx: base.Context, block, tx, n_logits: int = 0):
@@ -25,6 +35,77 @@ def init_with_buffer(ctx: base.Context, block, tx, n_logits: int = 0):
     return {**state, "buffer": replay.init(block.buffer_size, ctx.image_shape, n_logits)}
 
   return init
+
+
+def with_given_draws(ctx: base.Context, block, init):
+  """`init` with the file of `data.replay_draws`, if set, in the state as "given_draws" (read and
+  checked now: `replay.read_draws`); `init` itself otherwise."""
+  path = ctx.config.data.replay_draws
+  if not path:
+    return init
+  draws = replay.read_draws(path, block.buffer_size, ctx.batch_size,
+                            common.replay_batch(ctx, block), ctx.stream_steps)
+
+  def init_given(key, params):
+    return {**init(key, params), "given_draws": jax.tree.map(jnp.asarray, draws)}
+
+  return init_given
+
+
+def draw(ctx: base.Context, block, state, key) -> dict:
+  """This step's replay draw: the file's slots (`data.replay_draws`) or `replay_batch` slots
+  drawn uniformly from `key` (`replay.sample`)."""
+  scale = ctx.config.data.input_scale
+  if "given_draws" in state:
+    return replay.given_sample(state["buffer"],
+                               state["given_draws"]["replayed_slots"][state["step"]], scale)
+  return replay.sample(state["buffer"], key, common.replay_batch(ctx, block), scale)
+
+
+def store(ctx: base.Context, state, step, batch, key) -> replay.ReplayBuffer:
+  """The buffer after the batch is offered to it at stream step `step`: the file's slots
+  (`data.replay_draws`) or the reservoir's decisions drawn from `key`."""
+  scale = ctx.config.data.input_scale
+  if "given_draws" in state:
+    return replay.given_update(state["buffer"], batch,
+                               state["given_draws"]["stored_slot"][step], scale)
+  return replay.reservoir_update(state["buffer"], batch, key, scale)
+
+
+def replay_forward(ctx: base.Context, block, logits):
+  """`forward(params, frozen, batch, mem) -> (the batch's logits, the replayed samples')` by
+  `block.replay_pass` ('joint' where the block has none), with `logits(frozen, params, images,
+  **model_kwargs)` the method's forward pass. Apart on a BatchNorm model, each pass normalises
+  with its valid rows' statistics (all rows when none is valid: an empty buffer's draw, whose
+  loss is masked, stays finite)."""
+  separate = block.get("replay_pass", "joint") == "separate"
+  batch_norm = models.is_resnet(ctx.spec)
+
+  def rows(mask):
+    return {"mask": jnp.where(jnp.any(mask), mask, True)} if batch_norm else {}
+
+  def forward(params, frozen, batch, mem):
+    if not separate:
+      n = batch["labels"].shape[0]
+      both = logits(frozen, params, jnp.concatenate([batch["images"], mem["images"]]))
+      return both[:n], both[n:]
+    return (logits(frozen, params, batch["images"], **rows(batch["mask"])),
+            logits(frozen, params, mem["images"], **rows(mem["mask"])))
+
+  return forward
+
+
+def replay_statistics(ctx: base.Context, block, state, mem) -> dict:
+  """The frozen tree with BatchNorm's running statistics moved by the replayed samples' valid
+  rows, when the replayed samples pass the model apart (`replay_pass='separate'`) and some are
+  valid (the ER-ACE authors' second training forward pass); `state["frozen"]` otherwise. The
+  batch's own move came first (`common.with_batch_statistics`)."""
+  if block.get("replay_pass", "joint") != "separate" or not models.is_resnet(ctx.spec):
+    return state["frozen"]
+  moved = common.moved_batch_statistics(ctx.model, state["frozen"], state["params"],
+                                        mem["images"], mem["mask"])
+  return jax.tree.map(lambda new, old: jnp.where(jnp.any(mem["mask"]), new, old), moved,
+                      state["frozen"])
 
 
 def replay_loss(apply, params, frozen, batch: dict, mem: dict):
@@ -38,38 +119,74 @@ def replay_loss(apply, params, frozen, batch: dict, mem: dict):
 
 
 def make(ctx: base.Context, name: str, block, retrieve) -> base.Method:
-  """A reservoir-replay method: one Adam step on CE(batch) + CE(retrieved), then the batch enters
-  the reservoir. `retrieve(apply, state, batch, key) -> replay.sample-like dict` picks what to
-  replay from the buffer (ER: uniformly; MIR: the most interfered)."""
-  scale = ctx.config.data.input_scale
+  """A reservoir-replay method: one optimiser step on CE(batch) + CE(retrieved), then the batch
+  enters the reservoir. `retrieve(apply, state, batch, key) -> replay.sample-like dict` picks what
+  to replay from the buffer (ER: uniformly, or as `data.replay_draws` gives; MIR: the most
+  interfered)."""
   tx, apply = common.optimizer_and_apply(ctx, block)
+  forward = replay_forward(ctx, block, apply)
+  joint = block.get("replay_pass", "joint") == "joint"
+
+  def loss_fn(params, frozen, batch, mem):
+    if joint:
+      return replay_loss(apply, params, frozen, batch, mem)
+    current, replayed = forward(params, frozen, batch, mem)
+    ce_current = common.masked_mean(common.per_example_ce(current, batch["labels"]),
+                                    batch["mask"])
+    ce_replay = common.masked_mean(common.per_example_ce(replayed, mem["labels"]), mem["mask"])
+    return ce_current + ce_replay, dict(ce_current=ce_current, ce_replay=ce_replay)
 
   @common.train_step(name)
   def train_step(state, batch):
     retrieve_key, update_key = jax.random.split(common.step_key(state))
+    step = state["step"]
     mem = retrieve(apply, state, batch, retrieve_key)
-    (loss, aux), grads = jax.value_and_grad(functools.partial(replay_loss, apply), has_aux=True)(
+    (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(
         state["params"], state["frozen"], batch, mem)
-    state = common.apply_gradients(state, grads, tx)
-    state["buffer"] = replay.reservoir_update(state["buffer"], batch, update_key, scale)
+    frozen = replay_statistics(ctx, block, state, mem)
+    state = {**common.apply_gradients(state, grads, tx), "frozen": frozen}
+    state["buffer"] = store(ctx, state, step, batch, update_key)
     return state, {"loss": loss, **aux}, {}
 
-  return base.Method(name=name, init=init_with_buffer(ctx, block, tx), train_step=train_step,
-                     predict=lambda s, x: apply(s["frozen"], s["params"], x))
+  return base.Method(name=name, init=with_given_draws(ctx, block, init_with_buffer(ctx, block, tx)),
+                     train_step=train_step, predict=lambda s, x: apply(s["frozen"], s["params"], x))
 
 
 def build(ctx: base.Context) -> base.Method:
   """ER from the `er` config block: the `Method` whose replay draws `replay_batch` stored samples
-  uniformly (`replay.sample`) each step."""
-  block, scale = ctx.config.er, ctx.config.data.input_scale
-  return make(ctx, "er", block, lambda apply, state, batch, key: replay.sample(
-      state["buffer"], key, common.replay_batch(ctx, block), scale))
+  uniformly (`replay.sample`) each step, or the slots `data.replay_draws` gives."""
+  block = ctx.config.er
+  return make(ctx, "er", block, lambda apply, state, batch, key: draw(ctx, block, state, key))
+
+
+# Why ER and ER-ACE pass the batch and the replayed samples through the model together.
+ONE_PASS = ("one forward pass over the batch and the replayed samples: the same function as two"
+            " passes on a model without BatchNorm (the ViTs), at less cost")
+
+
+def optimizer_keys(optimizer_source: config_keys.Source, replay_pass_source: config_keys.Source,
+                   optimizer: str = "adam", replay_pass: str = "joint") -> dict:
+  """The `optimizer` and `replay_pass` keys ER and ER-ACE share, with their meanings and the
+  sources of their defaults."""
+  return dict(
+      optimizer=Key(optimizer, "'adam' (PyTorch's Adam, weight_decay added to the gradient) |"
+                    " 'sgd' (plain SGD, no momentum, the same L2: the ER-ACE authors' code,"
+                    " pclucas14/AML, at learning rate 0.1)", optimizer_source),
+      replay_pass=Key(replay_pass, "'joint' (the batch and the replayed samples in one forward"
+                      " pass) | 'separate' (two passes, the ER-ACE authors' code): the same"
+                      " function but on a model with BatchNorm (resnet18_reduced), where each"
+                      " pass normalises with its own statistics and 'separate' moves the running"
+                      " statistics by the replayed samples too", replay_pass_source))
 
 
 def config():
   """The `er` block: each key with its meaning (the paper's appendix values)."""
   return common.baseline_block(
-      learning_rate=common.shared(1e-4, paper(1e-4, rate=True)),
+      **optimizer_keys(paper("adam", config_keys.PAPER_TABLE.replace(
+          "baseline hyperparameters", "training settings shared by the baselines")),
+                       ours(ONE_PASS)),
+      learning_rate=Key(1e-4, "the optimiser's learning rate, constant (> 0)",
+                        paper(1e-4, rate=True)),
       weight_decay=common.shared(1e-4, paper(1e-4)),
       buffer_size=common.shared(500, common.PAPER_BUFFER),
       replay_batch=Key(10, "stored samples drawn uniformly and replayed with each batch, at most"
@@ -96,4 +213,6 @@ PAPER_RESULTS = {
 }
 
 METHODS = (base.MethodSpec(name="er", build=build, config=config, report_name="ER",
-                           table_row=2, paper_results=PAPER_RESULTS),)
+                           table_row=2, paper_results=PAPER_RESULTS,
+                           check=base.Check("step", "pclucas14/AML", "tests/test_parity_aml.py",
+                                            "with the authors' settings and replay draws")),)

@@ -14,13 +14,31 @@ resumed run makes the same draws):
                   if its class holds fewer than K // (classes seen) samples, replacing a random
                   sample of the largest class.
 `sample` draws n distinct valid slots uniformly (random retrieval).
+
+Given draws (`data.replay_draws`, docs/replay.md): instead of the run's own keys, a run can take
+each step's reservoir decisions and replay draws from a file, another codebase's, so that the two
+runs store and replay the same samples (`read_draws`, `given_update`, `given_sample`). The file is
+one JSON object:
+
+    format          "olora-jax replay draws v1"
+    stored_slot     T lists (one per stream step), one entry per item of the step's batch: the
+                    slot the item is written to, or -1 when the reservoir rejects it
+    replayed_slots  T lists: the slots replayed at the step, in order (at most the replay batch;
+                    [] = no replay, e.g. an empty buffer)
+    source          optional: what recorded it (informational)
+
+A step's replay draw is made before its batch enters the buffer, as in every method here.
 """
 
 from __future__ import annotations
 
+import json
+import os
+
 import flax.struct
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 
 @flax.struct.dataclass
@@ -138,3 +156,76 @@ def gather(buf: ReplayBuffer, idx: jax.Array, input_scale: str) -> dict:
   """The buffer's slots `idx` as a batch (see `sample`)."""
   return {"images": decode(buf.images[idx], input_scale), "labels": buf.labels[idx],
           "mask": buf.valid[idx], "logits": buf.logits[idx], "index": idx}
+
+
+DRAWS_FORMAT = "olora-jax replay draws v1"
+
+
+class DrawsError(ValueError):
+  """A replay-draws file that cannot drive the run (one line, with the fix)."""
+
+
+def read_draws(path: str, capacity: int, batch_size: int, replay_batch: int,
+               n_steps: int) -> dict:
+  """The draws file `path` (module docstring) as {"stored_slot" (T, B) int32, "replayed_slots"
+  (T, R) int32}, -1 padded, for a run of `n_steps` steps of at most `batch_size` items, a buffer of
+  `capacity` slots and `replay_batch` = R. Refused (DrawsError, one line) unless it has one entry
+  per step, every stored slot is in [-1, capacity), and every replayed slot is distinct within
+  its step and already filled by an earlier step's stored items."""
+  where = f"data.replay_draws={path!r}"
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"{where} does not exist; give the path of a replay-draws JSON file")
+  with open(path) as f:
+    try:
+      draws = json.load(f)
+    except json.JSONDecodeError as e:
+      raise DrawsError(f"{where} is not JSON ({e})") from None
+  if not isinstance(draws, dict) or draws.get("format") != DRAWS_FORMAT:
+    raise DrawsError(f"{where}: not a replay-draws file (its format must be {DRAWS_FORMAT!r})")
+  stored, replayed = draws.get("stored_slot"), draws.get("replayed_slots")
+  for name, lists in (("stored_slot", stored), ("replayed_slots", replayed)):
+    if not (isinstance(lists, list) and all(
+        isinstance(x, list) and all(isinstance(v, int) for v in x) for x in lists)):
+      raise DrawsError(f"{where}: {name} must be a list of lists of integers, one per step")
+    if len(lists) != n_steps:
+      raise DrawsError(f"{where}: {name} has {len(lists)} steps, the run's stream {n_steps};"
+                       " record the draws on the same stream manifest")
+  out = {"stored_slot": np.full((n_steps, batch_size), -1, np.int32),
+         "replayed_slots": np.full((n_steps, replay_batch), -1, np.int32)}
+  filled = np.zeros(capacity, bool)
+  for t, (slots, drawn) in enumerate(zip(stored, replayed, strict=True)):
+    if len(slots) > batch_size or any(not -1 <= v < capacity for v in slots):
+      raise DrawsError(f"{where}: step {t} stores {slots}; give at most learner.batch_size="
+                       f"{batch_size} slots in [-1, {capacity}) (the buffer's size)")
+    if len(drawn) > replay_batch or len(set(drawn)) != len(drawn) or not all(
+        0 <= v < capacity and filled[v] for v in drawn):
+      raise DrawsError(f"{where}: step {t} replays slots {drawn}; give at most {replay_batch}"
+                       " distinct slots, each filled by an earlier step")
+    out["stored_slot"][t, :len(slots)] = slots
+    out["replayed_slots"][t, :len(drawn)] = drawn
+    filled[[v for v in slots if v >= 0]] = True
+  return out
+
+
+def given_update(buf: ReplayBuffer, batch: dict, slots: jax.Array, input_scale: str
+                 ) -> ReplayBuffer:
+  """The buffer after the batch's real items are written, in order, to the given `slots` (B,)
+  (-1: not stored): a later item written to the same slot wins, as a sequential reservoir."""
+  if buf.capacity == 0:
+    return buf
+  pixels = encode(batch["images"], input_scale)
+  no_logits = jnp.zeros((buf.logits.shape[1],), jnp.float32)
+
+  def offer(i, buf):
+    real = batch["mask"][i]
+    buf = _write(buf, jnp.maximum(slots[i], 0), real & (slots[i] >= 0), pixels[i],
+                 batch["labels"][i], no_logits)
+    return buf.replace(n_seen=buf.n_seen + real.astype(jnp.int32))
+
+  return jax.lax.fori_loop(0, pixels.shape[0], offer, buf)
+
+
+def given_sample(buf: ReplayBuffer, slots: jax.Array, input_scale: str) -> dict:
+  """The buffer's given `slots` (R,) as a replay draw (see `sample`); -1 entries are masked."""
+  drawn = gather(buf, jnp.maximum(slots, 0), input_scale)
+  return {**drawn, "mask": drawn["mask"] & (slots >= 0)}

@@ -203,7 +203,8 @@ class ReducedResNet:
   {"params": tree} (the running statistics under `params["batch_stats"]`) and
   `apply({"params": tree}, images, lora=None, pre_logits=False)` -> logits (N, C) float32, or
   the pooled features (N, 8 nf) with `pre_logits`. `update_statistics=True` returns
-  (output, running statistics moved by this batch's valid rows, `mask`)."""
+  (output, running statistics moved by this batch's valid rows, `mask`); in a training forward
+  pass `mask` likewise keeps the padded rows out of the batch's statistics (None: every row)."""
 
   spec: ResNetSpec
   num_classes: int
@@ -234,5 +235,5 @@ class ReducedResNet:
         return self._module(True).apply(variables, images,
                                         pre_logits)
       out, _ = self._module(False).apply(variables, images,
-                                         pre_logits, mutable=[BATCH_STATS])
+                                         pre_logits, mask, mutable=[BATCH_STATS])
       return out
