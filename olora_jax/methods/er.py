@@ -160,8 +160,7 @@ def build(ctx: base.Context) -> base.Method:
 
 
 def optimizer_keys(optimizer: str = "adam", replay_pass: str = "joint") -> dict:
-  """The `optimizer`, `learning_rate` and `replay_pass` keys ER and ER-ACE share, with their
-  meanings (the rest of the block gives the defaults' sources)."""
+  """The `optimizer` and `replay_pass` keys ER and ER-ACE share, with their meanings."""
   return dict(
       optimizer=Key(optimizer, "'adam' (PyTorch's Adam, weight_decay added to the gradient) |"
                     " 'sgd' (plain SGD, no momentum, the same L2: the ER-ACE authors' code,"
