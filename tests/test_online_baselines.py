@@ -36,6 +36,23 @@ def test_er_ace_incoming_loss_against_numpy():
   assert abs(float(loss) - full) > 1e-2 * full
 
 
+def test_er_ace_cosine_head_is_the_authors_dist_linear():
+  """10 (x / (|x| + 1e-5)) . (w_c / (|w_c| + 1e-5)), no bias (their model.py distLinear); a zero
+  feature row (padding) gives logits 0 and a finite gradient."""
+  rng = np.random.default_rng(0)
+  features = rng.normal(size=(3, 5)).astype(np.float32)
+  features[2] = 0.0
+  kernel = rng.normal(size=(5, 4)).astype(np.float32)
+  logits = er_ace.common.cosine_logits(jnp.asarray(features), jnp.asarray(kernel),
+                                       er_ace.COSINE_SCALE, er_ace.COSINE_EPS)
+  x = features / (np.linalg.norm(features, axis=1, keepdims=True) + 1e-5)
+  w = kernel / (np.linalg.norm(kernel, axis=0, keepdims=True) + 1e-5)
+  assert_close(np.asarray(logits), 10 * x @ w, rtol=1e-5, scale=10.0)
+  grad = jax.grad(lambda f: er_ace.common.cosine_logits(f, jnp.asarray(kernel), 10.0, 1e-5)
+                  .sum())(jnp.asarray(features))
+  assert np.isfinite(np.asarray(grad)).all()
+
+
 def test_er_ace_step_replays_with_full_ce_and_tracks_the_classes_met():
   method = REGISTRY["er_ace"](context("er_ace", trainable="head", buffer_size=8, replay_batch=4))
   step = jax.jit(method.train_step)

@@ -149,3 +149,15 @@ def test_our_cli_run_matches_their_run(method, tmp_path):
     own_differ = int((rec["own_task_end_predictions"][:, j] != logits.argmax(1)).sum(1).max())
     assert differ <= (2 if j == 0 else 2 * own_differ + 5), (j, differ, own_differ)
     assert np.abs(export["logits"] - logits).max() <= 2 * rec["own_logit_drift"][:, j].max() + 0.01
+
+
+def test_only_the_methods_that_read_draws_take_a_draws_file():
+  from configs import demo
+  from olora_jax import validation
+
+  config = demo.get_config("der_pp")
+  config.data.replay_draws = "draws.json"
+  with pytest.raises(validation.InputError, match="data.replay_draws is read by er and er_ace"):
+    validation.check_method(config)
+  config.method = "er_ace"
+  validation.check_method(config)

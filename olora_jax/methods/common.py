@@ -264,10 +264,18 @@ def per_example_ce(logits: jax.Array, labels: jax.Array) -> jax.Array:
 def cosine_logits(features: jax.Array, kernel: jax.Array, scale: float, eps: float) -> jax.Array:
   """A cosine classifier without bias (ER-ACE's authors' `distLinear`): features (N, D), kernel
   (D, C) -> scale * (features / (|features| + eps)) @ (kernel / (|kernel column| + eps)), (N, C);
-  `eps` is added to each L2 norm (not a floor), as theirs."""
-  f = features / (jnp.linalg.norm(features, axis=-1, keepdims=True) + eps)
-  w = kernel / (jnp.linalg.norm(kernel, axis=0, keepdims=True) + eps)
+  `eps` is added to each L2 norm (not a floor), as theirs. A zero vector (a padded row's
+  features) has norm 0 and gradient 0 through it, as PyTorch's `torch.norm`, not NaN."""
+  f = features / (_l2_norm(features, axis=-1) + eps)
+  w = kernel / (_l2_norm(kernel, axis=0) + eps)
   return scale * (f @ w)
+
+
+def _l2_norm(x: jax.Array, axis: int) -> jax.Array:
+  """sqrt(sum x^2) along `axis` (kept), with a zero gradient where it is 0."""
+  squares = jnp.sum(x * x, axis=axis, keepdims=True)
+  positive = squares > 0
+  return jnp.where(positive, jnp.sqrt(jnp.where(positive, squares, 1.0)), 0.0)
 
 
 AS_LEARNER_BATCH = 0  # `replay_batch` = 0: replay as many samples per step as the learner's batch
