@@ -21,6 +21,7 @@ the docs build and tests/test_config_keys.py refuse a key without one.
     unexplained(config)        the dotted keys without a meaning (an empty or name-only one counts)
     sources(config)            {dotted key: Source} of every key declared with one
     describe(source)           a Source as one line for the method pages
+    source_rows(config)        (key, default, meaning, source) rows of a method's Keys table
     unsourced(config)          the dotted keys without a source, and those whose default differs
                                from their source's value without a stated reason
 
@@ -210,6 +211,15 @@ def describe(source: Source) -> str:
   at = f" at batch {source.batch}" if source.batch else ""
   notes = "".join(f"; {text}" for text in (source.differs, source.unscaled) if text)
   return f"{owner}: {source.value!r}{at} ({source.where}){notes}"
+
+
+def source_rows(config: ml_collections.ConfigDict) -> list[list[str]]:
+  """One row per key of a method's block, as its page shows it (the `key-sources` directive):
+  the key, repr(default), its meaning and `describe(source)` ('none declared' without one)."""
+  found, given = sources(config), meanings(config)
+  return [[key, repr(default), given.get(key, ""),
+           describe(found[key]) if key in found else "none declared"]
+          for key, default in leaves(config)]
 
 
 def same_value(a, b) -> bool:

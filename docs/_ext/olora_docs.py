@@ -135,18 +135,6 @@ class ConfigKeys(SphinxDirective):
     return out
 
 
-def source_rows(name: str) -> list[list[str]]:
-  """One row per key of method `name`'s block: the key, our default, its meaning and where the
-  default comes from (`olora_jax.config_keys.describe`)."""
-  from olora_jax import config_keys, methods
-
-  block = methods.resolve(name).config()
-  found, given = config_keys.sources(block), config_keys.meanings(block)
-  return [[key, repr(default), given.get(key, ""),
-           config_keys.describe(found[key]) if key in found else "none declared"]
-          for key, default in config_keys.leaves(block)]
-
-
 class MethodCheck(SphinxDirective):
   """`method-check NAME`: the line a method's page opens with, how its numbers are backed
   against its authors' code (`MethodSpec.check`)."""
@@ -177,7 +165,8 @@ class KeySources(SphinxDirective):
       LOGGER.warning(f"{spec.name}.{line}", location=self.get_location(), type="olora",
                      subtype="config")
     return [table(["key", "ours", "meaning", "where the default comes from"],
-                  source_rows(spec.name), literal_columns=(0, 1), widths=(3, 2, 6, 6))]
+                  config_keys.source_rows(spec.config()), literal_columns=(0, 1),
+                  widths=(3, 2, 6, 6))]
 
 
 class MetricNotes(SphinxDirective):
