@@ -12,8 +12,8 @@ predictions and accuracies at every task end. Floats agree within tolerances mea
 stream (`RTOL`).
 
 The run replays the stream's first `OLORA_PARITY_TASKS` tasks (default 2: 100 steps, plateaus at
-steps 0, 33 and 90, so every kind of decision, in about a minute on 2 busy cores);
-`OLORA_PARITY_TASKS=5` replays the whole recording (2-3 minutes).
+steps 0, 33 and 90, so every kind of decision; 80 s on a 2-core CPU shared at load 7, 150 s at
+load 10); `OLORA_PARITY_TASKS=5` replays the whole recording (170 s at load 7).
 """
 
 from __future__ import annotations
