@@ -263,9 +263,10 @@ def per_example_ce(logits: jax.Array, labels: jax.Array) -> jax.Array:
 
 def cosine_logits(features: jax.Array, kernel: jax.Array, scale: float, eps: float) -> jax.Array:
   """A cosine classifier without bias (ER-ACE's authors' `distLinear`): features (N, D), kernel
-  (D, C) -> scale * (features / (|features| + eps)) @ (kernel / (|kernel column| + eps)), (N, C);
-  `eps` is added to each L2 norm (not a floor), as theirs. A zero vector (a padded row's
-  features) has norm 0 and gradient 0 through it, as PyTorch's `torch.norm`, not NaN."""
+  (D, C) -> scale * (features / (norm(features) + eps)) @ (kernel / (norm(kernel column) + eps)),
+  (N, C), with norm the L2 norm; `eps` is added to each norm (not a floor), as theirs. A zero
+  vector (a padded row's features) has norm 0 and gradient 0 through it, as PyTorch's
+  `torch.norm`, not NaN."""
   f = features / (_l2_norm(features, axis=-1) + eps)
   w = kernel / (_l2_norm(kernel, axis=0) + eps)
   return scale * (f @ w)
