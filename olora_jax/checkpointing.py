@@ -362,15 +362,26 @@ def array_checksums(tree: Any) -> dict[str, str]:
   return tree_checks(tree)[0]
 
 
+def finite_flags(tree: Any) -> jax.Array:
+  """bool[leaves of `tree`]: whether each leaf is free of NaN/Inf, in the order of
+  `tree_flatten_with_path` (`_tree_finite`; traced into the caller's program when called inside
+  a jitted function, so a check folded into it compiles nothing of its own)."""
+  leaves = jax.tree.leaves(_raw(tree))
+  return _tree_finite(leaves) if leaves else jnp.ones((0,), bool)
+
+
+def nonfinite_paths(tree: Any, flags: Any) -> list[str]:
+  """The tree paths of `tree`'s leaves whose `finite_flags` are False (the flags come to the
+  host; the arrays stay where they live)."""
+  paths = [path for path, _ in jax.tree_util.tree_flatten_with_path(_raw(tree))[0]]
+  finite = np.asarray(sharding.to_host(flags))
+  return [jax.tree_util.keystr(path) for path, ok in zip(paths, finite, strict=True) if not ok]
+
+
 def nonfinite_leaves(tree: Any) -> list[str]:
   """The tree paths of the floating-point leaves that hold a NaN or an Inf (`_tree_finite`'s
   one program, where the arrays live; only the flags come to the host)."""
-  leaves = jax.tree_util.tree_flatten_with_path(_raw(tree))[0]
-  if not leaves:
-    return []
-  finite = np.asarray(sharding.to_host(_tree_finite([x for _, x in leaves])))
-  return [jax.tree_util.keystr(path) for (path, _), ok in zip(leaves, finite, strict=True)
-          if not ok]
+  return nonfinite_paths(tree, finite_flags(tree))
 
 
 def _sha256(x: np.ndarray) -> str:

@@ -87,9 +87,18 @@ def evaluated_state(method, checkpointer) -> Callable | None:
   fix = (f"lower {' or '.join(method.eval_state_keys)}" if method.eval_state_keys else
          "change its settings")
 
-  def view(state, step: int):
+  def flagged(state):
     evaluated = method.eval_state(state)
-    bad = checkpointing.nonfinite_leaves(evaluated)
+    return evaluated, checkpointing.finite_flags(evaluated)
+
+  # A jitted eval_state (every packaged method's) takes the flags into its own program, so the
+  # check compiles nothing more; a plain Python one is checked by a program of its own.
+  if hasattr(method.eval_state, "lower"):
+    flagged = jax.jit(flagged)
+
+  def view(state, step: int):
+    evaluated, flags = flagged(state)
+    bad = checkpointing.nonfinite_paths(evaluated, flags)
     if bad:
       steps = checkpointer.steps()
       kept = (f"the newest checkpoint, {checkpointer.directory}/{steps[-1]}, is kept" if steps
