@@ -11,14 +11,14 @@ Two steps, in two environments:
     /tmp/aml-venv/bin/python scripts/parity/aml.py record --aml /tmp/AML --prepared /tmp/aml-prep \
         --out tests/fixtures/parity/aml_er_ace.npz
 
-`prepare` builds the parity run's config (configs/demo.py with `OVERRIDES`: the demo's MNIST
+`prepare` builds the parity run's config (configs/demo.py with `overrides()`: the demo's MNIST
 digits at 32 px in [-1, 1], the reduced ResNet-18 trained from scratch, and the authors' settings:
-batch 10, 10 replayed, 20 slots per class, plain SGD at 0.1, the replayed samples in a forward
-pass of their own), cuts the seeded stream to its first `STEPS_PER_TASK` steps of each task and
-writes: `manifest.json` (our stream manifest), `inputs.npz` (the model inputs of every training
-and test record, float32 NHWC, exactly what our pipeline feeds), `weights.npz` (our run's initial
-state, the same seed, as their model's state_dict: every tensor maps one to one) and
-`overrides.json`.
+batch 10, 10 replayed, 20 slots per class, plain SGD at `LEARNING_RATE` (0.001, the smallest of
+their grid; below), the replayed samples in a forward pass of their own), cuts the seeded stream
+to its first `STEPS_PER_TASK` steps of each task and writes: `manifest.json` (our stream
+manifest), `inputs.npz` (the model inputs of every training and test record, float32 NHWC,
+exactly what our pipeline feeds), `weights.npz` (our run's initial state, the same seed, as their
+model's state_dict: every tensor maps one to one) and `overrides.json`.
 
 `record` imports their modules unchanged from the checkout and runs what their main.py runs for
 `--method er|er_ace` (their `ResNet18(nf=20, dist_linear=...)`, the method class, SGD, `observe`
