@@ -47,6 +47,8 @@ SOURCE_KINDS = ("authors", "paper", "ours")
 # "Hyperparameters for the baseline methods on ViT-B/16", whose learning rates the paper's authors
 # adjusted by a grid search on their own streams.
 PAPER_TABLE = "Online-LoRA paper, appendix, baseline hyperparameters (ViT-B/16, batch 64, Adam)"
+PAPER_SETTINGS = ("Online-LoRA paper, appendix, training settings shared by the baselines"
+                  " (ViT-B/16, batch 64, Adam)")
 PAPER_BATCH = 64
 
 

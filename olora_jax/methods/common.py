@@ -55,8 +55,7 @@ TRAINABLE_ALL = config_keys.ours(
     "the whole network trains, as in the method's own code; 'head' and 'lora' are this"
     " project's variants at Online-LoRA's budget")
 # The paper's shared training settings: buffer 500 for every replay method.
-PAPER_BUFFER = config_keys.paper(500, config_keys.PAPER_TABLE.replace(
-    "baseline hyperparameters", "training settings shared by the baselines"))
+PAPER_BUFFER = config_keys.paper(500, config_keys.PAPER_SETTINGS)
 
 
 def shared(value, source: config_keys.Source) -> Key:

@@ -182,9 +182,7 @@ def optimizer_keys(optimizer_source: config_keys.Source, replay_pass_source: con
 def config():
   """The `er` block: each key with its meaning (the paper's appendix values)."""
   return common.baseline_block(
-      **optimizer_keys(paper("adam", config_keys.PAPER_TABLE.replace(
-          "baseline hyperparameters", "training settings shared by the baselines")),
-                       ours(ONE_PASS)),
+      **optimizer_keys(paper("adam", config_keys.PAPER_SETTINGS), ours(ONE_PASS)),
       learning_rate=Key(1e-4, "the optimiser's learning rate, constant (> 0)",
                         paper(1e-4, rate=True)),
       weight_decay=common.shared(1e-4, paper(1e-4)),
