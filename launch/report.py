@@ -27,8 +27,11 @@ are refused with exit code 2, naming the stream keys their configs differ in (da
 
 Prints the table as `--format`: markdown (the default), latex (a booktabs table: \toprule,
 \multicolumn setting headers over a \cmidrule, mean $\pm$ std, each metric column's best mean
-in bold, the upper bound excluded; needs \usepackage{booktabs}) or csv. Writes nothing unless
-asked (stdout holds the table alone, for `> table.tex`; what was written is said on stderr):
+in bold, the upper bound excluded, a caption and `--label`; needs \usepackage{booktabs}) or csv.
+A LaTeX table heads each setting with its title (dataset: tasks and protocol, backbone, class
+order), or with the names `--setting_names` gives, one per setting in the table's order. Writes
+nothing unless asked (stdout holds the table alone, for `> table.tex`; notes, and what was
+written, go to stderr):
 `--csv PATH` writes the numbers as CSV, `--plots DIR` draws a paper's figures into DIR
 (PNG and PDF each, olora_jax/plots.py): anytime_overlay (every run's anytime-accuracy curve, the
 mean and a +-1 std band per (method, setting) group, the true task boundaries),
@@ -56,6 +59,11 @@ _NO_TITLES = flags.DEFINE_bool("no_titles", False, "Draw the --plots figures wit
                                " paper's caption says what they show).")
 _FORMAT = flags.DEFINE_enum("format", "markdown", list(reporting.FORMATS),
                             "How the table is printed: markdown, latex (booktabs) or csv.")
+_LABEL = flags.DEFINE_string("label", None, "The LaTeX table's \\label (default tab:results, or"
+                             " tab:LAYOUT with --layout).")
+_SETTING_NAMES = flags.DEFINE_list("setting_names", [], "The LaTeX table's setting headers, one"
+                                   " per setting in the table's order, comma separated (default:"
+                                   " each setting's title).")
 _LAYOUT = flags.DEFINE_enum("layout", None, list(reporting.LAYOUTS),
                             "Print one of the paper's tables (its metrics; --metrics is ignored).")
 
@@ -73,15 +81,24 @@ def main(argv):
     for d in validation:
       print(f"note: {d} holds sweep --tune's validation runs (scored on held-out training data,"
             " not the test set); left out (give it by name to tabulate them)", file=sys.stderr)
+    latex = {}
+    if _FORMAT.value == "latex":
+      latex = {"setting_names": _SETTING_NAMES.value,
+               **({"label": _LABEL.value} if _LABEL.value else {})}
+    elif _SETTING_NAMES.value or _LABEL.value:
+      raise ValueError("--setting_names and --label shape the LaTeX table; add --format latex")
     if _LAYOUT.value:
-      rows, table = reporting.layout_table(run_dirs, _LAYOUT.value, _FORMAT.value)
+      rows, table = reporting.layout_table(run_dirs, _LAYOUT.value, _FORMAT.value, **latex)
     else:
       rows = reporting.aggregate(run_dirs, metrics)
-      table = reporting.render(rows, metrics, _FORMAT.value)
+      table = reporting.render(rows, metrics, _FORMAT.value, **latex)
   except (ValueError, FileNotFoundError) as e:
     print(f"error: {e}", file=sys.stderr)
     sys.exit(2)
   print(table)
+  if _FORMAT.value == "latex":
+    for note in reporting.latex_notes(rows, metrics):
+      print(f"note: {note}", file=sys.stderr)
   if _CSV.value:
     reporting.write_csv(rows, _CSV.value, metrics)
     print(f"CSV written to {_CSV.value}", file=sys.stderr)

@@ -387,7 +387,8 @@ def aggregate(run_dirs: Sequence[str], metrics: Sequence[str] = DEFAULT_METRICS)
     untuned = labels[key][0][:len(labels[key][0]) - len(tuned_suffix(group[0].tuning))]
     row = {"method": labels[key][0] + (f" [{variant}]" if variant else ""),
            "paper_name": untuned + (f" [{variant}]" if variant else ""),
-           "setting": labels[key][1], "paper_setting": paper_setting(group[0].config),
+           "setting": labels[key][1], "setting_title": setting_title(group[0].config),
+           "paper_setting": paper_setting(group[0].config),
            "scenario": group[0].config.get("data.scenario"),
            "method_key": group[0].config.get("method", "online_lora"),
            "backbone": group[0].config.get("model.name"),
@@ -583,14 +584,19 @@ def build_table(rows: list[dict], metrics: Sequence[str] = DEFAULT_METRICS,
       continue
     top = better(float(v) for v in candidates.values())
     best |= {(m, j) for m, v in candidates.items() if float(v) == top}
-  n_seeds = sorted({len(r["seeds"]) for r in rows})
-  notes = [f"mean ± std (ddof 1) over {'/'.join(map(str, n_seeds))} seed(s), in %"
+  notes = [f"mean ± std (ddof 1) over {seeds_phrase(rows)}, in %"
            " (wall time in s, budget in image forward passes, a backward counted as XLA costs"
            " it); groups = identical configs up to `seed`; runs of one setting and seed share"
            " one stream manifest."]
   if tuning_note(rows):
     notes.append(tuning_note(rows))
   return Table(columns, groups, methods_, cells, best, stats, notes)
+
+
+def seeds_phrase(rows: list[dict]) -> str:
+  """How many seeds back the rows: '1 seed', '3 seeds', '3/5 seeds' (rows over different counts)."""
+  counts = sorted({len(r["seeds"]) for r in rows})
+  return f"{'/'.join(map(str, counts))} seed{'' if counts == [1] else 's'}"
 
 
 def _header(col: Column) -> str:
@@ -635,29 +641,30 @@ def _latex_cell(text: str, bold: bool) -> str:
 
 
 def latex_table(rows: list[dict], metrics: Sequence[str] = DEFAULT_METRICS,
-                paper: dict | None = None, title: str = "") -> str:
-  """`build_table` as a LaTeX table (needs `\\usepackage{booktabs}`): \\toprule, a header row
-  naming each setting once over its columns (\\multicolumn, a \\cmidrule under it), the metrics'
-  row, \\midrule, one row per method, \\bottomrule; mean $\\pm$ std, the best mean of each
-  metric column in bold (`BETTER`; never the upper bound's), a missing value as '--'. The caption
-  is `title` and what the numbers are; the notes follow as comments."""
+                paper: dict | None = None, title: str = "", label: str = "tab:results",
+                setting_names: Sequence[str] = ()) -> str:
+  """`build_table` as a LaTeX table, nothing else (needs `\\usepackage{booktabs}`; `latex_notes`
+  says so and holds the notes): \\toprule, a header row naming each setting once over its columns
+  (\\multicolumn, a \\cmidrule under it), the metrics' row, \\midrule, one row per method,
+  \\bottomrule; mean $\\pm$ std, the best mean of each metric column in bold (`BETTER`; never the
+  upper bound's), a missing value as '--'. A setting is headed by its reader's title
+  (`setting_title`: dataset, tasks and protocol, backbone, class order), or by `setting_names`
+  (one per setting, in the table's order). The caption is `title` and what the numbers are,
+  followed by `\\label{label}`."""
   table = build_table(rows, metrics, paper)
+  titles = setting_headers(rows, table, setting_names)
   spec = "@{}l" + "".join("c" * n for _, n in table.groups) + "@{}"
   settings, rules, first = [], [], 2
-  for s, n in table.groups:
-    settings.append(rf"\multicolumn{{{n}}}{{c}}{{{latex_escape(s)}}}")
+  for (_, n), name in zip(table.groups, titles, strict=True):
+    settings.append(rf"\multicolumn{{{n}}}{{c}}{{{latex_escape(name)}}}")
     rules.append(rf"\cmidrule(lr){{{first}-{first + n - 1}}}")
     first += n
-  n_seeds = "/".join(map(str, sorted({len(r["seeds"]) for r in rows})))
   caption = (f"{latex_escape(title)}. " if title else "") + (
-      rf"Mean $\pm$ std over {n_seeds} seeds, in \%; the best mean of each column in bold"
+      rf"Mean $\pm$ std over {seeds_phrase(rows)}, in \%; the best mean of each column in bold"
       + (" (the upper bound excluded)" if any(r.get("method_key") == UPPER_BOUND for r in rows)
          else "") + ".")
-  lines = ["% launch/report.py --format latex: needs \\usepackage{booktabs} in the preamble (a"
-           " table wider than the text: table* in two columns, or \\resizebox from graphicx)",
-           *(f"% {note}" for note in table.notes),
-           r"\begin{table}[t]", r"\centering", rf"\caption{{{caption}}}",
-           rf"\begin{{tabular}}{{{spec}}}", r"\toprule",
+  lines = [r"\begin{table}[t]", r"\centering", rf"\caption{{{caption}}}",
+           rf"\label{{{label}}}", rf"\begin{{tabular}}{{{spec}}}", r"\toprule",
            " & ".join(["", *settings]) + r" \\", " ".join(rules),
            " & ".join(["Method", *(_latex_header(c) for c in table.columns)]) + r" \\",
            r"\midrule"]
@@ -666,6 +673,28 @@ def latex_table(rows: list[dict], metrics: Sequence[str] = DEFAULT_METRICS,
     lines.append(" & ".join([latex_escape(m), *cells]) + r" \\")
   lines += [r"\bottomrule", r"\end{tabular}", r"\end{table}"]
   return "\n".join(lines)
+
+
+def latex_notes(rows: list[dict], metrics: Sequence[str] = DEFAULT_METRICS) -> list[str]:
+  """What goes with `latex_table` but not into the .tex file (launch/report.py prints it on
+  stderr): the preamble it needs, and the table's notes."""
+  return [r"the LaTeX table needs \usepackage{booktabs} in the preamble (a table wider than the"
+          r" text: table* in two columns, or \resizebox from graphicx)",
+          *build_table(rows, metrics).notes]
+
+
+def setting_headers(rows: list[dict], table: Table, names: Sequence[str] = ()) -> list[str]:
+  """The header of each setting of `table`, in its order: `names` when given (as many as there
+  are settings), else the setting's reader title (`setting_title`)."""
+  settings = [s for s, _ in table.groups]
+  if names:
+    if len(names) != len(settings):
+      raise ValueError(
+          f"--setting_names gives {len(names)} name(s) for {len(settings)} setting(s); give one"
+          " per setting, comma separated, in this order: " + "; ".join(settings))
+    return list(names)
+  title = {r["setting"]: r.get("setting_title") or r["setting"] for r in rows}
+  return [title[s] for s in settings]
 
 
 def _latex_header(col: Column) -> str:
@@ -679,11 +708,12 @@ FORMATS = ("markdown", "latex", "csv")
 
 
 def render(rows: list[dict], metrics: Sequence[str], fmt: str = "markdown",
-           paper: dict | None = None, title: str = "") -> str:
+           paper: dict | None = None, title: str = "", **latex) -> str:
   """The table of `rows` in `fmt` (FORMATS): Markdown (with `title` above it), LaTeX (`title`
-  in its caption) or CSV (one line per method and setting, `write_csv`; no paper column)."""
+  in its caption; `latex`: `latex_table`'s label and setting_names) or CSV (one line per method
+  and setting, `write_csv`; no paper column)."""
   if fmt == "latex":
-    return latex_table(rows, metrics, paper, title)
+    return latex_table(rows, metrics, paper, title, **latex)
   if fmt == "csv":
     out = io.StringIO()
     write_csv(rows, out, metrics)
@@ -745,12 +775,12 @@ def find_runs(paths: Sequence[str], validation: list | None = None
   return finished, unfinished
 
 
-def layout_table(run_dirs: Sequence[str], layout: str, fmt: str = "markdown"
+def layout_table(run_dirs: Sequence[str], layout: str, fmt: str = "markdown", **latex
                  ) -> tuple[list[dict], str]:
   """The paper's table `layout` ('table1' | 'table2' | 'swin', LAYOUTS) from finished runs: the
   rows of `aggregate` for the layout's scenarios (and backbones) and metrics, and the table in
-  `fmt` (`render`) with the paper's own numbers beside ours where a setting matches
-  (PAPER_RESULTS)."""
+  `fmt` (`render`; `latex`: `latex_table`'s setting_names, and its label, `tab:LAYOUT` unless
+  given) with the paper's own numbers beside ours where a setting matches (PAPER_RESULTS)."""
   if layout not in LAYOUTS:
     raise ValueError(f"unknown layout {layout!r}; use one of {tuple(LAYOUTS)}")
   spec = LAYOUTS[layout]
@@ -759,7 +789,9 @@ def layout_table(run_dirs: Sequence[str], layout: str, fmt: str = "markdown"
   if not rows:
     raise ValueError(f"no run with data.scenario in {spec.scenarios} among the {len(run_dirs)}"
                      f" given; {layout} shows {spec.title}")
-  return rows, render(rows, spec.metrics, fmt, _paper_results()[layout], spec.title)
+  if fmt == "latex":
+    latex = {"label": f"tab:{layout}", **latex}
+  return rows, render(rows, spec.metrics, fmt, _paper_results()[layout], spec.title, **latex)
 
 
 def __getattr__(attribute: str):

@@ -616,7 +616,8 @@ def test_latex_table_structure(tmp_path):
   dirs = _latex_fixture(tmp_path)
   rows, tex = reporting.layout_table(dirs, "table1", "latex")
   lines = tex.splitlines()
-  assert all(line.startswith("%") for line in lines[:lines.index(r"\begin{table}[t]")])
+  assert lines[:2] == [r"\begin{table}[t]", r"\centering"]  # the table alone: notes on stderr
+  assert lines[3] == r"\label{tab:table1}"
   assert [line for line in lines if line in (r"\toprule", r"\midrule", r"\bottomrule")] == [
       r"\toprule", r"\midrule", r"\bottomrule"]
   assert lines[-3:] == [r"\bottomrule", r"\end{tabular}", r"\end{table}"]
@@ -625,10 +626,11 @@ def test_latex_table_structure(tmp_path):
   top = lines.index(r"\toprule")
   settings, rules, header = lines[top + 1], lines[top + 2], lines[top + 3]
   spans = re.findall(r"\\multicolumn\{(\d+)\}\{c\}\{([^}]*(?:\}[^}&]*)*)\}", settings)
-  # Table 1's setting (with the paper's columns) and the reversed order, each named once.
+  # Table 1's setting (with the paper's columns) and the reversed order, each named once, by
+  # the title a reader understands.
   assert [name for _, name in spans] == [
-      r"cifar100 disjoint/10 vit\_b16",
-      r"cifar100 disjoint/10 vit\_b16, reversed order"]
+      r"cifar100: 10 disjoint tasks, vit\_b16",
+      r"cifar100: 10 disjoint tasks, vit\_b16, reversed order"]
   n = [int(k) for k, _ in spans]
   assert n == [6, 4] and sum(n) == len(spec)  # A_final, (paper), Forgetting, (paper), wall, budget
   assert rules == r"\cmidrule(lr){2-7} \cmidrule(lr){8-11}"
@@ -651,25 +653,50 @@ def test_latex_table_structure(tmp_path):
   assert cells["ER"][5] == "--"  # no budget recorded
   assert cells["ER"][6] == r"$45.00 \pm 7.07$"  # alone in its column: nothing to be best of
   assert cells["GDumb"][6:] == [""] * 4  # no run there
-  # The command line prints the table alone (for `> table.tex`).
+  # The command line prints the table alone (for `> table.tex`), its notes on stderr; names of
+  # one's own head the settings, with a label of one's own.
   proc = subprocess.run([sys.executable, str(ROOT / "launch" / "report.py"), "--layout=table1",
                          "--format=latex", *dirs], capture_output=True, text=True, check=True,
                         timeout=120)
   assert proc.stdout.strip() == tex
+  assert r"note: the LaTeX table needs \usepackage{booktabs}" in proc.stderr
+  assert "note: mean ± std (ddof 1) over 2 seeds, in %" in proc.stderr
+  _, named = reporting.layout_table(dirs, "table1", "latex", label="tab:ours",
+                                    setting_names=["Split CIFAR-100", "reversed (ours)"])
+  assert r"\label{tab:ours}" in named
+  assert r"\multicolumn{6}{c}{Split CIFAR-100} & \multicolumn{4}{c}{reversed (ours)}" in named
+  with pytest.raises(ValueError, match=r"gives 1 name\(s\) for 2 setting\(s\); give one per"
+                     r" setting, comma separated, in this order: cifar100 disjoint/10 vit_b16;"):
+    reporting.layout_table(dirs, "table1", "latex", setting_names=["one"])
+  proc = subprocess.run([sys.executable, str(ROOT / "launch" / "report.py"), "--label=tab:x",
+                         *dirs], capture_output=True, text=True, timeout=120)
+  assert proc.returncode == 2 and proc.stdout == ""
+  assert proc.stderr.strip().splitlines()[-1] == (
+      "error: --setting_names and --label shape the LaTeX table; add --format latex")
+  one_seed = [d for d in dirs if d.endswith(("er0", "agem0"))]
+  tex1 = reporting.render(reporting.aggregate(one_seed), ["A_final"], "latex")
+  assert "Mean $\\pm$ std over 1 seed, in" in tex1 and r"\label{tab:results}" in tex1
   assert reporting.latex_escape("a_b & 50% #1 {x} ~ ^ \\ ±") == (
       r"a\_b \& 50\% \#1 \{x\} \textasciitilde{} \textasciicircum{} \textbackslash{} $\pm$")
 
 
-@pytest.mark.skipif(shutil.which("pdflatex") is None, reason="pdflatex is not installed; the"
-                    " table's structure is tested in test_latex_table_structure")
+@pytest.mark.skipif(shutil.which("pdflatex") is None, reason="pdflatex is not installed (.ci/run"
+                    " installs Debian's texlive-latex-base and -recommended); the table's"
+                    " structure is tested in test_latex_table_structure")
 def test_latex_table_compiles(tmp_path):
+  """The table as report.py prints it goes into a paper as it is: `\\input` after
+  `\\usepackage{booktabs}`, and `\\ref` finds its label."""
   _, tex = reporting.layout_table(_latex_fixture(tmp_path), "table1", "latex")
+  (tmp_path / "table1.tex").write_text(tex + "\n")
   (tmp_path / "t.tex").write_text("\\documentclass{article}\n\\usepackage{booktabs}\n"
-                                  f"\\begin{{document}}\n{tex}\n\\end{{document}}\n")
-  proc = subprocess.run(["pdflatex", "-interaction=nonstopmode", "-halt-on-error", "t.tex"],
-                        cwd=tmp_path, capture_output=True, text=True, timeout=120)
-  assert proc.returncode == 0, proc.stdout[-3000:]
+                                  "\\begin{document}\n\\input{table1}\nSee Table~\\ref{tab:table1}."
+                                  "\n\\end{document}\n")
+  for _ in range(2):  # the second pass resolves the \ref
+    proc = subprocess.run(["pdflatex", "-interaction=nonstopmode", "-halt-on-error", "t.tex"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout[-3000:]
   assert (tmp_path / "t.pdf").read_bytes()[:5] == b"%PDF-"
+  assert "undefined" not in (tmp_path / "t.log").read_text(errors="replace").lower()
 
 
 def test_report_figures_of_a_paper(tmp_path):
