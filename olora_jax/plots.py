@@ -219,20 +219,25 @@ def plot_anytime_accuracy(samples: np.ndarray, accuracy: np.ndarray, boundary_sa
   return _save(fig, path)
 
 
-def _draw_matrix(ax, acc: np.ndarray, row_label: str):
+def _draw_matrix(ax, acc: np.ndarray, row_label: str, values: bool | None = None,
+                 fontsize: float | None = None):
   """a_{i,j} (in %) as a heat map on `ax`, each cell's value written in it (one decimal, halves
-  up) up to 20 tasks; returns the image (for a colour bar)."""
+  up) where `values` (default: up to 20 tasks), its text at `fontsize` points (default: the
+  axes' own, the cells' 7-8); returns the image (for a colour bar)."""
   t = acc.shape[0]
   image = ax.imshow(acc, vmin=0, vmax=100, cmap="viridis")
-  if t <= 20:  # numbers stay legible up to 20 tasks
+  if values if values is not None else t <= 20:  # numbers stay legible up to 20 tasks
     for i in range(t):
       for j in range(t):
         ax.text(j, i, reporting.format_half_up(acc[i, j], 1), ha="center", va="center",
-                fontsize=7 if t > 10 else 8, color="white" if acc[i, j] < 60 else "black")
+                fontsize=fontsize - 1 if fontsize else 7 if t > 10 else 8,
+                color="white" if acc[i, j] < 60 else "black")
   ax.set_xticks(range(t))
   ax.set_yticks(range(t))
-  ax.set_xlabel("after training task j")
-  ax.set_ylabel(f"evaluated on {row_label} i")
+  ax.set_xlabel("after training task j", fontsize=fontsize)
+  ax.set_ylabel(f"evaluated on {row_label} i", fontsize=fontsize)
+  if fontsize:
+    ax.tick_params(labelsize=fontsize)
   return image
 
 
@@ -391,29 +396,55 @@ def _acc_matrices(row: dict) -> tuple[np.ndarray, str]:
   return np.stack([np.asarray(r["acc_matrix"], np.float64) for r in results]), row_label
 
 
+# The accuracy matrices are drawn at the size a paper prints them: at most a two-column paper's
+# text width (a figure* spans it), fonts of 6-8 pt at that size, each cell's value written where
+# the cell is wide enough for it ('100.0' at 6 pt).
+TEXT_WIDTH_IN = 7.0
+MIN_CELL_IN = 0.28
+MATRIX_FONT_PT = 7
+
+
+def matrix_grid(n_panels: int, n_tasks: int) -> tuple[int, int]:
+  """(rows, columns) of the accuracy matrices' panels: as many columns (at most 4) as fit the
+  text width with cells wide enough for their values, then balanced (5 panels: 3 and 2, not 4
+  and 1); the last row's panels are centred, so no panel of the grid is empty."""
+  fit = int((TEXT_WIDTH_IN - 0.9) // max(1.6, MIN_CELL_IN * n_tasks + 0.6))
+  ncols = max(1, min(n_panels, 4, fit))
+  nrows = -(-n_panels // ncols)
+  return nrows, -(-n_panels // nrows)
+
+
 def accuracy_matrices_figure(panel: Sequence[dict], titles: bool = True) -> Figure:
   """The final accuracy matrix of each method of one setting (`panel`: `aggregate`'s rows of
-  it), one heat map per method in table order (up to 4 a line): the mean over its seeds of
-  a_{i,j} in %, each panel titled with the method's display name and its number of seeds, one
-  colour bar; the figure's title names the setting (`titles`)."""
+  it), one heat map per method in table order (`matrix_grid`: no empty panel, the last row
+  centred): the mean over its seeds of a_{i,j} in %, each panel titled with the method's display
+  name and its number of seeds, one colour bar; the figure's title names the setting (`titles`).
+  Drawn at print size (at most `TEXT_WIDTH_IN` wide, 6-8 pt text), each cell's value written in
+  it where the cell is at least `MIN_CELL_IN` wide."""
   mats = [_acc_matrices(row) for row in panel]
   t = mats[0][0].shape[1]
-  ncols = min(len(panel), 4)
-  nrows = -(-len(panel) // ncols)
-  side = min(1.6 + 0.55 * t, 8.0)
-  fig = _figure(figsize=(side * ncols + 1.0, side * nrows + (0.5 if titles else 0.2)),
+  nrows, ncols = matrix_grid(len(panel), t)
+  side = min((TEXT_WIDTH_IN - 0.9) / ncols, 3.2)
+  fig = _figure(figsize=(side * ncols + 0.9, (side + 0.25) * nrows + (0.35 if titles else 0.1)),
                 layout="constrained")
-  axes = fig.subplots(nrows, ncols, squeeze=False)
-  image = None
-  for ax, row, (acc, row_label) in zip(axes.flat, panel, mats, strict=False):
-    image = _draw_matrix(ax, 100 * acc.mean(axis=0), row_label)
+  grid = fig.add_gridspec(nrows, 2 * ncols)  # half columns: a short last row sits centred
+  values = (side - 0.6) / t >= MIN_CELL_IN
+  axes, image = [], None
+  for k, (row, (acc, row_label)) in enumerate(zip(panel, mats, strict=True)):
+    r, c = divmod(k, ncols)
+    offset = ncols - min(ncols, len(panel) - r * ncols)  # in half columns
+    ax = fig.add_subplot(grid[r, offset + 2 * c:offset + 2 * c + 2])
+    image = _draw_matrix(ax, 100 * acc.mean(axis=0), row_label, values=values,
+                         fontsize=MATRIX_FONT_PT)
     n = len(acc)
-    ax.set_title(f"{row['method']} ({n} seed{'s' if n > 1 else ''})", fontsize=9)
-  for ax in list(axes.flat)[len(panel):]:
-    ax.set_axis_off()
-  fig.colorbar(image, ax=axes, label="accuracy (%), mean over seeds", shrink=0.8)
+    ax.set_title(f"{row['method']} ({n} seed{'s' if n > 1 else ''})", fontsize=MATRIX_FONT_PT + 1)
+    axes.append(ax)
+  bar = fig.colorbar(image, ax=axes, shrink=0.8)
+  bar.set_label("accuracy (%), mean over seeds", fontsize=MATRIX_FONT_PT)
+  bar.ax.tick_params(labelsize=MATRIX_FONT_PT)
   if titles:
-    fig.suptitle(f"Final accuracy matrices $a_{{i,j}}$: {_setting_title(panel)}", fontsize=10)
+    fig.suptitle(f"Final accuracy matrices $a_{{i,j}}$: {_setting_title(panel)}",
+                 fontsize=MATRIX_FONT_PT + 1)
   return fig
 
 

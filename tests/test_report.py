@@ -9,6 +9,7 @@ import csv
 import importlib.util
 import json
 import os
+import pathlib
 import re
 import shutil
 import subprocess
@@ -697,6 +698,45 @@ def test_latex_table_compiles(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:]
   assert (tmp_path / "t.pdf").read_bytes()[:5] == b"%PDF-"
   assert "undefined" not in (tmp_path / "t.log").read_text(errors="replace").lower()
+
+
+def test_accuracy_matrices_leave_no_panel_empty_and_print_at_paper_size(tmp_path):
+  """Five methods: 3 panels over 2 (the last row centred), every axes of the figure a matrix or
+  its colour bar (none switched off); the figure at most a paper's text width, its text 6-8 pt,
+  the cells' values written where a cell holds them (5 tasks) and left out where it cannot (20)."""
+  from matplotlib.text import Text
+
+  def rows_of(n_tasks, sub):
+    acc = (np.tril(np.ones((n_tasks, n_tasks))) * 0.5).T.tolist()
+    dirs = [write_method_run(tmp_path / sub / m, 0, m, "s", 0.5, data__n_tasks=n_tasks)
+            for m in ("er", "agem", "gdumb", "mir", "der_pp")]
+    for d in dirs:
+      results = json.loads(pathlib.Path(d, "results.json").read_text())
+      pathlib.Path(d, "results.json").write_text(json.dumps({**results, "acc_matrix": acc}))
+    return reporting.aggregate(dirs)
+
+  # 5 tasks: 3 panels a row at most (a cell wide enough for its value), balanced.
+  assert plots.matrix_grid(5, 5) == (2, 3) and plots.matrix_grid(4, 5) == (2, 2)
+  assert plots.matrix_grid(7, 5) == (3, 3) and plots.matrix_grid(3, 20) == (3, 1)
+  fig = plots.accuracy_matrices_figure(rows_of(5, "five"))
+  panels = [ax for ax in fig.axes if ax.get_images()]
+  assert len(panels) == 5 and len(fig.axes) == 6  # 5 matrices and the colour bar
+  assert all(ax.axison for ax in fig.axes)
+  boxes = sorted((round(ax.get_position().y0, 3), ax.get_position().x0) for ax in panels)
+  top = [b for b in boxes if b[0] == boxes[-1][0]]
+  bottom = [b for b in boxes if b[0] == boxes[0][0]]
+  assert len(top) == 3 and len(bottom) == 2
+  # The short row is centred between the top row's outer panels (within a quarter panel).
+  width = panels[0].get_position().width
+  centre = lambda row: np.mean([x for _, x in row])  # noqa: E731
+  assert abs(centre(top) - centre(bottom)) < width / 4
+  assert fig.get_size_inches()[0] <= plots.TEXT_WIDTH_IN
+  sizes = {t.get_fontsize() for t in fig.findobj(Text) if t.get_text()}
+  assert min(sizes) >= 6 and max(sizes) <= 8
+  assert any(t.get_text() == "50.0" for t in panels[0].texts)
+  big = plots.accuracy_matrices_figure(rows_of(20, "twenty"), titles=False)
+  assert all(not ax.texts for ax in big.axes if ax.get_images())
+  assert big.get_size_inches()[0] <= plots.TEXT_WIDTH_IN
 
 
 def test_report_figures_of_a_paper(tmp_path):
