@@ -300,6 +300,10 @@ def get_config(method: str = "online_lora") -> ml_collections.ConfigDict:
                   " WORKDIR/mlruns) | '' = metrics.jsonl alone (olora_jax/loggers.py)"),
       logger_project=Key("olora-jax", "the W&B project / MLflow experiment the runs are logged"
                          " into"),
+      logger_group=Key("", "the W&B group (and MLflow tag `group`) that gathers the runs of one"
+                       " comparison ('' = none; launch/sweep.py: the sweep's name)"),
+      logger_dir=Key("", "where W&B's run files and MLflow's local file store go ('' = the"
+                     " workdir; launch/sweep.py: its ROOT, one MLflow store for the sweep)"),
       checkpoint_every=Key(200, "steps between full-state checkpoints in WORKDIR/checkpoints (0:"
                            " only at the end and on SIGTERM/SIGINT); the same --workdir resumes"),
       max_to_keep=Key(3, "checkpoints kept (>= 1); older ones are the fallback if the newest is"

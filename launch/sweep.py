@@ -5,8 +5,11 @@
     python launch/report.py --layout table1 ROOT    # then --layout table2 ROOT
 
 Each run is `launch/run.py --config SETTING --workdir ROOT/NAME/METHOD/seedN --config.method=METHOD
---config.seed=N` plus the overrides after `--` (NAME: the config file's name, with its argument
-when it has one: configs/split_cifar100.py:vit_s16 -> split_cifar100_vit_s16). Each run's exit
+--config.seed=N --config.logger_group=SWEEP --config.logger_dir=ROOT` plus the overrides after
+`--` (NAME: the config file's name, with its argument when it has one:
+configs/split_cifar100.py:vit_s16 -> split_cifar100_vit_s16; SWEEP: ROOT's own name). The two
+logger keys gather the cells in the trackers, when `--config.loggers` names W&B or MLflow: one
+W&B group, one MLflow store in ROOT/mlruns (olora_jax/loggers.py). Each run's exit
 is recorded in its workdir (exit.json: the code and the run's one `error: ...` line;
 launch/cells.py). A workdir holding results.json and a recorded exit 0 is finished and skipped;
 any other is started or resumed from its newest checkpoint by run.py itself, so rerunning the
@@ -121,8 +124,14 @@ def plan(root: str, settings: list[str], methods: list[str], seeds: list[int],
         workdir = os.path.join(root, setting_name(config), method_dir(method), f"seed{seed}")
         runs.append((workdir, [sys.executable, RUN, f"--config={config}", f"--workdir={workdir}",
                                f"--config.method={method}", f"--config.seed={seed}",
-                               *overrides]))
+                               *tracker_overrides(root), *overrides]))
   return runs
+
+
+def tracker_overrides(root: str) -> list[str]:
+  """The cells' W&B group and MLflow store: the sweep's (ROOT's name, and ROOT)."""
+  root = os.path.abspath(root)
+  return [f"--config.logger_group={os.path.basename(root)}", f"--config.logger_dir={root}"]
 
 
 def method_dir(method: str) -> str:
@@ -352,7 +361,8 @@ def tuning_plans(args) -> list[dict]:
         workdirs.append(workdir)
         commands.append([
             sys.executable, RUN, f"--config={config}", f"--workdir={workdir}",
-            f"--config.method={method}", f"--config.seed={args.tune_seed}", *args.overrides,
+            f"--config.method={method}", f"--config.seed={args.tune_seed}",
+            *tracker_overrides(args.root), *args.overrides,
             f"--config.data.validation_fraction={args.validation_fraction}",
             *point_overrides(block, point)])
       plans.append({"method_dir": method_dir_, "method": method, "block": block,

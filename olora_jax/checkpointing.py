@@ -93,7 +93,7 @@ OPERATIONAL_KEYS = ("checkpoint_every", "max_to_keep", "eval.write_plots", "data
                     "distributed.num_processes", "distributed.process_id",
                     "distributed.initialization_timeout", "distributed.heartbeat_timeout",
                     "learner.skip_nonfinite", "learner.max_skipped_fraction", "log_every",
-                    "loggers", "logger_project")
+                    "loggers", "logger_project", "logger_group", "logger_dir")
 # Of those, the ones a resume records when they changed (results.json `config_changes`): how the
 # run goes on. The placement keys (mesh, processes, where images are preprocessed) are not: they
 # may differ between the processes of one run and change nothing in its records.

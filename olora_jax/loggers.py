@@ -19,10 +19,23 @@ samples seen, the x axis of the paper's anytime-accuracy plots:
                it); the step is samples seen
 
 Both runs are named after the method's display name, setting and seed, carry the run's
-flattened config (W&B config, MLflow params), and live in the project (W&B) or experiment
-(MLflow) `logger_project`. Their ids are kept in WORKDIR/loggers.json, so a resumed run goes on
-logging into the same W&B and MLflow runs; the lines a resume writes again (those after its
-checkpoint) are logged again at their samples seen.
+flattened config without the other methods' blocks (W&B config, MLflow params: the common keys
+and the run's own method block), and live in the project (W&B) or experiment (MLflow)
+`logger_project`, in the group `logger_group` (W&B's group, an MLflow tag `group`; launch/sweep.py
+names its cells' group after the sweep and puts their W&B files and MLflow store in its ROOT,
+`logger_dir`, so the tracker's own comparison view shows the sweep). Their ids are kept in
+WORKDIR/loggers.json, so a resumed run goes on logging into the same W&B and MLflow runs; the
+lines a resume writes again (those after its checkpoint) are logged again at their samples seen.
+
+When the run ends, after results.json is written, each tracker gets its results
+(`summarize`): results.json's numbers as summary values (`results_summary`: A_final,
+forgetting, A_auc, A_last, F_last, backward_transfer, n_plateaus, wall_seconds, ...; its records
+one level down as `compute/...` (the compute ledger's totals) and `plateau_detection/...`),
+the final accuracy matrix as a table (a W&B Table `acc_matrix`; MLflow: the artifact
+acc_matrix.csv), and the run's files as artifacts (`run_files`: config.json, results.json,
+metrics.jsonl, stream_manifest.json, the figures in plots/, the exports in export/ and
+Online-LoRA's exported model). W&B keeps the summary values as the run's summary; MLflow as
+metrics at the run's last samples seen.
 
 Like the TensorBoard mirror, no logger can stop or fail a run once it has started: the first
 error of any kind switches that logger off with one warning (metrics.jsonl has every value). A
@@ -32,6 +45,8 @@ logger the config names whose package is not installed is bad input, refused bef
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import logging
 import math
@@ -52,6 +67,56 @@ def scalars(values: dict) -> dict[str, float]:
   """The finite numeric, non-boolean values of a metrics.jsonl record, as floats."""
   return {k: float(v) for k, v in values.items()
           if isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)}
+
+
+def results_summary(results: dict) -> dict[str, float]:
+  """results.json's numbers as a tracker's summary values: each finite numeric top-level value
+  under its name (A_final, forgetting, ...), and those of each record one level down as
+  `RECORD/KEY` (`compute/step_seconds`, `plateau_detection/recall`)."""
+  out = scalars(results)
+  for key, value in results.items():
+    if isinstance(value, dict):
+      out.update({f"{key}/{k}": v for k, v in scalars(value).items()})
+  return out
+
+
+# What `run_files` sends a tracker: the run's records, then its figures and exports.
+RUN_RECORDS = ("config.json", "results.json", "metrics.jsonl", "stream_manifest.json")
+RUN_FOLDERS = ("plots", "export")
+
+
+def run_files(workdir: str) -> list[str]:
+  """The files of a finished run a tracker keeps as artifacts, relative to `workdir`: its records,
+  every figure in plots/ and export in export/ (not a write's leftover `.tmp`), and Online-LoRA's
+  exported model where there is one."""
+  from olora_jax.methods import online_lora  # the export's file name, where the method keeps it
+
+  found = [name for name in (*RUN_RECORDS, online_lora.EXPORT_FILENAME)
+           if os.path.isfile(os.path.join(workdir, name))]
+  for folder in RUN_FOLDERS:
+    top = os.path.join(workdir, folder)
+    for here, _, names in sorted(os.walk(top)):
+      found += sorted(os.path.relpath(os.path.join(here, n), workdir) for n in names
+                      if not n.endswith(".tmp"))
+  return found
+
+
+def accuracy_table(matrix) -> tuple[list[str], list[list]]:
+  """The final accuracy matrix a_{i,j} (results.json `acc_matrix`) as a table's (columns, rows):
+  a row per evaluated task i, a column per task j trained."""
+  columns = ["evaluated on task i", *(f"after task {j}" for j in range(len(matrix)))]
+  return columns, [[i, *map(float, row)] for i, row in enumerate(matrix)]
+
+
+def run_params(config: dict) -> dict:
+  """The run's flattened config as a tracker's params: every key but the other methods' blocks
+  (the run's own block, the common keys and `learner`, which Online-LoRA reads, are kept)."""
+  from olora_jax import methods
+
+  method = config.get("method", "online_lora")
+  own = methods.resolve(method).name if method else ""
+  blocks = {spec.name for spec in methods.specs() if spec.config is not None} - {own}
+  return {k: v for k, v in config.items() if k.split(".", 1)[0] not in blocks}
 
 
 class _Mirror:
@@ -90,6 +155,16 @@ class _Mirror:
     except Exception as e:  # the mirror must never stop the run
       self._switch_off(e)
 
+  def summarize(self, results: dict, workdir: str) -> None:
+    """The run's results (module docstring): summary values, the accuracy matrix, the files."""
+    if not self.active:
+      return
+    try:
+      self._summarize(results_summary(results), results.get("acc_matrix"), workdir,
+                      run_files(workdir), int(results.get("samples_seen", 0)))
+    except Exception as e:  # the mirror must never stop the run
+      self._switch_off(e)
+
   def close(self) -> None:
     if not self.active:
       return
@@ -103,6 +178,10 @@ class _Mirror:
     raise NotImplementedError
 
   def _log(self, tagged: dict[str, float], samples_seen: int) -> None:
+    raise NotImplementedError
+
+  def _summarize(self, summary: dict[str, float], matrix, workdir: str, files: list[str],
+                 samples_seen: int) -> None:
     raise NotImplementedError
 
   def _finish(self, failed: bool) -> None:
@@ -131,9 +210,13 @@ class WandbWriter(_Mirror):
   def _start(self, workdir, project, name, config):
     import wandb
 
+    self._wandb = wandb
     run_id = _ids(workdir).get("wandb") or uuid.uuid4().hex[:16]
-    self._run = wandb.init(project=project, name=name, id=run_id, resume="allow", dir=workdir,
-                           config=config, reinit="create_new",
+    place = config.get("logger_dir") or workdir
+    os.makedirs(place, exist_ok=True)
+    self._run = wandb.init(project=project, name=name, id=run_id, resume="allow", dir=place,
+                           group=config.get("logger_group") or None, config=run_params(config),
+                           reinit="create_new",
                            # The run's terminal output is its own (progress bar, table).
                            settings=wandb.Settings(console="off"))
     self._run.define_metric("samples_seen")
@@ -142,6 +225,17 @@ class WandbWriter(_Mirror):
 
   def _log(self, tagged, samples_seen):
     self._run.log({"samples_seen": samples_seen, **tagged})
+
+  def _summarize(self, summary, matrix, workdir, files, samples_seen):
+    self._run.summary.update(summary)
+    if matrix:
+      columns, rows = accuracy_table(matrix)
+      self._run.log({"samples_seen": samples_seen,
+                     "acc_matrix": self._wandb.Table(columns=columns, data=rows)})
+    artifact = self._wandb.Artifact(f"run-{self._run.id}", type="run-files")
+    for name in files:
+      artifact.add_file(os.path.join(workdir, name), name=name)
+    self._run.log_artifact(artifact)
 
   def _finish(self, failed):
     if self._run is not None:
@@ -165,7 +259,7 @@ class MlflowWriter(_Mirror):
     if not uri:
       # The local file store, which MLflow 3 keeps in maintenance mode and refuses unless
       # asked: asked here, for the default only (a tracking URI of one's own is used as given).
-      uri = _file_uri(os.path.join(workdir, "mlruns"))
+      uri = _file_uri(os.path.join(config.get("logger_dir") or workdir, "mlruns"))
       os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
     client = MlflowClient(tracking_uri=uri)
     run_id = _ids(workdir).get("mlflow")
@@ -173,11 +267,13 @@ class MlflowWriter(_Mirror):
       experiment = client.get_experiment_by_name(project)
       experiment_id = (experiment.experiment_id if experiment is not None
                        else client.create_experiment(project))
-      run_id = client.create_run(experiment_id, run_name=name).info.run_id
+      group = config.get("logger_group")
+      run_id = client.create_run(experiment_id, run_name=name,
+                                 tags={"group": group} if group else None).info.run_id
       _keep_id(workdir, "mlflow", run_id)
       # MLflow keeps a parameter's first value (a later, different one is an error): only a new
       # run logs the config. Values are capped at MLflow's 500 characters.
-      params = [Param(k, str(v)[:500]) for k, v in sorted(config.items())]
+      params = [Param(k, str(v)[:500]) for k, v in sorted(run_params(config).items())]
       for start in range(0, len(params), 100):  # MLflow's limit per batch
         client.log_batch(run_id, params=params[start:start + 100])
     else:
@@ -188,6 +284,20 @@ class MlflowWriter(_Mirror):
     now = int(time.time() * 1000)
     self._client.log_batch(self._run_id, metrics=[
         self._metric(_mlflow_key(k), v, now, samples_seen) for k, v in tagged.items()])
+
+  def _summarize(self, summary, matrix, workdir, files, samples_seen):
+    now = int(time.time() * 1000)
+    metrics_ = [self._metric(_mlflow_key(k), v, now, samples_seen) for k, v in summary.items()]
+    for start in range(0, len(metrics_), 1000):  # MLflow's limit per batch
+      self._client.log_batch(self._run_id, metrics=metrics_[start:start + 1000])
+    if matrix:
+      columns, rows = accuracy_table(matrix)
+      text = io.StringIO()
+      csv.writer(text, lineterminator="\n").writerows([columns, *rows])
+      self._client.log_text(self._run_id, text.getvalue(), "acc_matrix.csv")
+    for name in files:
+      folder = os.path.dirname(name)
+      self._client.log_artifact(self._run_id, os.path.join(workdir, name), folder or None)
 
   def _finish(self, failed):
     if self._run_id is not None:
@@ -214,6 +324,11 @@ class Mirrors:
   def write(self, event: str, samples_seen: int, values: dict) -> None:
     for w in self.writers:
       w.write(event, samples_seen, values)
+
+  def summarize(self, results: dict, workdir: str) -> None:
+    for w in self.writers:
+      if hasattr(w, "summarize"):  # the trackers; TensorBoard's event files have the scalars
+        w.summarize(results, workdir)
 
   def close(self) -> None:
     for w in self.writers:

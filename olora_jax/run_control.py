@@ -202,8 +202,10 @@ class Saver:
           " command to finish from it"), every_process=True)
 
   def close(self) -> None:
+    """The checkpointer and metrics.jsonl; the log's mirrors are the run's to close (they get
+    its results first: trainer.py)."""
     self.checkpointer.close()
-    self.log.close()
+    self.log.close_file()
 
 
 class NonFinitePolicy:

@@ -91,6 +91,15 @@ class RunLog:
     if self._scalars is not None:
       self._scalars.write(event, samples_seen, record)
 
+  def close_file(self) -> None:
+    """metrics.jsonl closed; its mirrors stay open for the run's results (`summarize`)."""
+    self._file.close()
+
+  def summarize(self, results: dict, workdir: str) -> None:
+    """The finished run's results to its trackers (`loggers.Mirrors.summarize`)."""
+    if self._scalars is not None:
+      self._scalars.summarize(results, workdir)
+
   def close(self) -> None:
     self._file.close()
     if self._scalars is not None:
@@ -110,6 +119,12 @@ class NullLog:
     return ""
 
   def write(self, event: str, step: int, samples_seen: int, **values) -> None:
+    pass
+
+  def close_file(self) -> None:
+    pass
+
+  def summarize(self, results: dict, workdir: str) -> None:
     pass
 
   def close(self) -> None:

@@ -410,10 +410,19 @@ def _train_and_evaluate(setup: Setup, init: tuple, workdir: str,
                         progress: bool, compile_start: tuple[float, int]) -> dict:
   """The run itself, in a locked workdir whose config has been checked: the paper's protocol,
   one stream step at a time (olora_jax/protocol.py says when evaluations fall)."""
-  c, method, stream = setup.config, setup.method, setup.stream
   state, p, saver, protocol, switch = _start(setup, init, workdir, compile_start)
-  log, ledger = saver.log, saver.ledger
   shardings = sharding.state_shardings(state, setup.mesh)  # where every leaf of the state lives
+  # The trackers (loggers) stay open until they have the results, and are closed however the
+  # run ends.
+  with contextlib.closing(saver.log):
+    return _train_loop(setup, workdir, progress, state, p, saver, protocol, switch, shardings)
+
+
+def _train_loop(setup: Setup, workdir: str, progress: bool, state, p, saver: Saver,
+                protocol: EvaluationProtocol, switch: BoundarySwitch, shardings) -> dict:
+  """`_train_and_evaluate`'s loop over the stream, then results.json and the trackers' copy."""
+  c, method, stream = setup.config, setup.method, setup.stream
+  log, ledger = saver.log, saver.ledger
   train_step = make_guarded_step(method.train_step)
   nonfinite = NonFinitePolicy(c.learner.skip_nonfinite, c.learner.max_skipped_fraction,
                               len(stream.steps), saver, run_control.learning_rate_key(
@@ -456,7 +465,9 @@ def _train_and_evaluate(setup: Setup, init: tuple, workdir: str,
     if method.finish is not None and sharding.is_primary():  # e.g. Online-LoRA's export
       method.finish(state, workdir)
     saver.stop_if_signalled_at_end(stop, p)
-  return _write_results(setup, workdir, protocol, switch, p, saver)
+  results = _write_results(setup, workdir, protocol, switch, p, saver)
+  log.summarize(results, workdir)  # W&B / MLflow: summary values, accuracy matrix, files
+  return results
 
 
 def _start(setup: Setup, init: tuple, workdir: str,

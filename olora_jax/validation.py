@@ -157,6 +157,8 @@ def check_config(config: ml_collections.ConfigDict, width: int) -> None:
   _require(isinstance(c.logger_project, str) and c.logger_project.strip() != "",
            f"logger_project={c.logger_project!r} must name a W&B project / MLflow experiment,"
            " e.g. 'olora-jax'")
+  for key in ("logger_group", "logger_dir"):
+    _require(isinstance(c[key], str), f"{key}={c[key]!r} must be a string ('' = none)")
   _require(c.checkpoint_every >= 0,
            f"checkpoint_every={c.checkpoint_every} must be >= 0 (0: only at the end and on"
            " SIGTERM/SIGINT)")

@@ -155,3 +155,150 @@ def test_wandb_offline_run_gets_every_scalar(tmp_path, monkeypatch):
   wandb.teardown()
   assert len(list((tmp_path / "wandb").glob(f"offline-run-*-{run_id}"))) == 2
   assert json.loads((tmp_path / loggers.IDS_FILE).read_text())["wandb"] == run_id
+
+
+# A finished run's files as the trackers find them: results.json with an accuracy matrix and
+# nested records, a figure, an export, and an export write's leftover (never sent).
+RESULTS = {"A_final": 0.5, "forgetting": 0.25, "A_auc": 0.625, "n_plateaus": 2,
+           "acc_matrix": [[1.0, 0.5], [0.0, 0.75]], "samples_seen": 64, "fidelity": "paper",
+           "compute": {"step_seconds": 1.5, "device": "cpu"},
+           "plateau_detection": {"recall": None, "n_plateaus": 2}}
+FILES = ["config.json", "results.json", "metrics.jsonl", "plots/accuracy_matrix.png",
+         "export/task_1.npz"]
+
+
+def finished_run(workdir, config):
+  """The run log of `config` written and closed as the trainer does: the lines, metrics.jsonl
+  closed, the results to the trackers, then the trackers closed."""
+  for name in FILES:
+    (workdir / name).parent.mkdir(parents=True, exist_ok=True)
+    (workdir / name).write_text(json.dumps(RESULTS) if name == "results.json" else name)
+  (workdir / "export" / "task_2.npz.123.tmp").write_text("a cut write")
+  log = runlog.RunLog(str(workdir / "metrics.jsonl"), loggers.make_mirrors(str(workdir), config))
+  log.write("train", 0, 16, loss=2.0)
+  log.close_file()
+  log.summarize(RESULTS, str(workdir))
+  log.close()
+
+
+def test_the_results_a_tracker_gets():
+  """results.json's numbers (one level of records down), the matrix's table, the files (no
+  leftover `.tmp`), and the params: the common keys and the run's own method block only."""
+  assert loggers.results_summary(RESULTS) == {
+      "A_final": 0.5, "forgetting": 0.25, "A_auc": 0.625, "n_plateaus": 2.0,
+      "samples_seen": 64.0, "compute/step_seconds": 1.5, "plateau_detection/n_plateaus": 2.0}
+  assert loggers.accuracy_table(RESULTS["acc_matrix"]) == (
+      ["evaluated on task i", "after task 0", "after task 1"], [[0, 1.0, 0.5], [1, 0.0, 0.75]])
+  flat = validation.flatten({**CONFIG, "er": {"learning_rate": 0.1}, "mir": {"k": 1},
+                             "learner": {"rank": 4}})
+  assert loggers.run_params(flat) == {k: v for k, v in flat.items() if not k.startswith("mir.")}
+  online = validation.flatten({**CONFIG, "method": "online_lora", "er": {"learning_rate": 0.1},
+                               "learner": {"rank": 4}})
+  assert set(loggers.run_params(online)) == set(online) - {"er.learning_rate"}
+
+
+def wandb_records(path):
+  """The protobuf records of a W&B run file (its LevelDB-style log: a 7-byte header, then
+  32 KiB blocks of chunks, each with a 7-byte header: checksum, length, type FULL=1 FIRST=2
+  MIDDLE=3 LAST=4)."""
+  import struct
+
+  from wandb.proto import wandb_internal_pb2
+
+  data, block, pos, pending, out = path.read_bytes(), 32768, 7, b"", []
+  assert data[:4] == b":W&B"
+  while pos + 7 <= len(data):
+    left = block - pos % block
+    if left < 7:  # a block's tail too short for a header is padding
+      pos += left
+      continue
+    _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+    pending += data[pos + 7:pos + 7 + length]
+    pos += 7 + length
+    if kind in (1, 4):
+      record = wandb_internal_pb2.Record()
+      record.ParseFromString(pending)
+      out.append(record)
+      pending = b""
+  return out
+
+
+def test_wandb_gets_the_results_summary_matrix_and_files(tmp_path, monkeypatch):
+  wandb = pytest.importorskip("wandb")
+  monkeypatch.setenv("WANDB_MODE", "offline")
+  monkeypatch.setenv("WANDB_SILENT", "true")
+  config = {**CONFIG, "loggers": "wandb", "logger_group": "sweep-a", "mir": {"k": 1}}
+  finished_run(tmp_path, config)
+  wandb.teardown()
+  run_id = json.loads((tmp_path / loggers.IDS_FILE).read_text())["wandb"]
+  (run_file,) = (tmp_path / "wandb").glob(f"offline-run-*-{run_id}/run-{run_id}.wandb")
+  records = wandb_records(run_file)
+  summary = {}
+  for r in records:
+    if r.WhichOneof("record_type") == "summary":
+      summary.update({i.key: json.loads(i.value_json) for i in r.summary.update if i.key})
+  expected = loggers.results_summary(RESULTS)
+  assert {k: summary[k] for k in expected} == expected  # the summary values are results.json's
+  (run,) = [r.run for r in records if r.WhichOneof("record_type") == "run"]
+  assert run.run_group == "sweep-a"
+  assert {i.key for i in run.config.update} >= {"seed", "method"}
+  assert not any(i.key.startswith("mir") for i in run.config.update)  # another method's block
+  artifacts = {r.artifact.type: r.artifact for r in records
+               if r.WhichOneof("record_type") == "artifact"}
+  assert sorted(e.path for e in artifacts["run-files"].manifest.contents) == sorted(FILES)
+  assert "run_table" in artifacts  # the accuracy matrix, a W&B Table
+  (table,) = (tmp_path / "wandb").glob(f"offline-run-*-{run_id}/files/media/table/acc_matrix*")
+  assert json.loads(table.read_text())["data"] == [[0, 1.0, 0.5], [1, 0.0, 0.75]]
+
+
+def test_mlflow_gets_the_results_and_a_sweep_shares_one_store(tmp_path, monkeypatch):
+  pytest.importorskip("mlflow")
+  from mlflow.tracking import MlflowClient
+
+  monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+  monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
+  root = tmp_path / "sweep-a"
+  for seed in (0, 1):  # two cells of one sweep: launch/sweep.py's logger keys
+    cell = root / "demo" / "er" / f"seed{seed}"
+    cell.mkdir(parents=True)
+    finished_run(cell, {**CONFIG, "seed": seed, "loggers": "mlflow", "mir": {"k": 1},
+                        "logger_group": "sweep-a", "logger_dir": str(root)})
+  assert not list(root.glob("demo/er/*/mlruns"))  # no store of a cell's own
+  client = MlflowClient(tracking_uri=(root / "mlruns").as_uri())
+  (experiment,) = [e for e in client.search_experiments() if e.name == "olora-jax"]
+  runs = client.search_runs([experiment.experiment_id])
+  assert len(runs) == 2 and {r.data.tags["group"] for r in runs} == {"sweep-a"}
+  for run in runs:
+    expected = loggers.results_summary(RESULTS)
+    assert {k: run.data.metrics[k] for k in expected} == expected
+    assert not any(k.startswith("mir.") for k in run.data.params)
+    assert run.data.params["seed"] in ("0", "1")
+    listed = {a.path for a in client.list_artifacts(run.info.run_id)}
+    listed |= {a.path for folder in ("plots", "export")
+               for a in client.list_artifacts(run.info.run_id, folder)}
+    assert listed >= set(FILES) | {"acc_matrix.csv"} and "export/task_2.npz.123.tmp" not in listed
+    matrix = client.download_artifacts(run.info.run_id, "acc_matrix.csv", str(tmp_path))
+    assert open(matrix).read().splitlines() == [
+        "evaluated on task i,after task 0,after task 1", "0,1.0,0.5", "1,0.0,0.75"]
+
+
+def test_a_run_sends_its_results_json_to_mlflow(tmp_path, monkeypatch, compilation_cache):
+  """Through the command line: the trainer sends results.json's numbers and files once the run
+  has written them (the tiny stream; its programs come from the session's compilation cache)."""
+  pytest.importorskip("mlflow")
+  import tiny_run
+  from mlflow.tracking import MlflowClient
+
+  monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+  workdir = tmp_path / "run"
+  done = tiny_run.run(workdir, compilation_cache, "--config.loggers=mlflow")
+  assert done.returncode == 0, done.stderr[-2000:]
+  results = json.loads((workdir / "results.json").read_text())
+  client = MlflowClient(tracking_uri=(workdir / "mlruns").as_uri())
+  run = client.get_run(json.loads((workdir / loggers.IDS_FILE).read_text())["mlflow"])
+  assert run.info.status == "FINISHED"
+  expected = loggers.results_summary(results)
+  assert expected["A_final"] == results["A_final"] and expected["n_plateaus"] == 4
+  assert {k: run.data.metrics[k] for k in expected} == pytest.approx(expected, rel=1e-12)
+  listed = {a.path for a in client.list_artifacts(run.info.run_id)}
+  assert {"results.json", "metrics.jsonl", "config.json", "acc_matrix.csv"} <= listed
