@@ -4,7 +4,7 @@ Online-LoRA paper's appendix, or this project's choice with its reason. A defaul
 from its declared source without a stated reason fails here, and so does a rate set at another
 batch that is neither scaled by the one linear rule (`lr_reference_batch`,
 `methods.common.batch_scale`) nor kept with a reason. Each method's page opens with its check
-against its authors' code and renders the sources (the `method-check` and `key-sources`
+against its authors' code and renders the sources (the `method-card` and `key-sources`
 directives of docs/_ext/olora_docs.py)."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import pytest
 
 from olora_jax import config_keys, methods
 from olora_jax.config_keys import Key, authors, block, ours, paper
-from olora_jax.methods import base, common, ease, slca
+from olora_jax.methods import base, cards, common, ease, slca
 
 ROOT = Path(__file__).resolve().parents[1]
 WITH_BLOCK = [s.name for s in methods.specs() if s.config is not None]
@@ -72,14 +72,36 @@ def test_slca_and_ease_scale_their_authors_rate_to_the_learners_batch(module, ba
   assert common.batch_scale(config, 16) == 1.0
 
 
-@pytest.mark.parametrize("name", [s.name for s in methods.specs()])
-def test_every_method_page_opens_with_its_check_and_renders_its_sources(name):
-  """The first thing under a page's title is the `method-check` directive; a page of a method
-  with a block renders its `key-sources` table."""
-  text = (ROOT / "docs" / "methods" / f"{name}.md").read_text()
+def card_of(text: str, name: str) -> tuple[str, dict[str, str]]:
+  """The `method-card` directive a page opens with: (its sentence, its options)."""
   body = [line for line in text.splitlines()[1:] if line.strip()]
-  assert body[0] == "```{method-check} " + name, body[0]
+  assert body[0] == "```{method-card} " + name, body[0]
+  block = body[1:body.index("```")]
+  options = dict(line[1:].split(": ", 1) for line in block if line.startswith(":"))
+  return " ".join(line for line in block if not line.startswith(":")), options
+
+
+@pytest.mark.parametrize("name", [s.name for s in methods.specs()])
+def test_every_method_page_opens_with_its_card_and_renders_its_sources(name):
+  """The first thing under a page's title is the method's card (the `method-card` directive):
+  one sentence of what it does, its check, its demo row (found in the demo table), the readings
+  that move its numbers and what is not validated, at most 8 lines as it renders; a page of a
+  method with a block renders its `key-sources` table."""
+  text = (ROOT / "docs" / "methods" / f"{name}.md").read_text()
+  sentence, options = card_of(text, name)
+  assert set(options) <= {"row", "readings", "unvalidated"}, options
   spec = methods.resolve(name)
+  rows = cards.demo_rows((ROOT / cards.DEMO_TABLE).read_text())
+  row = rows[options.get("row", spec.report_name)]  # its row is in the published table
+  card = cards.card(spec, sentence, row, options.get("readings", ""),
+                    options.get("unvalidated", ""))
+  assert [label for label, _ in card] == ["What it does", "Check", "Demo row",
+                                         "Readings that move its numbers", "Not validated"]
+  assert len(card) + 2 <= 8  # its header and rule, then a line each
+  assert dict(card)["Check"] == spec.check.sentence().removeprefix("Check: ")
+  seeds = row["seeds"].split("/")[0].strip()
+  assert dict(card)["Demo row"].startswith(
+      f"disjoint demo (seeds {seeds}): A_final {row['A_final']}")
   assert spec.check.kind in base.CHECK_KINDS
   if spec.check.kind != "none":
     assert (ROOT / spec.check.test).exists() and spec.check.against
@@ -92,3 +114,26 @@ def test_the_check_sentence_names_the_code_and_the_test():
   line = base.Check("step", "org/repo", "tests/test_x.py").sentence()
   assert line == ("Check: matches its authors' code step for step on a shared stream (org/repo;"
                   " tests/test_x.py).")
+
+
+def test_a_card_says_what_its_pieces_say():
+  """The card's generated lines: a demo row with the seeds of each stream, the defaults' origins
+  counted and those that differ named, a check's limits; a sentence that is not one is refused."""
+  row = {"seeds": "0-9 / 0-4", "A_final": "57.18 ± 4.51", "forgetting": "9.49 ± 6.37",
+         "passes": "71.4", "blurry_A_auc": "46.90 ± 4.52", "blurry_A_final": "55.37 ± 7.23"}
+  assert cards.demo_line(row) == (
+      "disjoint demo (seeds 0-9): A_final 57.18 ± 4.51, Forgetting 9.49 ± 6.37, 71.4 passes/step;"
+      " Si-Blurry demo (seeds 0-4): A_auc 46.90 ± 4.52, A_final 55.37 ± 7.23")
+  spec = methods.resolve("er_ace")
+  lines = dict(cards.card(spec, "ER with a different loss.", row, "a cosine head"))
+  assert lines["Readings that move its numbers"].startswith(
+      "a cosine head; its defaults from its authors' code (")
+  assert "`optimizer`" in lines["Readings that move its numbers"]
+  assert lines["Not validated"] == "nothing stated beyond its check."
+  none = dict(cards.card(methods.resolve("agem"), "Projects gradients.", None))
+  assert none["Demo row"] == "not in the demo table"
+  assert none["Not validated"].startswith("its implementation against its authors' code")
+  for bad, why in (("", "is missing"), ("No full stop", "must end with a full stop"),
+                   ("One. Two.", "must be one sentence"), ("w " * 50 + ".", "has 51 words")):
+    with pytest.raises(ValueError, match=why):
+      cards.card(spec, bad, row)

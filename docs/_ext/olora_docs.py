@@ -8,10 +8,14 @@ Directives (each renders what the code says at build time, so the pages cannot d
                       default and its meaning, as declared beside the default
                       (`olora_jax.config_keys`)
   metric-notes        every metric's definition as results.json's `metric_notes` records it
-  method-check NAME   the line a method's page opens with: how its numbers are backed against its
-                      authors' code (`MethodSpec.check`)
   key-sources NAME    the method's keys, our defaults against their sources (the authors' code,
                       the Online-LoRA paper, ours), as declared beside the defaults
+  method-card NAME    the card a method's page opens with (`olora_jax.methods.cards`): its
+                      content is the one sentence of what the method does; options :row: (its
+                      label in the demo table, when not its report name), :readings: and
+                      :unvalidated: (what the page's reasoning establishes); the check, the demo
+                      row and the defaults that differ from their sources come from the code and
+                      the demo table
 
 Docstrings are prose written for `help()`; a paragraph laid out by indentation (an aligned
 table of names) is set as a literal block, so it reads the same on the site.
@@ -31,6 +35,7 @@ import sys
 from pathlib import Path
 
 from docutils import nodes
+from docutils.parsers.rst import directives
 from sphinx.application import Sphinx
 from sphinx.util import logging
 from sphinx.util.docutils import SphinxDirective
@@ -135,18 +140,35 @@ class ConfigKeys(SphinxDirective):
     return out
 
 
-class MethodCheck(SphinxDirective):
-  """`method-check NAME`: the line a method's page opens with, how its numbers are backed
-  against its authors' code (`MethodSpec.check`)."""
+class MethodCard(SphinxDirective):
+  """`method-card NAME`: the card a method's page opens with (module docstring)."""
 
   required_arguments = 1
+  has_content = True
+  option_spec = {"row": directives.unchanged, "readings": directives.unchanged,
+                 "unvalidated": directives.unchanged}
 
   def run(self) -> list[nodes.Node]:
     from olora_jax import methods
+    from olora_jax.methods import cards
 
-    self.env.note_dependency(inspect.getsourcefile(methods.resolve(self.arguments[0]).build))
-    kind, _, rest = methods.resolve(self.arguments[0]).check.sentence().partition(": ")
-    return [nodes.paragraph("", "", nodes.strong(kind + ":", kind + ":"), nodes.Text(" " + rest))]
+    spec = methods.resolve(self.arguments[0])
+    self.env.note_dependency(inspect.getsourcefile(spec.build))
+    self.env.note_dependency(str(ROOT / cards.DEMO_TABLE))
+    rows = cards.demo_rows((ROOT / cards.DEMO_TABLE).read_text())
+    label = self.options.get("row", spec.report_name)
+    if label not in rows:
+      LOGGER.warning(f"{spec.name}: no row {label!r} in {cards.DEMO_TABLE} (give its label as"
+                     " :row:)", location=self.get_location(), type="olora", subtype="card")
+    try:
+      lines = cards.card(spec, "\n".join(self.content), rows.get(label),
+                         self.options.get("readings", ""), self.options.get("unvalidated", ""))
+    except ValueError as e:
+      LOGGER.warning(str(e), location=self.get_location(), type="olora", subtype="card")
+      return []
+    text = "\n".join(["| At a glance | |", "|---|---|",
+                      *(f"| **{name}** | {value} |" for name, value in lines)])
+    return self.parse_text_to_nodes(text)
 
 
 class KeySources(SphinxDirective):
@@ -263,7 +285,7 @@ def setup(app: Sphinx) -> dict:
   app.add_directive("program-help", ProgramHelp)
   app.add_directive("config-keys", ConfigKeys)
   app.add_directive("metric-notes", MetricNotes)
-  app.add_directive("method-check", MethodCheck)
+  app.add_directive("method-card", MethodCard)
   app.add_directive("key-sources", KeySources)
   app.connect("autodoc-process-docstring", check_docstring)
   app.connect("env-purge-doc", purge_documented)
