@@ -48,6 +48,7 @@ EXIT_RECORD = "exit.json"
 PLAN = "sweep.json"
 CHECKPOINTS = "checkpoints"  # olora_jax/checkpointing.py's CHECKPOINT_DIR
 EXIT_SIGNAL_BASE = 128  # olora_jax/errors.py: 128 + signal number
+EXIT_BAD_INPUT = 2  # olora_jax/errors.py
 HEARTBEAT_SECONDS = 30
 STALE_SECONDS = 120  # four heartbeats missed
 RECORD_BYTES = 8192
@@ -417,14 +418,39 @@ def _with_workdir(command: list[str], workdir: str) -> list[str]:
   return [a for a in command if not a.startswith("--workdir=")] + [f"--workdir={workdir}"]
 
 
+class PlanDamaged(ValueError):
+  """ROOT/sweep.json is not a plan this code wrote (cut short, or edited): bad input."""
+
+  exit_code = EXIT_BAD_INPUT
+
+
 def _load(root: str) -> dict:
+  path = os.path.join(root, PLAN)
   try:
-    with open(os.path.join(root, PLAN)) as f:
+    with open(path) as f:
       plan = json.load(f)
   except FileNotFoundError:
     return {"cells": []}
+  except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    raise _damaged(path, str(e).splitlines()[0]) from None
+  if not isinstance(plan, dict):
+    raise _damaged(path, f"a JSON {type(plan).__name__}, not the object of a plan")
   plan.setdefault("cells", [])
+  bad = ("'cells' is not a list" if not isinstance(plan["cells"], list) else
+         "'submissions' is not a list" if not isinstance(plan.get("submissions", []), list) else
+         next((f"cell {i} has no workdir" for i, c in enumerate(plan["cells"])
+               if not isinstance(c, dict) or not isinstance(c.get("workdir"), str)), ""))
+  if bad:
+    raise _damaged(path, bad)
   return plan
+
+
+def _damaged(path: str, what: str) -> PlanDamaged:
+  return PlanDamaged(
+      f"{path} is damaged ({what}): it is the sweep's plan of cells. Restore it, or move it"
+      " aside and run the same sweep command again to write it anew (each run keeps its own"
+      " records in its workdir: finished runs are skipped); under SLURM, let the sweep's"
+      " queued or running tasks end first (or scancel them)")
 
 
 def load_plan(root: str, with_submissions: bool = False):

@@ -693,11 +693,15 @@ def print_status(root: str) -> int:
 
 def main(argv: list[str]) -> int:
   args = parse(argv)
-  if args.status:
-    return print_status(args.status)
-  if args.run_cell:
-    return run_one_cell(*args.run_cell)
-  return run_slurm(args) if args.launcher == "slurm" else run_local(args)
+  try:
+    if args.status:
+      return print_status(args.status)
+    if args.run_cell:
+      return run_one_cell(*args.run_cell)
+    return run_slurm(args) if args.launcher == "slurm" else run_local(args)
+  except cells.PlanDamaged as e:  # ROOT/sweep.json: one line, whatever read it
+    print(f"error: {e}", file=sys.stderr)
+    return e.exit_code
 
 
 if __name__ == "__main__":

@@ -149,6 +149,31 @@ def test_status_reads_every_state_from_the_workdirs(tmp_path):
     assert proc.returncode == 2 and says in proc.stderr and not proc.stdout
 
 
+@pytest.mark.parametrize("damage, says", [
+    ('{"cells": [{"workdir": "a"', "Expecting ',' delimiter"),
+    ("[]", "a JSON list, not the object of a plan"),
+    ('{"cells": 5}', "'cells' is not a list"),
+    ('{"cells": [{"command": []}]}', "cell 0 has no workdir")])
+def test_a_damaged_plan_is_one_line_wherever_it_is_read(tmp_path, damage, says):
+  """ROOT/sweep.json cut short or edited: --status, a resubmission and an array task each end
+  with exit 2 and one line naming the file, what is wrong and how to go on; the file is kept."""
+  root = tmp_path / "sweep"
+  root.mkdir()
+  (root / cells.PLAN).write_text(damage)
+  sweep = [sys.executable, str(ROOT / "launch" / "sweep.py")]
+  for args in (["--status", str(root)],
+               [f"--root={root}", "--settings=configs/tiny.py", "--methods=er", "--seeds=0"],
+               ["--run_cell", str(root), "0"]):
+    proc = subprocess.run(sweep + args, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 2, (args, proc.stderr[-2000:])
+    assert "Traceback" not in proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"error: {root / cells.PLAN} is damaged ({says}") and (
+        "run the same sweep command again to write it anew") in last, last
+  assert (root / cells.PLAN).read_text() == damage
+  assert sorted(p.name for p in root.iterdir()) == [cells.PLAN, cells.PLAN + ".lock"]
+
+
 def test_slurm_dry_run_prints_one_batch_script_and_writes_nothing(tmp_path):
   root = tmp_path / "sweep"
   command = [sys.executable, str(ROOT / "launch" / "sweep.py"), f"--root={root}",
