@@ -52,7 +52,7 @@ EXIT_BAD_INPUT = 2  # olora_jax/errors.py
 HEARTBEAT_SECONDS = 30
 STALE_SECONDS = 120  # four heartbeats missed
 RECORD_BYTES = 8192
-REPEAT_SECONDS = 2  # a signal again within this is the same stop, not a second one
+REPEAT_SECONDS = 2  # a signal again within this is the same stop (olora_jax/errors.py's rule)
 STATES = ("finished", "running", "queued", "stopped", "lost", "failed", "not started")
 
 

@@ -43,6 +43,7 @@ import os
 import signal
 import sys
 import threading
+import time
 
 # First thing: SIGINT / SIGTERM before the run's own handlers (imports, set-up) are recorded,
 # never raised inside an import or a library's callback, where an extension could swallow
@@ -68,7 +69,7 @@ _STARTED = [False]  # main() has begun: a first signal is the loop's to act on
 
 
 def _watch_signals(fd: int) -> None:
-  count = 0
+  count, first_at = 0, None
   while True:
     try:
       data = os.read(fd, 64)
@@ -77,6 +78,10 @@ def _watch_signals(fd: int) -> None:
     for signum in data:
       if signum not in (signal.SIGINT, signal.SIGTERM):
         continue
+      now = time.monotonic()
+      if first_at is not None and now - first_at < errors.SAME_STOP_SECONDS:
+        continue  # the first stop delivered again (SLURM sends one stop twice)
+      first_at = first_at if first_at is not None else now
       count += 1
       run_control = sys.modules.get("olora_jax.run_control")
       if run_control is not None and run_control.SAVING[0]:
@@ -108,7 +113,6 @@ import linecache  # noqa: E402
 import logging as py_logging  # noqa: E402
 import re  # noqa: E402
 import tempfile  # noqa: E402
-import time  # noqa: E402
 import traceback  # noqa: E402
 
 import jax  # noqa: E402

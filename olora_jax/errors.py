@@ -148,6 +148,13 @@ def start_up_stop(signum: int) -> str:
           " same command to start (or resume)")
 
 
+# One stop can reach a run twice within milliseconds: under SLURM, slurmstepd's SIGTERM to every
+# process of the step and the sweep runner's forward of its own. A signal again within this many
+# seconds of the one that began the stop is that stop, not a second one (launch/cells.py's runner
+# applies the same rule to what it forwards).
+SAME_STOP_SECONDS = 2.0
+
+
 def second_signal_stop(signum: int) -> str:
   """The line of a second signal once a run has begun: it stops at once (never inside a
   checkpoint's save), printed by the loop's handler or, where the main thread is held in a

@@ -118,11 +118,14 @@ class StopSignal:
   came before, `PENDING_SIGNALS`, counts as the first).
 
   A second signal stops the run at once (`errors.Preempted`, the newest checkpoint kept), unless
-  a checkpoint is being written: that save ends first, then the run stops.
+  a checkpoint is being written: that save ends first, then the run stops. A signal within
+  `errors.SAME_STOP_SECONDS` of the first is that stop again (SLURM delivers one stop twice), not
+  a second one.
   """
 
   def __init__(self):
     self.signum: int | None = PENDING_SIGNALS[0] if PENDING_SIGNALS else None
+    self._first_at = time.monotonic() if PENDING_SIGNALS else None
     self._previous: dict = {}
 
   def __enter__(self) -> StopSignal:
@@ -133,8 +136,10 @@ class StopSignal:
 
   def _handle(self, signum, frame) -> None:
     if self.signum is None:
-      self.signum = signum
+      self.signum, self._first_at = signum, time.monotonic()
       return
+    if time.monotonic() - self._first_at < errors.SAME_STOP_SECONDS:
+      return  # the first stop delivered again
     if SAVING[0]:  # asked twice during a save: the save ends, then the loop stops
       return
     self.__exit__()

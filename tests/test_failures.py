@@ -17,6 +17,7 @@ import stat
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import jax
@@ -658,15 +659,20 @@ def test_a_signal_in_the_set_up_stops_with_the_start_up_line_and_writes_nothing(
 
 
 def test_a_second_signal_stops_at_once_with_its_line_and_gives_the_handlers_back(monkeypatch):
-  """Outside a save, the first signal is a flag the loop reads at the end of its step and a
+  """Outside a save, the first signal is a flag the loop reads at the end of its step (the same
+  signal again within `errors.SAME_STOP_SECONDS` is that stop delivered twice) and a
   second one stops the run at once, with errors.second_signal_stop's line (launch/run.py's
   watcher prints the same, where the main thread is held in a long device call)."""
   monkeypatch.setattr(run_control, "PENDING_SIGNALS", [])
+  monkeypatch.setattr(errors, "SAME_STOP_SECONDS", 0.2)
   before = signal.getsignal(signal.SIGTERM)
   with pytest.raises(errors.Preempted) as info:
     with run_control.StopSignal() as stop:
       os.kill(os.getpid(), signal.SIGTERM)
       assert stop.signum == signal.SIGTERM
+      os.kill(os.getpid(), signal.SIGTERM)  # the same stop again at once (SLURM): no stop now
+      assert stop.signum == signal.SIGTERM
+      time.sleep(0.3)
       os.kill(os.getpid(), signal.SIGINT)
   assert info.value.exit_code == 128 + signal.SIGINT
   assert str(info.value) == errors.second_signal_stop(signal.SIGINT)

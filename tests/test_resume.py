@@ -29,9 +29,12 @@ def test_sigkill_at_two_steps_then_sigterm_then_resume_is_bit_exact(tmp_path, ti
   assert 8 <= first < 24 <= second < N_STEPS
 
   # SIGTERM: the process checkpoints the end of the step it is in, then exits with 128 + 15.
-  stopped = stop_after_checkpoint(workdir, 36, signal.SIGTERM, cache)
+  # Sent twice at once, as SLURM delivers one stop (slurmstepd's and the sweep runner's): one
+  # stop, not "a second signal, at once" that would lose the step.
+  stopped = stop_after_checkpoint(workdir, 36, signal.SIGTERM, cache, times=2)
   assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr[-2000:]
-  assert "stopped by signal 15" in stopped.stderr
+  assert "stopped by signal 15 after stream step" in stopped.stderr
+  assert "second signal" not in stopped.stderr
   last = steps(workdir)[-1]
   assert 36 <= last < N_STEPS
   events = [json.loads(x) for x in (workdir / "metrics.jsonl").read_text().splitlines()]

@@ -137,9 +137,9 @@ def steps(workdir: Path) -> list[int]:
 
 
 def stop_after_checkpoint(workdir: Path, at_least: int, sig: int, cache: Path,
-                          *extra: str) -> subprocess.CompletedProcess:
-  """Starts the run (with `extra` flags), sends `sig` once checkpoint `at_least` (or later)
-  exists, waits for it."""
+                          *extra: str, times: int = 1) -> subprocess.CompletedProcess:
+  """Starts the run (with `extra` flags), sends `sig` (`times` times back to back, as SLURM
+  delivers one stop twice) once checkpoint `at_least` (or later) exists, waits for it."""
   proc = subprocess.Popen(command(workdir, *extra), cwd=ROOT, stdout=subprocess.DEVNULL,
                           stderr=subprocess.PIPE, text=True, env=env(cache))
   deadline = time.time() + 300
@@ -147,7 +147,8 @@ def stop_after_checkpoint(workdir: Path, at_least: int, sig: int, cache: Path,
     assert time.time() < deadline, "the run made no checkpoint in time"
     time.sleep(0.005)
   assert proc.poll() is None, f"the run ended before it could be killed: {proc.stderr.read()}"
-  proc.send_signal(sig)
+  for _ in range(times):
+    proc.send_signal(sig)
   _, stderr = proc.communicate(timeout=300)
   assert not (workdir / "results.json").exists()
   return subprocess.CompletedProcess(proc.args, proc.returncode, "", stderr)
