@@ -19,6 +19,8 @@ signalled by it (time limit, preemption, `scancel --signal`) or a run stopped by
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import re
 import shlex
@@ -147,6 +149,45 @@ def cancel_pending(jobs: list[str]) -> str | None:
   """Cancels the tasks of `jobs` not started yet (`scancel --state=PENDING`); None, or
   scancel's line when it fails."""
   proc = subprocess.run(["scancel", "--state=PENDING", *jobs], capture_output=True, text=True)
+  if proc.returncode == 0:
+    return None
+  return (proc.stderr.strip().splitlines() or ["(no message)"])[-1]
+
+
+CANCELLED = "cancelled.json"  # ROOT/slurm/cancelled.json: `launch/sweep.py --cancel` was run
+
+
+def mark_cancelled(root: str, jobs: list[str]) -> None:
+  """Records that the sweep in ROOT was cancelled (its jobs `jobs`), before they are: each task
+  reads it before requeueing itself (`cancelled`)."""
+  folder = os.path.join(root, "slurm")
+  os.makedirs(folder, exist_ok=True)
+  path = os.path.join(folder, CANCELLED)
+  with open(f"{path}.{os.getpid()}.tmp", "w") as f:
+    json.dump({"jobs": jobs, "at": cells.now()}, f)
+  os.replace(f"{path}.{os.getpid()}.tmp", path)
+
+
+def cancelled(root: str, job: str | None) -> str:
+  """'' unless `launch/sweep.py --cancel ROOT` cancelled the array `job` (then when it did)."""
+  try:
+    with open(os.path.join(root, "slurm", CANCELLED)) as f:
+      record = json.load(f)
+  except (OSError, ValueError):
+    return ""
+  return (f"launch/sweep.py --cancel at {record.get('at')}"
+          if job is not None and str(job) in map(str, record.get("jobs", [])) else "")
+
+
+def clear_cancelled(root: str) -> None:
+  """A new submission into ROOT: the earlier --cancel no longer holds."""
+  with contextlib.suppress(FileNotFoundError):
+    os.remove(os.path.join(root, "slurm", CANCELLED))
+
+
+def cancel(jobs: list[str]) -> str | None:
+  """`scancel JOBS` (every task, running or pending); None, or scancel's line when it fails."""
+  proc = subprocess.run(["scancel", *jobs], capture_output=True, text=True)
   if proc.returncode == 0:
     return None
   return (proc.stderr.strip().splitlines() or ["(no message)"])[-1]

@@ -27,6 +27,9 @@ finished, else the first failed run's code.
                                            failed (exit code and one-line reason), not started,
                                            with its newest checkpoint's step; from the workdirs
                                            and, for a SLURM sweep, the scheduler (docs/cluster.md)
+    python launch/sweep.py --cancel ROOT   stops a SLURM sweep: its jobs cancelled, running cells
+                                           checkpointed and not requeued (docs/cluster.md); the
+                                           same sweep command resumes it
 
 --launcher slurm (docs/cluster.md): the same cells as one SLURM job array, one task per cell
 (tuning points included), from one batch script written to ROOT/slurm/sweep.sbatch and submitted
@@ -242,6 +245,10 @@ def parse(argv: list[str]) -> argparse.Namespace:
   parser.add_argument("--status", metavar="ROOT",
                       help="print every cell of the sweep in ROOT and its state (asking SLURM for"
                       " a SLURM sweep's cells), run nothing")
+  parser.add_argument("--cancel", metavar="ROOT",
+                      help="stop a SLURM sweep: every job it submitted is cancelled (scancel);"
+                      " its running cells checkpoint and stop without requeueing themselves,"
+                      " the queued ones are removed; the same sweep command resumes it")
   parser.add_argument("--run_cell", nargs=2, metavar=("ROOT", "INDEX"),
                       help=argparse.SUPPRESS)  # one task of a SLURM array (launch/slurm.py)
   parser.add_argument("--tune", action="store_true",
@@ -289,11 +296,11 @@ def parse(argv: list[str]) -> argparse.Namespace:
                        f" ROOT/{slurm.CACHE}; 'off': each run's own default)")
   args = parser.parse_args(own)
   args.overrides = overrides
-  if args.status or args.run_cell:
+  if args.status or args.run_cell or args.cancel:
     return args
   need = [f"--{k}" for k in ("root", "settings", "methods") if not getattr(args, k)]
   if need:
-    parser.error(f"{', '.join(need)} required (or --status ROOT)")
+    parser.error(f"{', '.join(need)} required (or --status ROOT, --cancel ROOT)")
   given = [f"--{k}" for k in (*SLURM_TEXT_FLAGS, "cpus", "throttle", "signal_lead",
                               "max_requeues", "requeue_on", "ntasks", "gpus_per_task",
                               "compilation_cache") if getattr(args, k) not in ("", None)]
@@ -579,6 +586,7 @@ def run_slurm(args) -> int:
     os.replace(f"{path}.{os.getpid()}.tmp", path)
     # The cells are in sweep.json before any task can start (a task reads it under the lock).
     cells.write_plan(args.root, merged)
+    slurm.clear_cancelled(args.root)  # an earlier --cancel: this submission runs again
     jobs, submitted = [], {}
     for indices in (first, second):
       if indices:
@@ -648,7 +656,10 @@ def run_one_cell(root: str, index: str) -> int:
   restarts = int(os.environ.get("SLURM_RESTART_COUNT") or 0)
   most = job.get("max_requeues", MAX_REQUEUES)
   note = None
-  if why and restarts < most:
+  cancelled = slurm.cancelled(root, os.environ.get("SLURM_ARRAY_JOB_ID"))
+  if why and cancelled:
+    note = f"{why}: not requeued, the sweep was cancelled ({cancelled})"
+  elif why and restarts < most:
     print(f"[{cells.now()}] {why}: requeueing {task} (requeue {restarts + 1} of at most"
           f" {most})", file=sys.stderr, flush=True)
     refused = slurm.requeue(task)
@@ -676,6 +687,32 @@ def run_one_cell(root: str, index: str) -> int:
   return code
 
 
+def cancel(root: str) -> int:
+  """`--cancel ROOT`: marks the sweep cancelled (ROOT/slurm/cancelled.json, which its tasks read
+  before requeueing themselves and a new submission removes), then cancels every job it
+  submitted: the running tasks get SLURM's SIGTERM, their runs checkpoint and exit 143 and are
+  not requeued; the pending ones never start."""
+  if not os.path.isdir(root):
+    print(f"error: --cancel {root}: no such directory; give a sweep's --root", file=sys.stderr)
+    return errors.EXIT_BAD_INPUT
+  with cells.plan_lock(root):
+    _, submissions = cells.load_plan(root, with_submissions=True)
+    jobs = sorted({str(j) for s in submissions for j in s.get("jobs", []) if j}, key=int)
+    if not jobs:
+      print(f"error: --cancel {root}: no SLURM job in its {cells.PLAN}: nothing to cancel (a"
+            " local sweep stops with Ctrl-C or SIGTERM to its process)", file=sys.stderr)
+      return errors.EXIT_BAD_INPUT
+    slurm.mark_cancelled(root, jobs)
+  refused = slurm.cancel(jobs)
+  if refused:
+    print(f"error: scancel {' '.join(jobs)} refused: {refused}", file=sys.stderr)
+    return errors.EXIT_ENVIRONMENT
+  print(f"cancelled job(s) {', '.join(jobs)}: running cells checkpoint and stop (not requeued),"
+        f" queued ones will not start; {sys.argv[0]} --status {root} shows where each stopped,"
+        " and the same sweep command resumes it")
+  return 0
+
+
 def print_status(root: str) -> int:
   if not os.path.isdir(root):
     print(f"error: --status {root}: no such directory; give a sweep's --root", file=sys.stderr)
@@ -698,6 +735,8 @@ def main(argv: list[str]) -> int:
       return print_status(args.status)
     if args.run_cell:
       return run_one_cell(*args.run_cell)
+    if args.cancel:
+      return cancel(args.cancel)
     return run_slurm(args) if args.launcher == "slurm" else run_local(args)
   except cells.PlanDamaged as e:  # ROOT/sweep.json: one line, whatever read it
     print(f"error: {e}", file=sys.stderr)

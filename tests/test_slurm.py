@@ -201,6 +201,41 @@ def test_the_schedulers_signals_requeue_sigkill_does_not_and_the_limit_says_so(
   assert f"finished, {record['seconds']:.0f} s over 4 allocations" in _status(root)
 
 
+def test_cancel_stops_a_running_sweep_without_a_requeue_and_the_same_command_resumes_it(
+    tmp_path, tiny_reference, compilation_cache):
+  """`--cancel ROOT`: the running cell checkpoints and stops with SLURM's SIGTERM (one stop,
+  though it reaches the run twice) and does not requeue itself, the queued one never starts;
+  --status says where each stopped; the same sweep command resumes both to the uninterrupted
+  result."""
+  root = tmp_path / "slurm"
+  workdir = root / "tiny" / "online_lora" / "seed0"
+  submit = ("--methods=online_lora", "--seeds=0,1", "--throttle=1", "--", *TINY)
+  job = _submit(root, *submit, cache=compilation_cache)
+  _running(workdir, f"{job}_0", after=3)
+  proc = subprocess.run([*SWEEP, "--cancel", str(root)], capture_output=True, text=True,
+                        timeout=60)
+  assert proc.returncode == 0, proc.stderr
+  assert proc.stdout.startswith(f"cancelled job(s) {job}: running cells checkpoint and stop")
+  _wait_for(job)
+  time.sleep(3)  # a requeue would have put the task back in the queue by now
+  assert not subprocess.run(["squeue", "-h", "-j", job], capture_output=True, text=True,
+                            timeout=30).stdout.strip()
+  log = _log(root, f"{job}_0")
+  assert "not requeued, the sweep was cancelled (launch/sweep.py --cancel at" in log, log[-3000:]
+  assert "requeueing" not in log and "second signal" not in log, log[-3000:]
+  record = cells.read_record(str(workdir))
+  assert record["code"] == 143 and record["allocations"] == 1, record
+  assert not (root / "tiny" / "online_lora" / "seed1" / cells.EXIT_RECORD).exists()
+  status = _status(root)
+  assert f"{workdir}: stopped, exit 143" in status, status
+  job = _submit(root, *submit, cache=compilation_cache)  # the same command: it resumes
+  assert not (root / "slurm" / slurm.CANCELLED).exists()
+  _wait_for(job)
+  for seed in (0, 1):
+    assert cells.cell_status(str(root / "tiny" / "online_lora" / f"seed{seed}"))[0] == "finished"
+  assert_same_run(workdir, tiny_reference)
+
+
 CHECK_PERIOD = 30  # s: slurmctld checks time limits (and sends --signal warnings) this often
 
 
