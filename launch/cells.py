@@ -20,7 +20,10 @@ place, without a new block.
 A cell is finished when its workdir holds results.json and its record, if it has one, says exit
 0: a run that wrote results.json and then failed (exit 1 while drawing its figures, say) is not
 finished and runs again. A second runner of a cell already finished, or one refused because
-another process holds the workdir, leaves the record alone.
+another process holds the workdir, leaves the record alone; so does one started while another
+runner's run of the cell still goes on (its record says running, and its pid lives or, on
+another host, its heartbeat is fresh): it exits 4 without starting the run, and the first
+runner's exit record is the cell's.
 
 The sweep's plan, ROOT/sweep.json, lists every cell any invocation on ROOT asked for, in the
 order first asked (a cell keeps its index: it is the SLURM array index), with its workdir
@@ -49,6 +52,7 @@ PLAN = "sweep.json"
 CHECKPOINTS = "checkpoints"  # olora_jax/checkpointing.py's CHECKPOINT_DIR
 EXIT_SIGNAL_BASE = 128  # olora_jax/errors.py: 128 + signal number
 EXIT_BAD_INPUT = 2  # olora_jax/errors.py
+EXIT_ENVIRONMENT = 4  # olora_jax/errors.py: a busy workdir among others
 HEARTBEAT_SECONDS = 30
 STALE_SECONDS = 120  # four heartbeats missed
 RECORD_BYTES = 8192
@@ -192,6 +196,9 @@ def run_cell(workdir: str, command: list[str], *, forward=None) -> tuple[int, st
     if is_finished(workdir):
       state["skip"] = True
       return None
+    if _live_elsewhere(current, task):  # another runner's run goes on: its record is its own
+      state["held"] = current
+      return None
     earlier = current or {}
     return {"state": "running", "run": me, "pid": None, "host": socket.gethostname(),
             "since": since, "heartbeat": since, "slurm_task": task,
@@ -203,6 +210,13 @@ def run_cell(workdir: str, command: list[str], *, forward=None) -> tuple[int, st
   running = update_record(workdir, begin)
   if state["skip"]:
     return 0, "finished earlier", False
+  if state.get("held"):  # a duplicate task (SLURM, at a requeue): it leaves the cell alone
+    held = state["held"]
+    line = (f"workdir {workdir} is in use by pid {held.get('pid')} on {held.get('host')}"
+            + (f" (SLURM task {held['slurm_task']})" if held.get("slurm_task") else "")
+            + "; not started again, its run and record are left to it")
+    print(f"error: {line}", file=sys.stderr, flush=True)
+    return EXIT_ENVIRONMENT, line, False
   proc = subprocess.Popen(command, start_new_session=True, stderr=subprocess.PIPE)
   if running is not None:
     running = {**running, "pid": proc.pid}
@@ -267,6 +281,21 @@ def run_cell(workdir: str, command: list[str], *, forward=None) -> tuple[int, st
 
 def _mine(record: dict | None, me: str) -> bool:
   return record is not None and record.get("run") == me
+
+
+def _live_elsewhere(record: dict | None, task: str | None) -> bool:
+  """Whether `record` is another runner's, still running: on this host its pid lives, on
+  another its heartbeat is fresh (not yet `STALE_SECONDS` old) and it is not an earlier
+  allocation of this SLURM array task `task` (SLURM runs one allocation of a task at a time)."""
+  if not record or record.get("state") != "running":
+    return False
+  pid, host = record.get("pid"), record.get("host")
+  if host == socket.gethostname() and pid:
+    return _pid_alive(int(pid))
+  if task is not None and record.get("slurm_task") == task:
+    return False
+  age = _age(record.get("heartbeat") or record.get("since"))
+  return age is not None and age <= STALE_SECONDS
 
 
 def _pid_alive(pid: int) -> bool:

@@ -6,11 +6,13 @@ shape (the SLURM runs themselves: test_slurm.py)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import errno
 import importlib.util
 import json
 import os
+import socket
 import subprocess
 import sys
 
@@ -361,6 +363,48 @@ def test_wall_time_sums_allocations_and_a_duplicate_leaves_a_finished_record(tmp
                     " file=sys.stderr); sys.exit(4)")
   assert cells.run_cell(busy, refused)[0] == 4
   assert cells.read_record(busy)["run"] == "first"
+  # A duplicate started while the first runner's run goes on (its pid alive here, or a fresh
+  # heartbeat from another host) neither starts the run nor touches the record, so the first
+  # one's exit record is the cell's (SLURM: a resubmission in the first task's last seconds).
+  ran = tmp_path / "ran"
+  touch = _script(f"open({str(ran)!r}, 'w').close()")
+  live = {"state": "running", "run": "first", "pid": os.getpid(), "host": socket.gethostname(),
+          "since": cells.now(), "slurm_task": "7_0"}
+  elsewhere = {**live, "pid": 1, "host": "n1", "heartbeat": cells.now()}
+  for record in (live, elsewhere):
+    cells.write_record(busy, record)
+    code, line, _ = cells.run_cell(busy, touch)
+    assert code == 4 and line.startswith(f"workdir {busy} is in use by pid {record['pid']} on"
+                                         f" {record['host']} (SLURM task 7_0)"), line
+    assert cells.read_record(busy) == record and not ran.exists()
+  # The same array task's earlier allocation on another host, or a dead pid here, is over.
+  for record in ({**elsewhere, "slurm_task": "8_0"}, {**live, "pid": _dead_pid()}):
+    cells.write_record(busy, record)
+    with mock_env({"SLURM_ARRAY_JOB_ID": "8", "SLURM_ARRAY_TASK_ID": "0"}):
+      assert cells.run_cell(busy, touch)[0] == 0
+    assert ran.exists() and cells.read_record(busy)["state"] == "exited"
+    ran.unlink()
+
+
+def _dead_pid() -> int:
+  """A pid no process has: a child's, once it has been waited for."""
+  proc = subprocess.Popen([sys.executable, "-c", "pass"])
+  proc.wait()
+  return proc.pid
+
+
+@contextlib.contextmanager
+def mock_env(values: dict):
+  before = {k: os.environ.get(k) for k in values}
+  os.environ.update(values)
+  try:
+    yield
+  finally:
+    for k, v in before.items():
+      if v is None:
+        os.environ.pop(k)
+      else:
+        os.environ[k] = v
 
 
 def test_the_exit_record_is_written_when_the_disk_is_full(tmp_path, monkeypatch):
