@@ -13,7 +13,9 @@ exit). `seconds` is the cell's wall time summed over every allocation (every sta
 a requeue, a resume), `allocations` their count. While the run goes, the runner rewrites the
 `heartbeat` (and `seconds`) every HEARTBEAT_SECONDS; a running record whose heartbeat is older
 than STALE_SECONDS belongs to a runner that is gone (its node died, it was killed): the cell is
-`lost`. The record is written whole (a temporary file renamed over it) under a lock; it is kept
+`lost`, and its next start adds the time that allocation ran after its last heartbeat, up to
+its run's last write (metrics.jsonl, a checkpoint). The record is written whole (a temporary
+file renamed over it) under a lock; it is kept
 RECORD_BYTES long or more, so that when the disk is full the exit record still overwrites it in
 place, without a new block.
 
@@ -200,11 +202,11 @@ def run_cell(workdir: str, command: list[str], *, forward=None) -> tuple[int, st
       state["held"] = current
       return None
     earlier = current or {}
+    before = float(earlier.get("seconds", 0.0) or 0.0) + _unrecorded_seconds(workdir, earlier)
     return {"state": "running", "run": me, "pid": None, "host": socket.gethostname(),
             "since": since, "heartbeat": since, "slurm_task": task,
             "slurm_job": os.environ.get("SLURM_JOB_ID"), "command": command,
-            "seconds_before": float(earlier.get("seconds", 0.0) or 0.0),
-            "seconds": float(earlier.get("seconds", 0.0) or 0.0),
+            "seconds_before": round(before, 1), "seconds": round(before, 1),
             "allocations": int(earlier.get("allocations", 0) or 0) + 1}
 
   running = update_record(workdir, begin)
@@ -281,6 +283,23 @@ def run_cell(workdir: str, command: list[str], *, forward=None) -> tuple[int, st
 
 def _mine(record: dict | None, me: str) -> bool:
   return record is not None and record.get("run") == me
+
+
+def _unrecorded_seconds(workdir: str, record: dict) -> float:
+  """The seconds an allocation that ended without its exit record (SIGKILLed with its runner)
+  ran after its last heartbeat, as far as its run's own files show: until the run last wrote
+  metrics.jsonl (a line every step) or a checkpoint. 0 for a record that is not such a one."""
+  if record.get("state") != "running":
+    return 0.0
+  beat = _age(record.get("heartbeat") or record.get("since"))
+  if beat is None:
+    return 0.0
+  written = [os.path.getmtime(p) for p in (os.path.join(workdir, "metrics.jsonl"),
+                                           os.path.join(workdir, CHECKPOINTS))
+             if os.path.exists(p)]
+  if not written:
+    return 0.0
+  return min(max(0.0, beat - (time.time() - max(written))), float(STALE_SECONDS))
 
 
 def _live_elsewhere(record: dict | None, task: str | None) -> bool:

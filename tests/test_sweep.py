@@ -15,6 +15,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 from tiny_run import ROOT
@@ -384,6 +385,26 @@ def test_wall_time_sums_allocations_and_a_duplicate_leaves_a_finished_record(tmp
       assert cells.run_cell(busy, touch)[0] == 0
     assert ran.exists() and cells.read_record(busy)["state"] == "exited"
     ran.unlink()
+
+
+def test_an_allocation_killed_with_its_runner_counts_until_its_last_write(tmp_path):
+  """A runner SIGKILLed with its allocation leaves a running record whose heartbeat is up to
+  HEARTBEAT_SECONDS old: the next start adds what the run did after it (until its last write
+  to metrics.jsonl) to the cell's wall time."""
+  workdir = tmp_path / "cell"
+  workdir.mkdir()
+  beat = (datetime.datetime.now().astimezone() - datetime.timedelta(seconds=50)).isoformat()
+  cells.write_record(str(workdir), {"state": "running", "run": "gone", "pid": _dead_pid(),
+                                    "host": socket.gethostname(), "since": beat,
+                                    "heartbeat": beat, "seconds": 100.0, "allocations": 1})
+  (workdir / "metrics.jsonl").write_text("{}\n")
+  written = time.time() - 20  # its last step's line: 30 s after the heartbeat
+  os.utime(workdir / "metrics.jsonl", (written, written))
+  assert cells.run_cell(str(workdir), _script("pass"))[0] == 0
+  record = cells.read_record(str(workdir))
+  assert record["allocations"] == 2
+  assert 129 <= record["seconds"] < 140, record  # 100 + 30 + this allocation's own
+  assert cells._unrecorded_seconds(str(workdir), record) == 0.0  # an exit record: nothing
 
 
 def _dead_pid() -> int:
