@@ -46,7 +46,7 @@ rate (learning_rate x batch / lr_reference_batch: 0.01 x 16 / 128) and weight de
 Recorded at each task end: their classifier's rows (the prototypes: `fc.weight`) and `sigma`,
 every test sample's logits (the learner's network on the whole test set, all classes seen so
 far), their `eval_task` top-1 accuracy (the seen classes' test samples); for APER also each first
-phase step's loss and the adapted ViT's weights at the phase's end (in our parameter names). And
+phase step's loss and the adapted ViT's update over the phase (`update_fingerprint`). And
 `OWN_DRIFT_RUNS` more runs of their code from the same weights perturbed at float32 rounding
 (`aml.perturbed`): how far their run moves from itself, the scale of the tolerances. Seeds fixed,
 `torch.use_deterministic_algorithms(True)`, one thread.
@@ -279,6 +279,23 @@ def run_theirs(method: str, manifest: dict, data: dict, weights: dict, their: di
   return out
 
 
+def as_numpy(state: dict) -> dict:
+  return {k: v.detach().numpy() for k, v in state.items()}
+
+
+def update_fingerprint(final: dict, initial: dict) -> np.ndarray:
+  """Per tensor of a timm state_dict, in sorted key order, the first phase's update
+  u = final - initial as (||u||, <u, g>) with g a fixed N(0, 1) tensor (seeded by the key's
+  rank): (K, 2) float64. Two runs whose updates differ in size or direction differ here, without
+  a copy of the weights in the recording."""
+  out = []
+  for i, key in enumerate(sorted(final)):
+    u = np.asarray(final[key], np.float64) - np.asarray(initial[key], np.float64)
+    g = np.random.default_rng(i).standard_normal(u.shape)
+    out.append((np.linalg.norm(u), float((u * g).sum())))
+  return np.array(out)
+
+
 def record(args) -> None:
   """Runs their learner on the prepared stream from the prepared weights, and
   aml.OWN_DRIFT_RUNS times from them perturbed at float32 rounding, and writes the recording."""
@@ -297,16 +314,16 @@ def record(args) -> None:
   data = dict(np.load(os.path.join(args.prepared, "inputs.npz")))
   weights = dict(np.load(os.path.join(args.prepared, "weights.npz")))
   run = run_theirs(method, manifest, data, weights, their)
-  own = [run_theirs(method, manifest, data, aml.perturbed(weights, seed), their)
-         for seed in range(1, aml.OWN_DRIFT_RUNS + 1)]
+  starts = [aml.perturbed(weights, seed) for seed in range(1, aml.OWN_DRIFT_RUNS + 1)]
+  own = [run_theirs(method, manifest, data, start, their) for start in starts]
   logits = np.stack(run["logits"]).astype(np.float32)
   extra = {}
   if method == "aper":
     extra = {"loss": run["loss"], "own_loss": np.stack([o["loss"] for o in own]),
-             **{f"adapted/{k}": v.detach().numpy() for k, v in run["adapted"].items()},
-             "own_adapted_drift": np.array([max(
-                 float(np.abs(o["adapted"][k].numpy() - v.numpy()).max())
-                 for k, v in run["adapted"].items()) for o in own])}
+             "adapted_keys": np.array(sorted(run["adapted"])),
+             "adapted_update": update_fingerprint(as_numpy(run["adapted"]), weights),
+             "own_adapted_update": np.stack([update_fingerprint(as_numpy(o["adapted"]), start)
+                                             for o, start in zip(own, starts, strict=True)])}
   prototypes = np.stack(run["prototypes"]).astype(np.float32)
   with np.errstate(invalid="ignore"):
     own_logit = np.stack([np.nanmax(np.abs(np.stack(o["logits"]) - logits), axis=(1, 2))
