@@ -102,7 +102,7 @@ def task_ends(rec: dict, workdir: Path):
     export = np.load(workdir / "export" / f"task_{j}.npz")
     np.testing.assert_array_equal(export["record_ids"], rec["test_ids"])
     assert list(export["seen_classes"]) == list(range(n))
-    yield j, n, export, logits[:, :n], rec["prototypes"][j][:n]
+    yield j, n, export, logits[:, :n], rec["prototypes"][j][:n] if "prototypes" in rec else None
 
 
 def prototypes(export) -> np.ndarray:
@@ -167,3 +167,23 @@ def test_aper_first_phase_matches_their_aper_finetune(our_runs):
     assert gap[:, :width].max() <= tolerance, j  # the pretrained half: SimpleCIL's prototypes
     assert gap[len(first):, width:].max(initial=0.0) <= tolerance, j  # later classes' adapted
     assert gap[:len(first), width:].max() > 0.1  # the first task's: the stated online reading
+
+
+def test_slca_slow_learner_matches_their_slca(our_runs):
+  """SLCA: the slow learner's loss at every step of the 5 tasks (their new optimiser, new head
+  and frozen earlier heads at each task) and the first task end's logits (no alignment yet)
+  within float rounding. The later task ends are aligned on features drawn from the class
+  Gaussians, which the two runs draw apart (and from statistics read differently: module
+  docstring of olora_jax/methods/slca.py), so they are not compared here (docs/parity.md)."""
+  rec = recording("slca")
+  workdir = finished(our_runs, "slca")
+  lines = [json.loads(x) for x in (workdir / "metrics.jsonl").read_text().splitlines()]
+  ours = np.array([x["loss"] for x in lines if x.get("event") == "train"])
+  theirs, own = rec["loss"].astype(np.float64), rec["own_loss"].astype(np.float64)
+  assert len(ours) == len(theirs) == len(rec["manifest"]["steps"])
+  own_drift = max((np.abs(own - theirs) / theirs).max(), 2 ** -23)  # at least one float32 ulp
+  assert (np.abs(ours - theirs) / theirs).max() <= DRIFT_FACTOR * own_drift
+  j, n, export, logits, _ = next(task_ends(rec, workdir))
+  assert np.abs(export["logits"][:, :n] - logits).max() <= DRIFT_FACTOR * rec["own_logit_drift"][
+      :, j].max()
+  np.testing.assert_array_equal(export["logits"][:, :n].argmax(1), logits.argmax(1))

@@ -73,17 +73,19 @@ import aml  # noqa: E402 (the AML driver: demo_config, write_inputs, perturbed, 
 SEED = 0  # the stream's, our initial weights' and their run's seeds
 STEPS_PER_TASK = 10  # the parity stream: the first 10 batches of 16 of each of the 5 tasks
 EVAL_BATCH = 64  # test samples per forward pass in their evaluation
-METHODS = ("simplecil", "aper")
-THEIR_MODULE = {"simplecil": "simplecil", "aper": "aper_finetune"}
+METHODS = ("simplecil", "aper", "slca")
+THEIR_MODULE = {"simplecil": "simplecil", "aper": "aper_finetune", "slca": "slca"}
 HEAD = "cosine_head"  # weights.npz: APER's initial cosine head, their CosineLinear's names
 
 
 def overrides(method: str) -> dict:
   """Our run's config over configs/demo.py: {dotted key: value}, as --config.KEY=VALUE would."""
-  settings = {"method": "simplecil", "seed": SEED, "data.test_fraction": 0.05,
-              "eval.eval_every": 10**9, "eval.export": "logits"}
+  settings = {"method": "slca" if method == "slca" else "simplecil", "seed": SEED,
+              "data.test_fraction": 0.05, "eval.eval_every": 10**9, "eval.export": "logits"}
   if method == "aper":  # the whole ViT adapted until the first true task end
     settings.update({"simplecil.first_phase": "all", "boundaries.rule": "oracle"})
+  if method == "slca":  # their tasks: boundaries at the true task ends, alignment after each
+    settings.update({"boundaries.rule": "oracle", "slca.alignment": "after_boundary"})
   return settings
 
 
@@ -118,8 +120,9 @@ def prepare(args) -> None:
   aml.write_inputs(setup, manifest, os.path.join(args.out, "inputs.npz"))
   state = jax.device_get(trainer.run_initial_state(setup, np.uint32(SEED),
                                                    trainer.load_params(setup, c)))
-  backbone = state["pretrained"] if args.method == "aper" else state["frozen"]
-  weights = pretrained._ours_to_timm(backbone)
+  backbone = {"aper": "pretrained", "slca": "params"}.get(args.method, "frozen")
+  backbone = state[backbone]  # the pretrained ViT: SLCA's params start from it
+  weights = pretrained._ours_to_timm({k: v for k, v in backbone.items() if k != "head"})
   their = {"method": args.method, "num_classes": setup.num_classes,
            "model": {k: c.model[k] for k in ("image_size", "patch_size", "width", "depth",
                                               "num_heads", "mlp_dim")}}
@@ -129,6 +132,15 @@ def prepare(args) -> None:
     weights[f"{HEAD}.weight"] = np.ascontiguousarray(head["kernel"].T[first], np.float32)
     weights[f"{HEAD}.sigma"] = np.asarray(head["sigma"], np.float32).reshape(1)
     their.update(init_lr=first_phase_rate(c), weight_decay=c.simplecil.weight_decay)
+  if args.method == "slca":  # our initial head: their per-task Linear heads' rows and biases
+    weights[f"{HEAD}.weight"] = np.ascontiguousarray(state["params"]["head"]["kernel"].T)
+    weights[f"{HEAD}.bias"] = np.asarray(state["params"]["head"]["bias"])
+    b = c.slca
+    their.update(lrate=b.learning_rate * c.learner.batch_size / b.lr_reference_batch,
+                 bcb_lrscale=b.backbone_lr_scale, weight_decay=b.weight_decay,
+                 ca_epochs=b.alignment_epochs, ca_with_logit_norm=b.logit_norm_temperature)
+    # Their alignment runs at their one rate `lrate` (ours has a key of its own, unscaled).
+    settings["slca.alignment_learning_rate"] = their["lrate"]
   np.savez(os.path.join(args.out, "weights.npz"), **weights)
   with open(os.path.join(args.out, "overrides.json"), "w") as f:
     json.dump({"overrides": settings, "theirs": their}, f)
@@ -165,7 +177,9 @@ class StreamData:
   def get_task_size(self, task: int) -> int:
     return len(self.manifest["task_classes"][task])
 
-  def get_dataset(self, indices, source: str, mode: str) -> StreamSet:
+  dataset_name = "stream"
+
+  def get_dataset(self, indices, source: str, mode: str, appendent=None, ret_data=False):
     keep = {int(k) for k in indices}
     if source == "train":  # mode 'train' and 'test' differ only by augmentation, which is off
       rows = [[self.train_row[i] for i in step if int(self.data["train_y"][self.train_row[i]])
@@ -173,7 +187,10 @@ class StreamData:
     else:
       rows = [i for i, y in enumerate(self.data["test_y"]) if int(y) in keep]
       rows = [rows[i:i + EVAL_BATCH] for i in range(0, len(rows), EVAL_BATCH)]
-    return StreamSet(self.data, source, rows)
+    dataset = StreamSet(self.data, source, rows)
+    if ret_data:  # SLCA's class statistics: (images, labels, dataset)
+      return dataset.x, dataset.labels, dataset
+    return dataset
 
 
 def stream_loader(torch):
@@ -227,33 +244,53 @@ def run_theirs(method: str, manifest: dict, data: dict, weights: dict, their: di
           "memory_size": 0, "memory_per_class": 0, "fixed_memory": False,
           "init_cls": len(manifest["task_classes"][0]),
           "increment": len(manifest["task_classes"][-1]), "seed": SEED}
-  losses = []
+  losses = {"train": [], "alignment": []}
+  phase = ["train"]
+  batch = manifest["params"]["batch_size"]
   if method == "aper":
     args.update(init_lr=their["init_lr"], weight_decay=their["weight_decay"], min_lr=0.0,
-                optimizer="sgd", tuned_epoch=1, batch_size=manifest["params"]["batch_size"])
+                optimizer="sgd", tuned_epoch=1, batch_size=batch)
+  if method == "slca":  # one epoch a task (their milestone, 18, is never reached)
+    args.update(batch_size=batch, epochs=1, milestones=[18], lrate_decay=0.1,
+                **{k: their[k] for k in ("lrate", "bcb_lrscale", "weight_decay", "ca_epochs",
+                                         "ca_with_logit_norm")})
 
-    class RecordingF:  # their module's `F`, with cross_entropy's value recorded
-      def __getattr__(self, name):
-        return getattr(torch.nn.functional, name)
+  class RecordingF:  # their module's `F`, with cross_entropy's value recorded
+    def __getattr__(self, name):
+      return getattr(torch.nn.functional, name)
 
-      def cross_entropy(self, *a, **k):
-        loss = torch.nn.functional.cross_entropy(*a, **k)
-        losses.append(loss.item())
-        return loss
+    def cross_entropy(self, *a, **k):
+      loss = torch.nn.functional.cross_entropy(*a, **k)
+      losses[phase[0]].append(loss.item())
+      return loss
 
-    module.F = RecordingF()
+  module.F = RecordingF()
   learner = module.Learner(args)
   learner.topk = 1  # their 5 exceeds the 2 classes of the first task; top-1 is what is recorded
-  if method == "aper":  # our initial cosine head in their fresh CosineLinear of the first task
-    update_fc = learner._network.update_fc
+  update_fc = learner._network.update_fc
 
-    def update_fc_with_ours(nb_classes, *a):
-      update_fc(nb_classes, *a)
-      if learner._cur_task == 0:
-        learner._network.fc.weight.data.copy_(torch.from_numpy(weights[f"{HEAD}.weight"]))
-        learner._network.fc.sigma.data.copy_(torch.from_numpy(weights[f"{HEAD}.sigma"]))
+  def update_fc_with_ours(nb_classes, *a, **k):
+    """Their update_fc, then our initial head in the rows it made (their draw would differ)."""
+    update_fc(nb_classes, *a, **k)
+    fc = learner._network.fc
+    if method == "aper" and learner._cur_task == 0:  # their fresh CosineLinear
+      fc.weight.data.copy_(torch.from_numpy(weights[f"{HEAD}.weight"]))
+      fc.sigma.data.copy_(torch.from_numpy(weights[f"{HEAD}.sigma"]))
+    if method == "slca":  # their new Linear head of the task's classes
+      classes = manifest["task_classes"][learner._cur_task]
+      fc.heads[-1][-1].weight.data.copy_(torch.from_numpy(weights[f"{HEAD}.weight"][classes]))
+      fc.heads[-1][-1].bias.data.copy_(torch.from_numpy(weights[f"{HEAD}.bias"][classes]))
 
-    learner._network.update_fc = update_fc_with_ours
+  learner._network.update_fc = update_fc_with_ours
+  if method == "slca":  # their classifier alignment's losses apart from the slow learner's
+    align = learner._stage2_compact_classifier
+
+    def align_recorded(*a):
+      phase[0] = "alignment"
+      align(*a)
+      phase[0] = "train"
+
+    learner._stage2_compact_classifier = align_recorded
   stream = StreamData(manifest, data)
   test_x = torch.from_numpy(np.ascontiguousarray(data["test_x"].transpose(0, 3, 1, 2)))
   out = {"prototypes": [], "sigma": [], "logits": [], "their_top1": []}
@@ -269,13 +306,16 @@ def run_theirs(method: str, manifest: dict, data: dict, weights: dict, their: di
                           for i in range(0, len(test_x), EVAL_BATCH)]).numpy()
     pad = np.full((len(test_x), their["num_classes"] - logits.shape[1]), np.nan, np.float32)
     out["logits"].append(np.concatenate([logits, pad], axis=1))
-    rows = network.fc.weight.detach().numpy()
-    out["prototypes"].append(np.concatenate(
-        [rows, np.full((their["num_classes"] - len(rows), rows.shape[1]), np.nan, np.float32)]))
-    out["sigma"].append(float(network.fc.sigma.item()))
+    if method != "slca":
+      rows = network.fc.weight.detach().numpy()
+      out["prototypes"].append(np.concatenate(
+          [rows, np.full((their["num_classes"] - len(rows), rows.shape[1]), np.nan,
+                         np.float32)]))
+      out["sigma"].append(float(network.fc.sigma.item()))
     out["their_top1"].append(float(cnn_accy["top1"]))
     learner.after_task()
-  out["loss"] = np.array(losses, np.float32)
+  out["loss"] = np.array(losses["train"], np.float32)
+  out["alignment_loss"] = np.array(losses["alignment"], np.float32)
   return out
 
 
@@ -318,25 +358,31 @@ def record(args) -> None:
   own = [run_theirs(method, manifest, data, start, their) for start in starts]
   logits = np.stack(run["logits"]).astype(np.float32)
   extra = {}
+  if method != "simplecil":
+    extra = {"loss": run["loss"], "own_loss": np.stack([o["loss"] for o in own])}
   if method == "aper":
-    extra = {"loss": run["loss"], "own_loss": np.stack([o["loss"] for o in own]),
-             "adapted_keys": np.array(sorted(run["adapted"])),
+    extra |= {"adapted_keys": np.array(sorted(run["adapted"])),
              "adapted_update": update_fingerprint(as_numpy(run["adapted"]), weights),
              "own_adapted_update": np.stack([update_fingerprint(as_numpy(o["adapted"]), start)
                                              for o, start in zip(own, starts, strict=True)])}
-  prototypes = np.stack(run["prototypes"]).astype(np.float32)
+  if method == "slca":
+    extra |= {"alignment_loss": run["alignment_loss"]}
+  else:
+    prototypes = np.stack(run["prototypes"]).astype(np.float32)
+    with np.errstate(invalid="ignore"):
+      own_proto = np.stack([np.nanmax(np.abs(np.stack(o["prototypes"]) - prototypes),
+                                      axis=(1, 2)) for o in own])
+    extra |= {"prototypes": prototypes, "sigma": np.array(run["sigma"], np.float32),
+              "own_prototype_drift": own_proto}
   with np.errstate(invalid="ignore"):
     own_logit = np.stack([np.nanmax(np.abs(np.stack(o["logits"]) - logits), axis=(1, 2))
                           for o in own])
-    own_proto = np.stack([np.nanmax(np.abs(np.stack(o["prototypes"]) - prototypes), axis=(1, 2))
-                          for o in own])
   np.savez_compressed(
       args.out, manifest=json.dumps(manifest), overrides=json.dumps(prepared["overrides"]),
-      theirs=json.dumps(their), task_end_logits=logits, prototypes=prototypes,
-      sigma=np.array(run["sigma"], np.float32), their_top1=np.array(run["their_top1"]),
+      theirs=json.dumps(their), task_end_logits=logits, their_top1=np.array(run["their_top1"]),
       own_task_end_predictions=np.stack([np.nan_to_num(np.stack(o["logits"]), nan=-np.inf)
                                          .argmax(-1) for o in own]).astype(np.int8),
-      own_logit_drift=own_logit, own_prototype_drift=own_proto,
+      own_logit_drift=own_logit,
       test_ids=data["test_ids"], test_labels=data["test_y"].astype(np.int64),
       perturbation=np.float64(aml.PERTURBATION), **extra,
       versions=json.dumps({"torch": torch.__version__, "timm": timm.__version__,
