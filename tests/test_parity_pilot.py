@@ -1,27 +1,32 @@
-"""SimpleCIL and its APER first phase against their authors' toolbox (LAMDA-CL/LAMDA-PILOT), from
-committed recordings.
+"""SimpleCIL, its APER first phase and SLCA against LAMDA-CL/LAMDA-PILOT (the toolbox of
+SimpleCIL's authors), from committed recordings.
 
-tests/fixtures/parity/pilot_{simplecil,aper}.npz were recorded by scripts/parity/pilot.py from
-their code, unmodified: their `models/simplecil.py` and `models/aper_finetune.py` learners, driven
+tests/fixtures/parity/pilot_{simplecil,aper,slca}.npz were recorded by scripts/parity/pilot.py
+from their code, unmodified: their `models/simplecil.py`, `models/aper_finetune.py` and
+`models/slca.py` learners, driven
 task by task on a 50-step stream of the demo's MNIST digits (5 tasks of 10 batches of 16; 250 test
 images) with the demo's tiny pretrained ViT as a timm VisionTransformer, from our run's initial
 weights (docs/parity.md). Each recording holds, at each task end, their classifier's rows (the
 class prototypes) and every test sample's logits; for APER also each first-phase step's loss and
-a fingerprint of the adapted ViT's update (`pilot.update_fingerprint`); and three more runs of
+a fingerprint of the adapted ViT's update (`pilot.update_fingerprint`); for SLCA each slow-learner
+step's loss (no prototypes); and three more runs of
 their code from the same weights perturbed at float32 rounding (x (1 + 1e-7 N(0, 1))): how far
 their run moves from itself.
 
 Here, no PyTorch: our CLI runs the same stream with the recording's overrides, and its task-end
 exports (logits and the prototypes' sums and counts) and per-step losses are compared with theirs.
-Nothing is random in either run (SimpleCIL trains nothing; APER's first phase is SGD over the
-stream's batches in order, from the same head), so the check is step for step, to float rounding.
+Nothing is random in either run (SimpleCIL trains nothing; APER's first phase and SLCA's slow
+learner are SGD over the stream's batches in order, from the same heads), so the check is step for
+step, to float rounding. SLCA's classifier alignment draws from the class Gaussians, and those
+draws are not shared: its task ends after the first are not compared here.
 
 Tolerances (2-core AMD EPYC; their recording on the same CPU): nothing here is chaotic, so each
 comparison is held at `DRIFT_FACTOR` times their own largest drift, measured: the cosine logits
 (ours x temperature against their sigma 1 cosine) at most 8.3e-7 from theirs, their own drift
 1.0e-6 (SimpleCIL; APER's later-class prototypes the same order); the prototypes (class means of
 features of norm up to 3.4) at most 6.0e-7 (absolute), their own 1.2e-6; APER's first-phase
-losses at most 9.1e-8 relative, their own 1.6e-7; the update's fingerprint (norm and a fixed
+losses at most 9.1e-8 relative, their own 1.6e-7; SLCA's 50 slow-learner losses at most 2.1e-7
+relative, their own 2.0e-7; the update's fingerprint (norm and a fixed
 projection per tensor) at most 9.5e-7 of the largest, their own 3.8e-6. Predictions: identical
 at every task end (SimpleCIL; their smallest top-2 margin, 8.8e-5, is far above the tolerance).
 

@@ -1,5 +1,6 @@
-"""SimpleCIL and its APER first phase against the toolbox of their authors (LAMDA-CL/LAMDA-PILOT):
-record what their learners do on a stream this project writes (docs/parity.md).
+"""SimpleCIL, its APER first phase and SLCA against the toolbox of SimpleCIL's authors
+(LAMDA-CL/LAMDA-PILOT): record what their learners do on a stream this project writes
+(docs/parity.md).
 
 Two steps, in two environments:
 
@@ -14,16 +15,18 @@ Two steps, in two environments:
 
 `--method simplecil` is our SimpleCIL against their `models/simplecil.py`; `--method aper` is our
 `simplecil.first_phase='all'` (the whole ViT adapted until the first task end, `boundaries.rule=
-oracle`) against their `models/aper_finetune.py` (APER with full fine-tuning).
+oracle`) against their `models/aper_finetune.py` (APER with full fine-tuning); `--method slca` is
+our SLCA with `boundaries.rule=oracle` and `slca.alignment='after_boundary'` (their task ends)
+against their `models/slca.py`.
 
 `prepare` builds the parity run's config (configs/demo.py with `overrides()`: the demo's MNIST
 digits and its tiny pretrained ViT, a 5% test split), cuts the seeded stream to its first
 `STEPS_PER_TASK` batches of 16 of each task and writes: `manifest.json` (our stream manifest),
 `inputs.npz` (the model inputs of every training and test record, float32 NHWC, exactly what our
 pipeline feeds; `aml.write_inputs`), `weights.npz` (our run's initial state, the same seed, in
-their layout: the pretrained ViT as a timm state_dict, and for APER the first phase's cosine head
-as their CosineLinear's `weight` rows of the first task's classes and `sigma`) and
-`overrides.json`.
+their layout: the pretrained ViT as a timm state_dict; for APER the first phase's cosine head as
+their CosineLinear's `weight` rows of the first task's classes and `sigma`; for SLCA the ViT's
+initial head, whose rows go to their per-task Linear heads) and `overrides.json`.
 
 `record` imports their modules unchanged from the checkout and drives their `Learner` as their
 trainer.py does, task by task: `incremental_train(data_manager)`, `eval_task()`, `after_task()`,
@@ -35,18 +38,25 @@ with these replacements, all from outside their code:
   DataManager, over the manifest's records, each task's training records in the stream's order;
 - their modules' `DataLoader` is ours (`StreamLoader`): the training set in the stream's batches
   (their loaders shuffle, with 8 workers), the test set 64 at a time in the manifest's order;
-- APER: their `update_fc` at the first task loads our initial cosine head into their fresh
-  CosineLinear (their torch draw would be another), and their module's `F.cross_entropy` is
-  wrapped to record each step's loss.
+- their `update_fc` is followed by loading our initial head into the rows it made (their torch
+  draw would be another): APER's fresh CosineLinear at the first task, SLCA's new Linear head of
+  each task's classes; their module's `F.cross_entropy` is wrapped to record each step's loss
+  (SLCA's alignment apart, `_stage2_compact_classifier` being wrapped to tell them apart).
 Their settings: SimpleCIL has none; APER's first phase is their `_init_train` for one epoch
 (`tuned_epoch=1`: one pass over the first task's batches in the stream's order, at the constant
 initial rate, their cosine stepping only after the epoch), SGD momentum 0.9, our first phase's
 rate (learning_rate x batch / lr_reference_batch: 0.01 x 16 / 128) and weight decay 5e-4.
+SLCA's slow learner is their `_run` for one epoch a task (their milestone is never reached) at
+our head rate (0.01 x 16 / 128), backbone scale 1/100 and weight decay 5e-4; their alignment
+runs at the same `lrate` (their code has one rate), so our run takes that rate as
+`slca.alignment_learning_rate`; 5 alignment epochs, logit norm 0.1.
 
 Recorded at each task end: their classifier's rows (the prototypes: `fc.weight`) and `sigma`,
 every test sample's logits (the learner's network on the whole test set, all classes seen so
 far), their `eval_task` top-1 accuracy (the seen classes' test samples); for APER also each first
-phase step's loss and the adapted ViT's update over the phase (`update_fingerprint`). And
+phase step's loss and the adapted ViT's update over the phase (`update_fingerprint`); for SLCA
+each slow-learner step's loss and each alignment step's (not their prototypes: SLCA has none).
+And
 `OWN_DRIFT_RUNS` more runs of their code from the same weights perturbed at float32 rounding
 (`aml.perturbed`): how far their run moves from itself, the scale of the tolerances. Seeds fixed,
 `torch.use_deterministic_algorithms(True)`, one thread.
