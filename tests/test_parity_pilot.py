@@ -3,15 +3,14 @@ SimpleCIL's authors), from committed recordings.
 
 tests/fixtures/parity/pilot_{simplecil,aper,slca}.npz were recorded by scripts/parity/pilot.py
 from their code, unmodified: their `models/simplecil.py`, `models/aper_finetune.py` and
-`models/slca.py` learners, driven
-task by task on a 50-step stream of the demo's MNIST digits (5 tasks of 10 batches of 16; 250 test
-images) with the demo's tiny pretrained ViT as a timm VisionTransformer, from our run's initial
-weights (docs/parity.md). Each recording holds, at each task end, their classifier's rows (the
-class prototypes) and every test sample's logits; for APER also each first-phase step's loss and
-a fingerprint of the adapted ViT's update (`pilot.update_fingerprint`); for SLCA each slow-learner
-step's loss (no prototypes); and three more runs of
-their code from the same weights perturbed at float32 rounding (x (1 + 1e-7 N(0, 1))): how far
-their run moves from itself.
+`models/slca.py` learners, driven task by task on a 50-step stream of the demo's MNIST digits (5
+tasks of 10 batches of 16; 250 test images) with the demo's tiny pretrained ViT as a timm
+VisionTransformer, from our run's initial weights (docs/parity.md). Each recording holds, at
+each task end, their classifier's rows (the class prototypes) and every test sample's logits; for
+APER also each first-phase step's loss and a fingerprint of the adapted ViT's update
+(`pilot.update_fingerprint`); for SLCA each slow-learner step's loss (no prototypes); and three
+more runs of their code from the same weights perturbed at float32 rounding
+(x (1 + 1e-7 N(0, 1))): how far their run moves from itself.
 
 Here, no PyTorch: our CLI runs the same stream with the recording's overrides, and its task-end
 exports (logits and the prototypes' sums and counts) and per-step losses are compared with theirs.
@@ -26,8 +25,8 @@ comparison is held at `DRIFT_FACTOR` times their own largest drift, measured: th
 1.0e-6 (SimpleCIL; APER's later-class prototypes the same order); the prototypes (class means of
 features of norm up to 3.4) at most 6.0e-7 (absolute), their own 1.2e-6; APER's first-phase
 losses at most 9.1e-8 relative, their own 1.6e-7; SLCA's 50 slow-learner losses at most 2.1e-7
-relative, their own 2.0e-7; the update's fingerprint (norm and a fixed
-projection per tensor) at most 9.5e-7 of the largest, their own 3.8e-6. Predictions: identical
+relative, their own 2.0e-7; the update's fingerprint (norm and a fixed projection per tensor) at
+most 9.5e-7 of the largest, their own 3.8e-6. Predictions: identical
 at every task end (SimpleCIL; their smallest top-2 margin, 8.8e-5, is far above the tolerance).
 
 The one difference that is not rounding is a stated reading (docs/methods/simplecil.md): APER's
@@ -50,6 +49,7 @@ import pytest
 import safetensors.numpy
 
 import olora_jax
+from configs import demo
 from olora_jax import pretrained
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -59,7 +59,8 @@ import aml  # noqa: E402 (its command_line)
 import pilot  # noqa: E402 (the driver: update_fingerprint)
 
 DRIFT_FACTOR = 4.0  # of their own largest drift: float rounding, summation order across CPUs
-TEMPERATURE = 0.1  # simplecil.temperature's default: our logits are cos / 0.1, theirs cos x 1
+# Our SimpleCIL's logits are cos / temperature (its default), theirs cos x sigma (1).
+TEMPERATURE = demo.get_config().simplecil.temperature
 
 
 def recording(method: str) -> dict:
@@ -72,9 +73,9 @@ def recording(method: str) -> dict:
 
 @pytest.fixture(scope="module")
 def our_runs(tmp_path_factory):
-  """launch/run.py on each recording's stream with its overrides, the two runs started together
-  (each is mostly a single-threaded compile: side by side they take about the wall time of the
-  longer one on 2 cores); {method: the run's folder once it has finished}."""
+  """launch/run.py on each recording's stream with its overrides, the three runs started together
+  (each is mostly a single-threaded compile: side by side on 2 cores they take less wall time
+  than one after another); {method: (its folder, its exit status, its stderr's end)}."""
   started = {}
   for method in pilot.METHODS:
     rec, tmp_path = recording(method), tmp_path_factory.mktemp(method)
@@ -110,6 +111,16 @@ def task_ends(rec: dict, workdir: Path):
     yield j, n, export, logits[:, :n], rec["prototypes"][j][:n] if "prototypes" in rec else None
 
 
+def assert_losses_match(ours: np.ndarray, rec: dict) -> None:
+  """Our per-step losses against theirs, within DRIFT_FACTOR times their own largest relative
+  drift (at least one float32 ulp)."""
+  theirs, own = rec["loss"].astype(np.float64), rec["own_loss"].astype(np.float64)
+  assert len(ours) == len(theirs)
+  own_drift = max((np.abs(own - theirs) / theirs).max(), 2 ** -23)
+  drift = np.abs(ours - theirs) / theirs
+  assert drift.max() <= DRIFT_FACTOR * own_drift, (drift, own_drift)
+
+
 def prototypes(export) -> np.ndarray:
   return export["params/sums"] / np.maximum(export["params/counts"], 1.0)[:, None]
 
@@ -140,10 +151,7 @@ def test_aper_first_phase_matches_their_aper_finetune(our_runs):
   train = [x for x in lines if x.get("event") == "train"]
   phase = len(rec["loss"])  # their one epoch over the first task's batches
   assert [x["adapting"] for x in train[:phase + 1]] == [1] * phase + [0]
-  ours = np.array([x["loss"] for x in train[:phase]])
-  theirs, own = rec["loss"].astype(np.float64), rec["own_loss"].astype(np.float64)
-  own_drift = max((np.abs(own - theirs) / theirs).max(), 2 ** -23)  # at least one float32 ulp
-  assert (np.abs(ours - theirs) / theirs).max() <= DRIFT_FACTOR * own_drift
+  assert_losses_match(np.array([x["loss"] for x in train[:phase]]), rec)
   # The adapted ViT's update over the phase, against theirs (fingerprints, pilot.py).
   export = np.load(workdir / "export" / "task_0.npz")
   prefix = "params/params/"
@@ -183,11 +191,8 @@ def test_slca_slow_learner_matches_their_slca(our_runs):
   rec = recording("slca")
   workdir = finished(our_runs, "slca")
   lines = [json.loads(x) for x in (workdir / "metrics.jsonl").read_text().splitlines()]
-  ours = np.array([x["loss"] for x in lines if x.get("event") == "train"])
-  theirs, own = rec["loss"].astype(np.float64), rec["own_loss"].astype(np.float64)
-  assert len(ours) == len(theirs) == len(rec["manifest"]["steps"])
-  own_drift = max((np.abs(own - theirs) / theirs).max(), 2 ** -23)  # at least one float32 ulp
-  assert (np.abs(ours - theirs) / theirs).max() <= DRIFT_FACTOR * own_drift
+  assert len(rec["loss"]) == len(rec["manifest"]["steps"])  # every step of the 5 tasks
+  assert_losses_match(np.array([x["loss"] for x in lines if x.get("event") == "train"]), rec)
   j, n, export, logits, _ = next(task_ends(rec, workdir))
   assert np.abs(export["logits"][:, :n] - logits).max() <= DRIFT_FACTOR * rec["own_logit_drift"][
       :, j].max()
