@@ -51,12 +51,11 @@ our head rate (0.01 x 16 / 128), backbone scale 1/100 and weight decay 5e-4; the
 runs at the same `lrate` (their code has one rate), so our run takes that rate as
 `slca.alignment_learning_rate`; 5 alignment epochs, logit norm 0.1.
 
-Recorded at each task end: their classifier's rows (the prototypes: `fc.weight`) and `sigma`,
-every test sample's logits (the learner's network on the whole test set, all classes seen so
-far), their `eval_task` top-1 accuracy (the seen classes' test samples); for APER also each first
-phase step's loss and the adapted ViT's update over the phase (`update_fingerprint`); for SLCA
-each slow-learner step's loss and each alignment step's (not their prototypes: SLCA has none).
-And
+Recorded at each task end: every test sample's logits (the learner's network on the whole test
+set, all classes seen so far), their `eval_task` top-1 accuracy (the seen classes' test samples)
+and for SimpleCIL and APER their classifier's rows (the prototypes: `fc.weight`) and `sigma`; for
+APER also each first phase step's loss and the adapted ViT's update over the phase
+(`update_fingerprint`); for SLCA each slow-learner step's loss and each alignment step's. And
 `OWN_DRIFT_RUNS` more runs of their code from the same weights perturbed at float32 rounding
 (`aml.perturbed`): how far their run moves from itself, the scale of the tolerances. Seeds fixed,
 `torch.use_deterministic_algorithms(True)`, one thread.
@@ -85,7 +84,7 @@ STEPS_PER_TASK = 10  # the parity stream: the first 10 batches of 16 of each of 
 EVAL_BATCH = 64  # test samples per forward pass in their evaluation
 METHODS = ("simplecil", "aper", "slca")
 THEIR_MODULE = {"simplecil": "simplecil", "aper": "aper_finetune", "slca": "slca"}
-HEAD = "cosine_head"  # weights.npz: APER's initial cosine head, their CosineLinear's names
+HEAD = "cosine_head"  # weights.npz: our initial head (APER's cosine one, SLCA's linear one)
 
 
 def overrides(method: str) -> dict:
@@ -180,6 +179,8 @@ class StreamData:
   records of the classes asked for, in the stream's batches; the test records in the manifest's
   order, EVAL_BATCH at a time."""
 
+  dataset_name = "stream"  # SLCA's learner reads it
+
   def __init__(self, manifest: dict, data: dict):
     self.manifest, self.data = manifest, data
     self.train_row = {int(r): i for i, r in enumerate(data["train_ids"])}
@@ -187,11 +188,9 @@ class StreamData:
   def get_task_size(self, task: int) -> int:
     return len(self.manifest["task_classes"][task])
 
-  dataset_name = "stream"
-
   def get_dataset(self, indices, source: str, mode: str, appendent=None, ret_data=False):
     keep = {int(k) for k in indices}
-    if source == "train":  # mode 'train' and 'test' differ only by augmentation, which is off
+    if source == "train":  # mode 'train' would add their dataset's augmentation: none here
       rows = [[self.train_row[i] for i in step if int(self.data["train_y"][self.train_row[i]])
                in keep] for step in self.manifest["steps"]]
     else:
@@ -199,7 +198,7 @@ class StreamData:
       rows = [rows[i:i + EVAL_BATCH] for i in range(0, len(rows), EVAL_BATCH)]
     dataset = StreamSet(self.data, source, rows)
     if ret_data:  # SLCA's class statistics: (images, labels, dataset)
-      return dataset.x, dataset.labels, dataset
+      return dataset.x[[r for b in dataset.batches for r in b]], dataset.labels, dataset
     return dataset
 
 
