@@ -288,4 +288,9 @@ def config():
 
 
 METHODS = (base.MethodSpec(name="simplecil", build=build, config=config,
-                           report_name="SimpleCIL", table_row=14),)
+                           report_name="SimpleCIL", table_row=14,
+                           check=base.Check("step", "LAMDA-CL/LAMDA-PILOT",
+                                            "tests/test_parity_pilot.py",
+                                            "and so does APER with first_phase='all' except"
+                                            " for the first task's prototypes, by its stated"
+                                            " online reading")),)

@@ -349,4 +349,9 @@ def config():
 
 
 METHODS = (base.MethodSpec(name="slca", build=build, config=config, report_name="SLCA",
-                           table_row=21),)
+                           table_row=21,
+                           check=base.Check("step", "LAMDA-CL/LAMDA-PILOT",
+                                            "tests/test_parity_pilot.py",
+                                            "for the slow learner at the true task ends"
+                                            " (boundaries.rule='oracle'); the alignment's"
+                                            " random draws are not shared")),)

@@ -131,27 +131,25 @@ def cut_manifest(manifest: dict, steps_per_task: int) -> dict:
   return cut
 
 
-def prepare(args) -> None:
-  import jax
-
+def demo_config(settings: dict):
+  """configs/demo.py's config with `settings` ({dotted key: value}) set, as the command line's
+  --config.KEY=VALUE would."""
   from configs import demo
-  from olora_jax import trainer
-  from olora_jax.data import manifest as manifest_lib
-  from olora_jax.data.preprocess import to_model_input
-  from olora_jax.models import resnet
 
-  settings = overrides(args.method, args.lr)
   config = demo.get_config()
   for key, value in settings.items():
     section, _, leaf = key.rpartition(".")
     setattr(config[section] if section else config, leaf, value)
-  setup = trainer.Setup(config)
-  os.makedirs(args.out, exist_ok=True)
-  manifest = cut_manifest(setup.manifest, STEPS_PER_TASK)
-  with open(os.path.join(args.out, "manifest.json"), "w") as f:
-    json.dump(manifest, f)
-  # The model inputs of every record the stream and the test set name, as our pipeline makes
-  # them (to_model_input of the source's uint8 images).
+  return config
+
+
+def write_inputs(setup, manifest: dict, path: str) -> tuple[np.ndarray, np.ndarray]:
+  """Writes `path` (.npz): the model inputs of every record `manifest`'s stream and test set name,
+  as our pipeline makes them (to_model_input of the source's uint8 images, float32 NHWC):
+  train_ids/train_x/train_y (the stream's records, sorted by id), test_ids/test_x/test_y (the
+  manifest's order). Returns (train_ids, test_ids)."""
+  from olora_jax.data import manifest as manifest_lib
+  from olora_jax.data.preprocess import to_model_input
 
   def inputs(source, ids):
     row = {int(r): i for i, r in enumerate(manifest_lib.record_ids(source))}
@@ -162,8 +160,24 @@ def prepare(args) -> None:
   train_x, train_y = inputs(setup.train_source, train_ids)
   test_ids = np.asarray(manifest["test"]["ids"], np.int64)
   test_x, test_y = inputs(setup.test_source, test_ids)
-  np.savez(os.path.join(args.out, "inputs.npz"), train_ids=train_ids, train_x=train_x,
-           train_y=train_y, test_ids=test_ids, test_x=test_x, test_y=test_y)
+  np.savez(path, train_ids=train_ids, train_x=train_x, train_y=train_y, test_ids=test_ids,
+           test_x=test_x, test_y=test_y)
+  return train_ids, test_ids
+
+
+def prepare(args) -> None:
+  import jax
+
+  from olora_jax import trainer
+  from olora_jax.models import resnet
+
+  settings = overrides(args.method, args.lr)
+  setup = trainer.Setup(demo_config(settings))
+  os.makedirs(args.out, exist_ok=True)
+  manifest = cut_manifest(setup.manifest, STEPS_PER_TASK)
+  with open(os.path.join(args.out, "manifest.json"), "w") as f:
+    json.dump(manifest, f)
+  train_ids, test_ids = write_inputs(setup, manifest, os.path.join(args.out, "inputs.npz"))
   # Our run's initial state (the same seed, the same programs as launch/run.py's).
   state = jax.device_get(trainer.run_initial_state(setup, np.uint32(SEED), None))
   cosine = args.method == "er_ace" and setup.config.er_ace.head == "cosine"
