@@ -132,23 +132,35 @@ def cut_manifest(manifest: dict, steps_per_task: int) -> dict:
 
 
 def prepare(args) -> None:
+  from olora_jax.models import resnet
+
+  def weights_of(setup, state):
+    cosine = args.method == "er_ace" and setup.config.er_ace.head == "cosine"
+    return their_state_dict(state["params"], state["frozen"][resnet.BATCH_STATS], cosine)
+
+  write_prepared(args.out, overrides(args.method, args.lr), STEPS_PER_TASK, weights_of)
+
+
+def write_prepared(out: str, settings: dict, steps_per_task: int, weights_of) -> None:
+  """Writes the prepared files (module docstring) of the run configs/demo.py with `settings`
+  makes, its stream cut to `steps_per_task` steps a task; `weights_of(setup, initial state) ->
+  {name: array}` is our initial state in their layout. The parity drivers of other codebases
+  (scripts/parity/) share it."""
   import jax
 
   from configs import demo
   from olora_jax import trainer
   from olora_jax.data import manifest as manifest_lib
   from olora_jax.data.preprocess import to_model_input
-  from olora_jax.models import resnet
 
-  settings = overrides(args.method, args.lr)
   config = demo.get_config()
   for key, value in settings.items():
     section, _, leaf = key.rpartition(".")
     setattr(config[section] if section else config, leaf, value)
   setup = trainer.Setup(config)
-  os.makedirs(args.out, exist_ok=True)
-  manifest = cut_manifest(setup.manifest, STEPS_PER_TASK)
-  with open(os.path.join(args.out, "manifest.json"), "w") as f:
+  os.makedirs(out, exist_ok=True)
+  manifest = cut_manifest(setup.manifest, steps_per_task)
+  with open(os.path.join(out, "manifest.json"), "w") as f:
     json.dump(manifest, f)
   # The model inputs of every record the stream and the test set name, as our pipeline makes
   # them (to_model_input of the source's uint8 images).
@@ -162,17 +174,16 @@ def prepare(args) -> None:
   train_x, train_y = inputs(setup.train_source, train_ids)
   test_ids = np.asarray(manifest["test"]["ids"], np.int64)
   test_x, test_y = inputs(setup.test_source, test_ids)
-  np.savez(os.path.join(args.out, "inputs.npz"), train_ids=train_ids, train_x=train_x,
+  np.savez(os.path.join(out, "inputs.npz"), train_ids=train_ids, train_x=train_x,
            train_y=train_y, test_ids=test_ids, test_x=test_x, test_y=test_y)
   # Our run's initial state (the same seed, the same programs as launch/run.py's).
-  state = jax.device_get(trainer.run_initial_state(setup, np.uint32(SEED), None))
-  cosine = args.method == "er_ace" and setup.config.er_ace.head == "cosine"
-  weights = their_state_dict(state["params"], state["frozen"][resnet.BATCH_STATS], cosine)
-  np.savez(os.path.join(args.out, "weights.npz"), **weights)
-  with open(os.path.join(args.out, "overrides.json"), "w") as f:
+  state = jax.device_get(trainer.run_initial_state(setup, np.uint32(settings["seed"]), None))
+  weights = weights_of(setup, state)
+  np.savez(os.path.join(out, "weights.npz"), **weights)
+  with open(os.path.join(out, "overrides.json"), "w") as f:
     json.dump(settings, f)
-  print(f"prepared {args.method}: {len(manifest['steps'])} steps, {len(train_ids)} training and"
-        f" {len(test_ids)} test records, {len(weights)} tensors -> {args.out}")
+  print(f"prepared {settings['method']}: {len(manifest['steps'])} steps, {len(train_ids)}"
+        f" training and {len(test_ids)} test records, {len(weights)} tensors -> {out}")
 
 
 # ------------------------------------------------------------------------------------------------
