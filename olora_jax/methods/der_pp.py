@@ -115,4 +115,6 @@ PAPER_RESULTS = {
 }
 
 METHODS = (base.MethodSpec(name="der_pp", build=build, config=config, report_name="DER++",
-                           table_row=7, paper_results=PAPER_RESULTS),)
+                           table_row=7, paper_results=PAPER_RESULTS,
+                           check=base.Check("step", MAMMOTH, "tests/test_parity_mammoth.py",
+                                            "with the authors' settings and replay draws")),)

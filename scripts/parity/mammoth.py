@@ -6,9 +6,9 @@ Two steps, in two environments, as scripts/parity/aml.py:
     # 1. in this project's venv: the stream, its inputs and our initial weights in their layout
     .venv/bin/python scripts/parity/mammoth.py prepare --out /tmp/mammoth-prep
     # 2. in a side venv with PyTorch (python3.11 -m venv /tmp/mammoth-venv &&
-    #    /tmp/mammoth-venv/bin/pip install torch==2.13.0 torchvision==0.28.0 numpy kornia pyyaml
-    #    tqdm), on a checkout of their code (git clone https://github.com/aimagelab/mammoth
-    #    /tmp/mammoth):
+    #    /tmp/mammoth-venv/bin/pip install torch==2.13.0 numpy kornia pyyaml tqdm pillow requests
+    #    huggingface_hub safetensors && /tmp/mammoth-venv/bin/pip install --no-deps timm==0.9.8),
+    #    on a checkout of their code (git clone https://github.com/aimagelab/mammoth /tmp/mammoth):
     /tmp/mammoth-venv/bin/python scripts/parity/mammoth.py record --mammoth /tmp/mammoth \
         --prepared /tmp/mammoth-prep --out tests/fixtures/parity/mammoth_der_pp.npz
 
@@ -38,6 +38,11 @@ ended in, -1 if rejected), both replay draws (buffer slots and record ids), and 
 record ids after the step. Seeds fixed, `torch.use_deterministic_algorithms(True)`, one thread.
 As aml.py, three more runs start from the weights perturbed at float32 rounding: their own
 drift, the scale of the tolerances.
+
+Two import-time stand-ins, outside their code (`_StandIns`): torchvision (PyPI's wheels cannot
+load beside the CPU build of torch) and their `datasets` registry (it imports every dataset
+file); their DER++ path imports both and calls neither here. timm, which their backbone package
+imports (backbone/vit.py), is installed without its torchvision dependency.
 """
 
 from __future__ import annotations
