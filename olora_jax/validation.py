@@ -180,7 +180,7 @@ def check_config(config: ml_collections.ConfigDict, width: int) -> None:
 
 
 TRAINABLE = ("all", "head", "lora", "prompts")
-GIVEN_DRAWS_METHODS = ("er", "er_ace")  # the methods that read data.replay_draws
+GIVEN_DRAWS_METHODS = ("er", "er_ace", "der_pp")  # the methods that read data.replay_draws
 OPTIMIZERS = ("adam", "sgd")  # methods/common.py OPTIMIZERS
 REPLAY_PASSES = ("joint", "separate")  # methods/er.py REPLAY_PASSES
 ER_ACE_HEADS = ("cosine", "linear")  # methods/er_ace.py HEADS
@@ -212,7 +212,8 @@ def check_method(config: ml_collections.ConfigDict, width: int | None = None) ->
     raise InputError(str(e)) from None
   check_boundaries(config.boundaries, spec.name)
   _require(not config.data.replay_draws or spec.name in GIVEN_DRAWS_METHODS,
-           f"data.replay_draws is read by {' and '.join(GIVEN_DRAWS_METHODS)} only; with"
+           f"data.replay_draws is read by {', '.join(GIVEN_DRAWS_METHODS[:-1])} and"
+           f" {GIVEN_DRAWS_METHODS[-1]} only; with"
            f" method={spec.name!r} leave it ''")
   if spec.name == "online_lora":  # its block is `learner`, checked above
     return

@@ -5,7 +5,14 @@ The reservoir buffer keeps, with each sample, the logits the model gave it in th
 `der_pp.replay_batch` samples (default 0: as many as the learner's batch, as Mammoth's DER++
 whose replay batch defaults to the batch size; `common.replay_batch`) and minimises
     CE(batch) + alpha * mean ||f(x') - z'||^2 + beta * CE(f(x''), y'')
-with z' the stored logits. Paper: buffer 500, alpha 0.2, beta 0.5, LR 3e-4 (no weight decay).
+with z' the stored logits (never refreshed). Paper: buffer 500, alpha 0.2, beta 0.5, LR 3e-4 (no
+weight decay), Adam.
+
+`optimizer='sgd'` (plain SGD) and `replay_pass='separate'` (the batch and the two draws in three
+forward passes, in that order, as Mammoth's `observe` does; on a model with BatchNorm each pass
+normalises with its own rows and moves the running statistics) express Mammoth's settings; the
+defaults keep one Adam step on one joint pass. `data.replay_draws`: the reservoir decisions and
+both draws of every step are read from a file (another codebase's, olora_jax/methods/replay.py).
 """
 
 from __future__ import annotations
@@ -14,9 +21,8 @@ import jax
 import jax.numpy as jnp
 
 from olora_jax import config_keys
-from olora_jax.config_keys import Key, authors, paper
-from olora_jax.methods import base, common, replay
-from olora_jax.methods.er import init_with_buffer
+from olora_jax.config_keys import Key, authors, ours, paper
+from olora_jax.methods import base, common, er
 
 
 def ce_current(state, logits, batch):
@@ -28,36 +34,34 @@ def ce_current(state, logits, batch):
 def make(ctx: base.Context, name: str, block, current_loss=ce_current) -> base.Method:
   """DER++ with `current_loss(state, logits (B, C), batch) -> (loss, terms)` on the current batch
   (LODE decouples it); the replay terms and the buffer are DER++'s."""
-  scale = ctx.config.data.input_scale
   tx, apply = common.optimizer_and_apply(ctx, block)
-  r = common.replay_batch(ctx, block)  # each of the two draws
+  forward = er.replay_forward(ctx, block, apply)
 
   @common.train_step(name)
   def train_step(state, batch):
     key_logits, key_labels, update_key = jax.random.split(common.step_key(state), 3)
-    m1 = replay.sample(state["buffer"], key_logits, r, scale)
-    m2 = replay.sample(state["buffer"], key_labels, r, scale)
-    n = batch["labels"].shape[0]
+    step = state["step"]
+    m1 = er.draw(ctx, block, state, key_logits, which=0)  # for the logit term
+    m2 = er.draw(ctx, block, state, key_labels, which=1)  # for the label term
 
     def loss_fn(params):
-      images = jnp.concatenate([batch["images"], m1["images"], m2["images"]])
-      logits = apply(state["frozen"], params, images)
-      current, terms = current_loss(state, logits[:n], batch)
+      logits, logits_1, logits_2 = forward(params, state["frozen"], batch, m1, m2)
+      current, terms = current_loss(state, logits, batch)
       logit_mse = common.masked_mean(
-          jnp.mean(jnp.square(logits[n:n + r] - m1["logits"]), axis=-1), m1["mask"])
-      ce_replay = common.masked_mean(
-          common.per_example_ce(logits[n + r:], m2["labels"]), m2["mask"])
+          jnp.mean(jnp.square(logits_1 - m1["logits"]), axis=-1), m1["mask"])
+      ce_replay = common.masked_mean(common.per_example_ce(logits_2, m2["labels"]), m2["mask"])
       loss = current + block.alpha * logit_mse + block.beta * ce_replay
-      return loss, dict(**terms, logit_mse=logit_mse, ce_replay=ce_replay,
-                        batch_logits=logits[:n])
+      return loss, dict(**terms, logit_mse=logit_mse, ce_replay=ce_replay, batch_logits=logits)
 
     (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["params"])
     stored = jax.lax.stop_gradient(aux.pop("batch_logits"))  # pre-update logits of the batch
-    state = common.apply_gradients(state, grads, tx)
-    state["buffer"] = replay.reservoir_update(state["buffer"], batch, update_key, scale, stored)
+    frozen = er.replay_statistics(ctx, block, state, m1, m2)
+    state = {**common.apply_gradients(state, grads, tx), "frozen": frozen}
+    state["buffer"] = er.store(ctx, state, step, batch, update_key, stored)
     return state, {"loss": loss, **aux}, {}
 
-  return base.Method(name=name, init=init_with_buffer(ctx, block, tx, ctx.num_classes),
+  init = er.init_with_buffer(ctx, block, tx, ctx.num_classes)
+  return base.Method(name=name, init=er.with_given_draws(ctx, block, init, draws_per_step=2),
                      train_step=train_step,
                      predict=lambda s, x: apply(s["frozen"], s["params"], x))
 
@@ -81,9 +85,16 @@ def replay_keys() -> dict:
                paper(0.5, config_keys.PAPER_TABLE + ": DER++'s beta")))
 
 
+# Mammoth's DER++ (models/derpp.py, its default optimiser in models/utils/continual_model.py).
+MAMMOTH = "aimagelab/mammoth"
+AUTHORS_MAMMOTH = (f"Mammoth's DER++, {MAMMOTH}", "0.03", "three passes")
+
+
 def config():
   """The `der_pp` block: each key with its meaning (the paper's appendix values)."""
   return common.baseline_block(
+      **er.optimizer_keys(paper("adam", config_keys.PAPER_SETTINGS), ours(er.ONE_PASS),
+                          authors=AUTHORS_MAMMOTH),
       learning_rate=common.shared(3e-4, paper(3e-4, rate=True)),
       weight_decay=common.shared(0.0, paper(0.0, config_keys.PAPER_TABLE + ": DER++'s row gives"
                                             " no weight decay (Mammoth's optim_wd 0)")),
@@ -104,4 +115,6 @@ PAPER_RESULTS = {
 }
 
 METHODS = (base.MethodSpec(name="der_pp", build=build, config=config, report_name="DER++",
-                           table_row=7, paper_results=PAPER_RESULTS),)
+                           table_row=7, paper_results=PAPER_RESULTS,
+                           check=base.Check("step", MAMMOTH, "tests/test_parity_mammoth.py",
+                                            "with the authors' settings and replay draws")),)

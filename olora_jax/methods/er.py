@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from olora_jax import config_keys, models
 from olora_jax.config_keys import Key, ours, paper
@@ -37,14 +38,15 @@ def init_with_buffer(ctx: base.Context, block, tx, n_logits: int = 0):
   return init
 
 
-def with_given_draws(ctx: base.Context, block, init):
+def with_given_draws(ctx: base.Context, block, init, draws_per_step: int = 1):
   """`init` with the file of `data.replay_draws`, if set, in the state as "given_draws" (read and
-  checked now: `replay.read_draws`); `init` itself otherwise."""
+  checked now: `replay.read_draws`, for a method making `draws_per_step` replay draws a step);
+  `init` itself otherwise."""
   path = ctx.config.data.replay_draws
   if not path:
     return init
   draws = replay.read_draws(path, block.buffer_size, ctx.batch_size,
-                            common.replay_batch(ctx, block), ctx.stream_steps)
+                            common.replay_batch(ctx, block), ctx.stream_steps, draws_per_step)
 
   def init_given(key, params):
     return {**init(key, params), "given_draws": jax.tree.map(jnp.asarray, draws)}
@@ -52,60 +54,66 @@ def with_given_draws(ctx: base.Context, block, init):
   return init_given
 
 
-def draw(ctx: base.Context, block, state, key) -> dict:
-  """This step's replay draw: the file's slots (`data.replay_draws`) or `replay_batch` slots
-  drawn uniformly from `key` (`replay.sample`)."""
+def draw(ctx: base.Context, block, state, key, which: int = 0) -> dict:
+  """This step's replay draw (its `which`-th of the step, for a method drawing more than once):
+  the file's slots (`data.replay_draws`) or `replay_batch` slots drawn uniformly from `key`
+  (`replay.sample`)."""
   scale = ctx.config.data.input_scale
   if "given_draws" in state:
-    return replay.given_sample(state["buffer"],
-                               state["given_draws"]["replayed_slots"][state["step"]], scale)
+    slots = state["given_draws"][replay.REPLAY_FIELDS[which]][state["step"]]
+    return replay.given_sample(state["buffer"], slots, scale)
   return replay.sample(state["buffer"], key, common.replay_batch(ctx, block), scale)
 
 
-def store(ctx: base.Context, state, step, batch, key) -> replay.ReplayBuffer:
-  """The buffer after the batch is offered to it at stream step `step`: the file's slots
-  (`data.replay_draws`) or the reservoir's decisions drawn from `key`."""
+def store(ctx: base.Context, state, step, batch, key, logits=None) -> replay.ReplayBuffer:
+  """The buffer after the batch is offered to it at stream step `step`, with its `logits` (B, C)
+  where the buffer keeps them (DER++): the file's slots (`data.replay_draws`) or the reservoir's
+  decisions drawn from `key`."""
   scale = ctx.config.data.input_scale
   if "given_draws" in state:
     return replay.given_update(state["buffer"], batch,
-                               state["given_draws"]["stored_slot"][step], scale)
-  return replay.reservoir_update(state["buffer"], batch, key, scale)
+                               state["given_draws"]["stored_slot"][step], scale, logits)
+  return replay.reservoir_update(state["buffer"], batch, key, scale, logits)
 
 
 def replay_forward(ctx: base.Context, block, logits):
-  """`forward(params, frozen, batch, mem) -> (the batch's logits, the replayed samples')` by
-  `block.replay_pass` ('joint' where the block has none), with `logits(frozen, params, images,
-  **model_kwargs)` the method's forward pass. Apart on a BatchNorm model, each pass normalises
-  with its valid rows' statistics (all rows when none is valid: an empty buffer's draw, whose
-  loss is masked, stays finite)."""
+  """`forward(params, frozen, batch, *mems) -> (the batch's logits, each replay draw's)` by
+  `block.replay_pass` ('joint' where the block has none: one pass over all; 'separate': one pass
+  each, in order), with `logits(frozen, params, images, **model_kwargs)` the method's forward
+  pass. Apart on a BatchNorm model, each pass normalises with its valid rows' statistics (all
+  rows when none is valid: an empty buffer's draw, whose loss is masked, stays finite)."""
   separate = block.get("replay_pass", "joint") == "separate"
   batch_norm = models.is_resnet(ctx.spec)
 
   def rows(mask):
     return {"mask": jnp.where(jnp.any(mask), mask, True)} if batch_norm else {}
 
-  def forward(params, frozen, batch, mem):
+  def forward(params, frozen, batch, *mems):
+    parts = (batch, *mems)
     if not separate:
-      n = batch["labels"].shape[0]
-      both = logits(frozen, params, jnp.concatenate([batch["images"], mem["images"]]))
-      return both[:n], both[n:]
-    return (logits(frozen, params, batch["images"], **rows(batch["mask"])),
-            logits(frozen, params, mem["images"], **rows(mem["mask"])))
+      joint = logits(frozen, params, jnp.concatenate([p["images"] for p in parts]))
+      starts = np.cumsum([0] + [p["labels"].shape[0] for p in parts])
+      return tuple(joint[a:b] for a, b in zip(starts[:-1], starts[1:], strict=True))
+    return tuple(logits(frozen, params, p["images"], **rows(p["mask"])) for p in parts)
 
   return forward
 
 
-def replay_statistics(ctx: base.Context, block, state, mem) -> dict:
-  """The frozen tree with BatchNorm's running statistics moved by the replayed samples' valid
-  rows, when the replayed samples pass the model apart (`replay_pass='separate'`) and some are
-  valid (the ER-ACE authors' second training forward pass); `state["frozen"]` otherwise. The
-  batch's own move came first (`common.with_batch_statistics`)."""
+def replay_statistics(ctx: base.Context, block, state, *mems) -> dict:
+  """The frozen tree with BatchNorm's running statistics moved by each replay draw's valid rows
+  in turn, when the replayed samples pass the model apart (`replay_pass='separate'`; a draw with
+  none valid moves nothing): the ER-ACE authors' second training forward pass, Mammoth DER++'s
+  second and third. `state["frozen"]` otherwise. The batch's own move came first
+  (`common.with_batch_statistics`)."""
+  frozen = state["frozen"]
   if block.get("replay_pass", "joint") != "separate" or not models.is_resnet(ctx.spec):
-    return state["frozen"]
-  moved = common.moved_batch_statistics(ctx.model, state["frozen"], state["params"],
-                                        mem["images"], mem["mask"])
-  return jax.tree.map(lambda new, old: jnp.where(jnp.any(mem["mask"]), new, old), moved,
-                      state["frozen"])
+    return frozen
+  for mem in mems:
+    moved = common.moved_batch_statistics(ctx.model, frozen, state["params"], mem["images"],
+                                          mem["mask"])
+    frozen = jax.tree.map(lambda new, old, m=mem: jnp.where(jnp.any(m["mask"]), new, old),
+                          moved, frozen)
+  return frozen
 
 
 def replay_loss(apply, params, frozen, batch: dict, mem: dict):
@@ -159,22 +167,29 @@ def build(ctx: base.Context) -> base.Method:
   return make(ctx, "er", block, lambda apply, state, batch, key: draw(ctx, block, state, key))
 
 
-# Why ER and ER-ACE pass the batch and the replayed samples through the model together.
-ONE_PASS = ("one forward pass over the batch and the replayed samples: the same function as two"
-            " passes on a model without BatchNorm (the ViTs), at less cost")
+# Why ER, ER-ACE and DER++ pass the batch and the replayed samples through the model together.
+ONE_PASS = ("one forward pass over the batch and the replayed samples: the same function as a"
+            " pass for each on a model without BatchNorm (the ViTs), at less cost")
+
+
+# Whose code runs plain SGD and a separate pass each (`optimizer_keys`): (the code, its learning
+# rate, its forward passes a step).
+AUTHORS_AML = ("the ER-ACE authors' code, pclucas14/AML", "0.1", "two passes")
 
 
 def optimizer_keys(optimizer_source: config_keys.Source, replay_pass_source: config_keys.Source,
-                   optimizer: str = "adam", replay_pass: str = "joint") -> dict:
-  """The `optimizer` and `replay_pass` keys ER and ER-ACE share, with their meanings and the
-  sources of their defaults."""
+                   optimizer: str = "adam", replay_pass: str = "joint",
+                   authors: tuple[str, str, str] = AUTHORS_AML) -> dict:
+  """The `optimizer` and `replay_pass` keys ER, ER-ACE and DER++ share, with their meanings and
+  the sources of their defaults; `authors` as `AUTHORS_AML`."""
+  code, rate, passes = authors
   return dict(
       optimizer=Key(optimizer, "'adam' (PyTorch's Adam, weight_decay added to the gradient) |"
-                    " 'sgd' (plain SGD, no momentum, the same L2: the ER-ACE authors' code,"
-                    " pclucas14/AML, at learning rate 0.1)", optimizer_source),
+                    f" 'sgd' (plain SGD, no momentum, the same L2: {code}, at learning rate"
+                    f" {rate})", optimizer_source),
       replay_pass=Key(replay_pass, "'joint' (the batch and the replayed samples in one forward"
-                      " pass) | 'separate' (two passes, the ER-ACE authors' code): the same"
-                      " function but on a model with BatchNorm (resnet18_reduced), where each"
+                      f" pass) | 'separate' ({passes}, {code}): the same function but on a model"
+                      " with BatchNorm (resnet18_reduced), where each"
                       " pass normalises with its own statistics and 'separate' moves the running"
                       " statistics by the replayed samples too", replay_pass_source))
 

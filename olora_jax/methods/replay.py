@@ -25,9 +25,13 @@ one JSON object:
                     slot the item is written to, or -1 when the reservoir rejects it
     replayed_slots  T lists: the slots replayed at the step, in order (at most the replay batch;
                     [] = no replay, e.g. an empty buffer)
+    second_replayed_slots
+                    T lists, only for a method that draws twice a step (DER++: `replayed_slots`
+                    for its logit term, these for its label term), in the same form; a file
+                    without it drives the one-draw methods as before
     source          optional: what recorded it (informational)
 
-A step's replay draw is made before its batch enters the buffer, as in every method here.
+A step's replay draws are made before its batch enters the buffer, as in every method here.
 """
 
 from __future__ import annotations
@@ -165,13 +169,18 @@ class DrawsError(ValueError):
   """A replay-draws file that cannot drive the run (one line, with the fix)."""
 
 
+REPLAY_FIELDS = ("replayed_slots", "second_replayed_slots")  # a step's draws, in order
+
+
 def read_draws(path: str, capacity: int, batch_size: int, replay_batch: int,
-               n_steps: int) -> dict:
+               n_steps: int, draws_per_step: int = 1) -> dict:
   """The draws file `path` (module docstring) as {"stored_slot" (T, B) int32, "replayed_slots"
-  (T, R) int32}, -1 padded, for a run of `n_steps` steps of at most `batch_size` items, a buffer of
-  `capacity` slots and `replay_batch` = R. Refused (DrawsError, one line) unless it has one entry
-  per step, every stored slot is in [-1, capacity), and every replayed slot is distinct within
-  its step and already filled by an earlier step's stored items."""
+  (T, R) int32} (and "second_replayed_slots" (T, R) when `draws_per_step` is 2), -1 padded, for a
+  run of `n_steps` steps of at most `batch_size` items, a buffer of `capacity` slots and
+  `replay_batch` = R per draw. Refused (DrawsError, one line) unless it has one entry per step
+  and exactly the method's draws a step, every stored slot is in [-1, capacity), and every
+  replayed slot is distinct within its draw and already filled by an earlier step's stored
+  items."""
   where = f"data.replay_draws={path!r}"
   if not os.path.isfile(path):
     raise FileNotFoundError(f"{where} does not exist; give the path of a replay-draws JSON file")
@@ -182,8 +191,12 @@ def read_draws(path: str, capacity: int, batch_size: int, replay_batch: int,
       raise DrawsError(f"{where} is not JSON ({e})") from None
   if not isinstance(draws, dict) or draws.get("format") != DRAWS_FORMAT:
     raise DrawsError(f"{where}: not a replay-draws file (its format must be {DRAWS_FORMAT!r})")
-  stored, replayed = draws.get("stored_slot"), draws.get("replayed_slots")
-  for name, lists in (("stored_slot", stored), ("replayed_slots", replayed)):
+  fields = REPLAY_FIELDS[:draws_per_step]
+  if REPLAY_FIELDS[1] in draws and draws_per_step == 1:
+    raise DrawsError(f"{where} has two replay draws a step ({REPLAY_FIELDS[1]}); the method"
+                     " draws one: record the draws from the same method")
+  stored, replayed = draws.get("stored_slot"), [draws.get(name) for name in fields]
+  for name, lists in (("stored_slot", stored), *zip(fields, replayed, strict=True)):
     if not (isinstance(lists, list) and all(
         isinstance(x, list) and all(isinstance(v, int) for v in x) for x in lists)):
       raise DrawsError(f"{where}: {name} must be a list of lists of integers, one per step")
@@ -191,35 +204,39 @@ def read_draws(path: str, capacity: int, batch_size: int, replay_batch: int,
       raise DrawsError(f"{where}: {name} has {len(lists)} steps, the run's stream {n_steps};"
                        " record the draws on the same stream manifest")
   out = {"stored_slot": np.full((n_steps, batch_size), -1, np.int32),
-         "replayed_slots": np.full((n_steps, replay_batch), -1, np.int32)}
+         **{name: np.full((n_steps, replay_batch), -1, np.int32) for name in fields}}
   filled = np.zeros(capacity, bool)
-  for t, (slots, drawn) in enumerate(zip(stored, replayed, strict=True)):
+  for t, slots in enumerate(stored):
     if len(slots) > batch_size or any(not -1 <= v < capacity for v in slots):
       raise DrawsError(f"{where}: step {t} stores {slots}; give at most learner.batch_size="
                        f"{batch_size} slots in [-1, {capacity}) (the buffer's size)")
-    if len(drawn) > replay_batch or len(set(drawn)) != len(drawn) or not all(
-        0 <= v < capacity and filled[v] for v in drawn):
-      raise DrawsError(f"{where}: step {t} replays slots {drawn}; give at most {replay_batch}"
-                       " distinct slots, each filled by an earlier step")
+    for name, lists in zip(fields, replayed, strict=True):
+      drawn = lists[t]
+      if len(drawn) > replay_batch or len(set(drawn)) != len(drawn) or not all(
+          0 <= v < capacity and filled[v] for v in drawn):
+        raise DrawsError(f"{where}: step {t} replays slots {drawn}; give at most"
+                         f" {replay_batch} distinct slots, each filled by an earlier step")
+      out[name][t, :len(drawn)] = drawn
     out["stored_slot"][t, :len(slots)] = slots
-    out["replayed_slots"][t, :len(drawn)] = drawn
     filled[[v for v in slots if v >= 0]] = True
   return out
 
 
-def given_update(buf: ReplayBuffer, batch: dict, slots: jax.Array, input_scale: str
-                 ) -> ReplayBuffer:
+def given_update(buf: ReplayBuffer, batch: dict, slots: jax.Array, input_scale: str,
+                 logits: jax.Array | None = None) -> ReplayBuffer:
   """The buffer after the batch's real items are written, in order, to the given `slots` (B,)
-  (-1: not stored): a later item written to the same slot wins, as a sequential reservoir."""
+  (-1: not stored): a later item written to the same slot wins, as a sequential reservoir.
+  `logits` (B, C) are stored with them when the buffer keeps logits (DER++)."""
   if buf.capacity == 0:
     return buf
   pixels = encode(batch["images"], input_scale)
-  no_logits = jnp.zeros((buf.logits.shape[1],), jnp.float32)
+  if logits is None:
+    logits = jnp.zeros((pixels.shape[0], buf.logits.shape[1]), jnp.float32)
 
   def offer(i, buf):
     real = batch["mask"][i]
     buf = _write(buf, jnp.maximum(slots[i], 0), real & (slots[i] >= 0), pixels[i],
-                 batch["labels"][i], no_logits)
+                 batch["labels"][i], logits[i])
     return buf.replace(n_seen=buf.n_seen + real.astype(jnp.int32))
 
   return jax.lax.fori_loop(0, pixels.shape[0], offer, buf)

@@ -166,27 +166,38 @@ def write_inputs(setup, manifest: dict, path: str) -> tuple[np.ndarray, np.ndarr
 
 
 def prepare(args) -> None:
+  from olora_jax.models import resnet
+
+  def weights_of(setup, state):
+    cosine = args.method == "er_ace" and setup.config.er_ace.head == "cosine"
+    return their_state_dict(state["params"], state["frozen"][resnet.BATCH_STATS], cosine)
+
+  write_prepared(args.out, overrides(args.method, args.lr), STEPS_PER_TASK, weights_of)
+
+
+def write_prepared(out: str, settings: dict, steps_per_task: int, weights_of) -> None:
+  """Writes the prepared files (module docstring) of the run configs/demo.py with `settings`
+  makes, its stream cut to `steps_per_task` steps a task; `weights_of(setup, initial state) ->
+  {name: array}` is our initial state in their layout. The parity drivers of other codebases
+  (scripts/parity/) share it."""
   import jax
 
   from olora_jax import trainer
-  from olora_jax.models import resnet
 
-  settings = overrides(args.method, args.lr)
   setup = trainer.Setup(demo_config(settings))
-  os.makedirs(args.out, exist_ok=True)
-  manifest = cut_manifest(setup.manifest, STEPS_PER_TASK)
-  with open(os.path.join(args.out, "manifest.json"), "w") as f:
+  os.makedirs(out, exist_ok=True)
+  manifest = cut_manifest(setup.manifest, steps_per_task)
+  with open(os.path.join(out, "manifest.json"), "w") as f:
     json.dump(manifest, f)
-  train_ids, test_ids = write_inputs(setup, manifest, os.path.join(args.out, "inputs.npz"))
+  train_ids, test_ids = write_inputs(setup, manifest, os.path.join(out, "inputs.npz"))
   # Our run's initial state (the same seed, the same programs as launch/run.py's).
-  state = jax.device_get(trainer.run_initial_state(setup, np.uint32(SEED), None))
-  cosine = args.method == "er_ace" and setup.config.er_ace.head == "cosine"
-  weights = their_state_dict(state["params"], state["frozen"][resnet.BATCH_STATS], cosine)
-  np.savez(os.path.join(args.out, "weights.npz"), **weights)
-  with open(os.path.join(args.out, "overrides.json"), "w") as f:
+  state = jax.device_get(trainer.run_initial_state(setup, np.uint32(settings["seed"]), None))
+  weights = weights_of(setup, state)
+  np.savez(os.path.join(out, "weights.npz"), **weights)
+  with open(os.path.join(out, "overrides.json"), "w") as f:
     json.dump(settings, f)
-  print(f"prepared {args.method}: {len(manifest['steps'])} steps, {len(train_ids)} training and"
-        f" {len(test_ids)} test records, {len(weights)} tensors -> {args.out}")
+  print(f"prepared {settings['method']}: {len(manifest['steps'])} steps, {len(train_ids)}"
+        f" training and {len(test_ids)} test records, {len(weights)} tensors -> {out}")
 
 
 # ------------------------------------------------------------------------------------------------
