@@ -220,6 +220,8 @@ def run_cell(workdir: str, command: list[str], *, forward=None) -> tuple[int, st
     print(f"error: {line}", file=sys.stderr, flush=True)
     return EXIT_ENVIRONMENT, line, False
   proc = subprocess.Popen(command, start_new_session=True, stderr=subprocess.PIPE)
+  memory = memory_cgroup(proc.pid)  # its out-of-memory kills are counted there
+  kills_before = oom_kills(memory)
   if running is not None:
     running = {**running, "pid": proc.pid}
     update_record(workdir, lambda current: running if _mine(current, me) else None)
@@ -261,7 +263,10 @@ def run_cell(workdir: str, command: list[str], *, forward=None) -> tuple[int, st
     sys.stderr.buffer.write(b"\n")
     sys.stderr.buffer.flush()
   line = _error_line(tail)
-  if not line and is_signal(code):
+  if code == EXIT_SIGNAL_BASE + signal.SIGKILL and oom_kills(memory) > kills_before:
+    line = ("killed by the out-of-memory killer (its memory cgroup counted the kill) before it"
+            f" could checkpoint: {OOM_ADVICE}")
+  elif not line and is_signal(code):
     line = f"killed by {signal_name(code)} before it could checkpoint"
   elif not line and code:
     line = f"exited {code} without an error line; see its output"
@@ -279,6 +284,48 @@ def run_cell(workdir: str, command: list[str], *, forward=None) -> tuple[int, st
   if running is not None:
     update_record(workdir, end)
   return code, line, bool(signalled)
+
+
+OOM_ADVICE = ("the same memory would run out again: give the cell more (--mem), or lower"
+              " learner.batch_size or eval.batch_size, then run the same command to resume")
+
+
+def memory_cgroup(pid: int) -> str | None:
+  """The file that counts the out-of-memory kills in process `pid`'s memory cgroup (cgroup v2:
+  memory.events; v1: memory.oom_control), or None where there is none to read (no cgroup
+  memory controller, or the process is gone)."""
+  try:
+    with open(f"/proc/{pid}/cgroup") as f:
+      lines = f.read().splitlines()
+  except OSError:
+    return None
+  for line in lines:
+    _, controllers, path = line.split(":", 2)
+    if "memory" in controllers.split(","):  # v1
+      candidates = [f"/sys/fs/cgroup/memory{path}/memory.oom_control"]
+      break
+  else:
+    path = next((line.split(":", 2)[2] for line in lines if line.startswith("0::")), None)
+    if path is None:
+      return None
+    candidates = [f"/sys/fs/cgroup{path}/memory.events",
+                  f"/sys/fs/cgroup/unified{path}/memory.events"]
+  return next((c for c in candidates if os.path.exists(c)), None)
+
+
+def oom_kills(counter: str | None) -> int:
+  """The `oom_kill` count of a memory cgroup's counter file (`memory_cgroup`); 0 without one."""
+  if counter is None:
+    return 0
+  try:
+    with open(counter) as f:
+      for line in f:
+        key, _, value = line.partition(" ")
+        if key == "oom_kill":
+          return int(value)
+  except (OSError, ValueError):
+    pass
+  return 0
 
 
 def _mine(record: dict | None, me: str) -> bool:

@@ -668,10 +668,13 @@ def run_one_cell(root: str, index: str) -> int:
   elif why:
     note = (f"{why}: not requeued, --max_requeues={most} reached; submit the same command to"
             " resume it from its newest checkpoint")
+  elif code and line.startswith("killed by the out-of-memory killer"):
+    note = f"exit {code} (the out-of-memory killer, as its memory cgroup counted): not requeued;" \
+           f" {cells.OOM_ADVICE}"
   elif code and cells.is_signal(code):
-    note = (f"exit {code} ({cells.signal_name(code)}, not the scheduler's signal: the"
-            " out-of-memory killer, or a kill): not requeued; --requeue_on="
-            f"{code} requeues it")
+    note = (f"exit {code} ({cells.signal_name(code)}, not the scheduler's signal, and no"
+            " out-of-memory kill in its memory cgroup's count: a kill): not requeued;"
+            f" --requeue_on={code} requeues it")
   elif code and job.get("fail_fast"):
     others = [j for j in job.get("jobs", []) if j]
     note = (f"--fail_fast: cell {index} failed (exit {code}): cancelling the sweep's tasks not"

@@ -164,8 +164,9 @@ def test_the_schedulers_signals_requeue_sigkill_does_not_and_the_limit_says_so(
   os.kill(record["pid"], signal.SIGKILL)
   _wait_for(job)
   log = _log(root, f"{job}_0")
-  assert ("exit 137 (SIGKILL, not the scheduler's signal: the out-of-memory killer, or a kill):"
-          " not requeued; --requeue_on=137 requeues it") in log, log[-3000:]
+  assert ("exit 137 (SIGKILL, not the scheduler's signal, and no out-of-memory kill in its"
+          " memory cgroup's count: a kill): not requeued; --requeue_on=137 requeues it") in log, (
+              log[-3000:])
   assert "restart 1" not in log
   step = cells.newest_checkpoint(str(workdir))
   line = next(x for x in _status(root).splitlines() if x.startswith(f"{workdir}:"))

@@ -15,7 +15,9 @@ import os
 import socket
 import subprocess
 import sys
+import textwrap
 import time
+from pathlib import Path
 
 import pytest
 from tiny_run import ROOT
@@ -405,6 +407,62 @@ def test_an_allocation_killed_with_its_runner_counts_until_its_last_write(tmp_pa
   assert record["allocations"] == 2
   assert 129 <= record["seconds"] < 140, record  # 100 + 30 + this allocation's own
   assert cells._unrecorded_seconds(str(workdir), record) == 0.0  # an exit record: nothing
+
+
+def _limited_memory_cgroup(tmp_name: str, limit: int) -> Path | None:
+  """A memory cgroup of this process's own (cgroup v1 here; v2 where the parent delegates the
+  memory controller) holding at most `limit` bytes, or None where one cannot be made (no
+  memory controller, not root, a read-only hierarchy)."""
+  counter = cells.memory_cgroup(os.getpid())
+  if counter is None:
+    return None
+  path = Path(counter).parent / tmp_name
+  limits = (["memory.limit_in_bytes", "memory.memsw.limit_in_bytes"]
+            if counter.endswith("oom_control") else ["memory.max", "memory.swap.max"])
+  try:
+    path.mkdir()
+    for i, name in enumerate(limits):
+      try:
+        (path / name).write_text(str(limit if i == 0 or "memsw" in name else 0))
+      except OSError:
+        if i == 0:
+          raise
+  except OSError:
+    if path.exists():
+      path.rmdir()
+    return None
+  return path
+
+
+def test_an_out_of_memory_kill_is_named_with_advice_a_plain_kill_is_not(tmp_path):
+  """A run the out-of-memory killer stops (its memory cgroup counts the kill: cgroup v2's
+  memory.events, v1's memory.oom_control) is named so, with advice that works (more memory or a
+  smaller batch, not the same command again); a SIGKILL from elsewhere stays a kill."""
+  group = _limited_memory_cgroup(f"olora-oom-{os.getpid()}", 256 * 2**20)
+  if group is None:
+    pytest.skip("no memory cgroup can be made here (needs root and a writable memory"
+                " controller)")
+  try:
+    runner = textwrap.dedent(f"""
+        import json, os, sys
+        sys.path.insert(0, {str(ROOT)!r})
+        open({str(group / "cgroup.procs")!r}, "w").write(str(os.getpid()))
+        from launch import cells
+        hog = [sys.executable, "-c", "x = bytearray(2 << 30); x[::4096] = b'1' * len(x[::4096])"]
+        print(json.dumps(cells.run_cell(sys.argv[1], hog)[:2]))
+        """)
+    done = subprocess.run([sys.executable, "-c", runner, str(tmp_path / "oom")],
+                          capture_output=True, text=True, timeout=120)
+    code, line = json.loads(done.stdout)
+  finally:
+    group.rmdir()
+  assert code == 137, (code, line, done.stderr[-2000:])
+  assert line == ("killed by the out-of-memory killer (its memory cgroup counted the kill) before"
+                  f" it could checkpoint: {cells.OOM_ADVICE}")
+  assert "--mem" in line and "batch_size" in line
+  kill = _script("import os, signal; os.kill(os.getpid(), signal.SIGKILL)")
+  assert cells.run_cell(str(tmp_path / "kill"), kill)[:2] == (
+      137, "killed by SIGKILL before it could checkpoint")
 
 
 def _dead_pid() -> int:
