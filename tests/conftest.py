@@ -29,6 +29,14 @@ from jax.experimental.compilation_cache import compilation_cache as jax_cache  #
 from olora_jax import compute  # noqa: E402
 
 
+def pytest_collection_modifyitems(config, items):
+  """The checks against the authors' recordings (tests/test_parity_*.py) carry the `parity`
+  marker: CI runs them in its first leg (.ci/run)."""
+  for item in items:
+    if item.path.name.startswith("test_parity_"):
+      item.add_marker(pytest.mark.parity)
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
   """Under -n, test_slurm.py's tests on one worker, one after another (scheduling.py)."""
