@@ -60,6 +60,7 @@ from olora_jax.methods import base, common, prompt_pool
 
 CODA = "GT-RIPL/CODA-Prompt"  # the authors' released code, where the defaults come from
 
+TRAIN_MASKS = ("none", "task")  # `train_mask`: the classes the training CE is taken over
 BOUNDARY_SALT = 0x0C0DA  # folded into the step key for a new block's Gram-Schmidt draws
 ENTRIES = ("keys", "attention", "prompts")
 
@@ -169,12 +170,19 @@ def build(ctx: base.Context) -> base.Method:
     raise ValueError(f"coda_prompt.pool_size={block.pool_size} must be >= the number of tasks"
                      f" {n_blocks} (one block of pool_size // n_tasks components per task)")
 
+  if block.train_mask not in TRAIN_MASKS:
+    raise ValueError(f"coda_prompt.train_mask={block.train_mask!r}: use one of {TRAIN_MASKS}")
+  task_mask = block.train_mask == "task"
+
   def init(key, params):
     state = common.init_state(
         key, params, block.trainable, ctx.spec, ctx.config.learner.rank, tx,
         init_prompts=lambda k: init_pool(k, block, ctx.spec.width, size))
-    return {**state, "n_boundaries": jnp.zeros((), jnp.int32),
-            "trained_blocks": jnp.zeros((), jnp.int32)}
+    state = {**state, "n_boundaries": jnp.zeros((), jnp.int32),
+             "trained_blocks": jnp.zeros((), jnp.int32)}
+    if task_mask:  # the classes seen since the last boundary
+      state["task_classes"] = jnp.zeros((ctx.num_classes,), bool)
+    return state
 
   def evaluated_block(state):
     """The last block evaluation uses: the one in use, or the last one trained when the block in
@@ -193,9 +201,14 @@ def build(ctx: base.Context) -> base.Method:
   @common.train_step("coda_prompt")
   def train_step(state, batch):
     queries = prompt_pool.query(apply, state["frozen"], batch["images"])
+    if task_mask:
+      task_classes = state["task_classes"] | common.classes_in(batch["labels"], batch["mask"],
+                                                               ctx.num_classes)
 
     def loss_fn(params):
       logits, pool, active = forward(state, params, batch["images"], queries)
+      if task_mask:
+        logits = common.restrict_logits(logits, task_classes)
       ce = common.masked_mean(common.per_example_ce(logits, batch["labels"]), batch["mask"])
       if block.ortho_weight <= 0:
         return ce, dict(ce=ce)
@@ -212,6 +225,8 @@ def build(ctx: base.Context) -> base.Method:
 
     state = common.apply_gradients(state, grads, tx, freeze)
     state["trained_blocks"] = jnp.maximum(state["trained_blocks"], c + 1)
+    if task_mask:
+      state["task_classes"] = task_classes
     return state, {"loss": loss, **aux, "block": c}, {}
 
   def predict(state, images):
@@ -224,9 +239,16 @@ def build(ctx: base.Context) -> base.Method:
     grown = init_block(pool, key, new * size, size)
     return jax.tree.map(lambda a, b: jnp.where(new > old, a, b), grown, pool)
 
+  advance = prompt_pool.counter_hook(tx, n_blocks, block.reset_optimizer, grow)
+
+  def at_boundary(state, host):
+    state, host = advance(state, host)
+    if task_mask:  # a new task: no class of it seen yet
+      state = {**state, "task_classes": jnp.zeros_like(state["task_classes"])}
+    return state, host
+
   return base.Method(name="coda_prompt", init=init, train_step=train_step, predict=predict,
-                     at_boundary=prompt_pool.counter_hook(
-                         tx, n_blocks, block.reset_optimizer, grow))
+                     at_boundary=at_boundary if task_mask else advance)
 
 
 def config():
@@ -263,7 +285,14 @@ def config():
                                     " value")),
       reset_optimizer=Key(True, "Adam's state restarts at each boundary",
                           authors(True, f"{CODA}, learners/prompt.py: a new optimiser for each"
-                                  " task")))
+                                  " task")),
+      train_mask=Key("none", "the classes of the training cross-entropy: 'none' every class |"
+                     " 'task' the classes seen since the last boundary (the authors' code: the"
+                     " current task's classes; the others' logits left out of the softmax)",
+                     authors("task", f"{CODA}, learners/prompt.py: update_model (logits sliced to"
+                             " the classes of the tasks so far, the earlier tasks' set to -inf)",
+                             differs="their mask reads the task structure; the task-free"
+                             " default takes every class, as for L2P")))
 
 
 METHODS = (base.MethodSpec(name="coda_prompt", build=build, config=config,

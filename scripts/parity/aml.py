@@ -131,13 +131,32 @@ def cut_manifest(manifest: dict, steps_per_task: int) -> dict:
   return cut
 
 
+def write_inputs(setup, manifest: dict, path: str) -> tuple[np.ndarray, np.ndarray]:
+  """The model inputs of every record the stream and the test set name, as our pipeline makes
+  them (to_model_input of the source's uint8 images), to `path` (.npz: train_ids, train_x,
+  train_y, test_ids, test_x, test_y; images float32 NHWC); returns (train_ids, test_ids)."""
+  from olora_jax.data import manifest as manifest_lib
+  from olora_jax.data.preprocess import to_model_input
+
+  def inputs(source, ids):
+    row = {int(r): i for i, r in enumerate(manifest_lib.record_ids(source))}
+    images, labels = source.get(np.array([row[int(i)] for i in ids], np.int64))
+    return to_model_input(images, setup.spec.image_size, setup.config.data.input_scale), labels
+
+  train_ids = np.array(sorted({i for step in manifest["steps"] for i in step}), np.int64)
+  train_x, train_y = inputs(setup.train_source, train_ids)
+  test_ids = np.asarray(manifest["test"]["ids"], np.int64)
+  test_x, test_y = inputs(setup.test_source, test_ids)
+  np.savez(path, train_ids=train_ids, train_x=train_x, train_y=train_y, test_ids=test_ids,
+           test_x=test_x, test_y=test_y)
+  return train_ids, test_ids
+
+
 def prepare(args) -> None:
   import jax
 
   from configs import demo
   from olora_jax import trainer
-  from olora_jax.data import manifest as manifest_lib
-  from olora_jax.data.preprocess import to_model_input
   from olora_jax.models import resnet
 
   settings = overrides(args.method, args.lr)
@@ -150,20 +169,7 @@ def prepare(args) -> None:
   manifest = cut_manifest(setup.manifest, STEPS_PER_TASK)
   with open(os.path.join(args.out, "manifest.json"), "w") as f:
     json.dump(manifest, f)
-  # The model inputs of every record the stream and the test set name, as our pipeline makes
-  # them (to_model_input of the source's uint8 images).
-
-  def inputs(source, ids):
-    row = {int(r): i for i, r in enumerate(manifest_lib.record_ids(source))}
-    images, labels = source.get(np.array([row[int(i)] for i in ids], np.int64))
-    return to_model_input(images, setup.spec.image_size, setup.config.data.input_scale), labels
-
-  train_ids = np.array(sorted({i for step in manifest["steps"] for i in step}), np.int64)
-  train_x, train_y = inputs(setup.train_source, train_ids)
-  test_ids = np.asarray(manifest["test"]["ids"], np.int64)
-  test_x, test_y = inputs(setup.test_source, test_ids)
-  np.savez(os.path.join(args.out, "inputs.npz"), train_ids=train_ids, train_x=train_x,
-           train_y=train_y, test_ids=test_ids, test_x=test_x, test_y=test_y)
+  train_ids, test_ids = write_inputs(setup, manifest, os.path.join(args.out, "inputs.npz"))
   # Our run's initial state (the same seed, the same programs as launch/run.py's).
   state = jax.device_get(trainer.run_initial_state(setup, np.uint32(SEED), None))
   cosine = args.method == "er_ace" and setup.config.er_ace.head == "cosine"
