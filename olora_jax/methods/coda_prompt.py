@@ -43,10 +43,13 @@ Readings (docs/methods/coda_prompt.md lists them with the paper and the authors'
 - `ortho_weight` 0.0 as the authors' released ImageNet-R script ("with updated code, now can be
   0"), which relies on the Gram-Schmidt initialisation; the term is computed when it is > 0.
 - The test-time pool is the blocks trained so far, as the authors' code (which evaluates with
-  the components of the tasks so far); no class masking of the logits while training (the
-  authors' code drops the logits of classes not seen yet and of earlier tasks; the fair
-  task-free setting, as for L2P). Adam, constant learning rate
-  (their cosine schedule over 50 epochs has no counterpart in one online pass).
+  the components of the tasks so far); by default no class masking of the logits while training
+  (the authors' code drops the logits of classes not seen yet and of earlier tasks; the fair
+  task-free setting, as for L2P). `train_mask='task'` takes their CE over the current task's
+  classes, read as the classes seen since the last boundary (`task_classes` in the state,
+  emptied by `at_boundary`): the setting the parity check runs (tests/test_parity_coda_prompt.py).
+  Adam, constant learning rate (their cosine schedule over 50 epochs has no counterpart in one
+  online pass; its first epoch runs at the base rate).
 """
 
 from __future__ import annotations
@@ -296,4 +299,7 @@ def config():
 
 
 METHODS = (base.MethodSpec(name="coda_prompt", build=build, config=config,
-                           report_name="CODA-Prompt", table_row=18),)
+                           report_name="CODA-Prompt", table_row=18,
+                           check=base.Check("step", CODA, "tests/test_parity_coda_prompt.py",
+                                            "with the authors' task boundaries and class mask"
+                                            " (`boundaries.rule=oracle`, `train_mask='task'`)")),)

@@ -58,9 +58,9 @@ What is replaced, outside their code:
 
 It records per step the loss (`update_model`'s: CE + prompt loss), the CE and the prompt loss
 apart, and the classes their CE runs over; at each task end every test sample's logits (all
-classes) and the trained components and head; and the same from three runs of their code from
-the weights perturbed at float32 rounding (aml.perturbed): their own drift, the scale of the
-tolerances. Seeds fixed, `torch.use_deterministic_algorithms(True)`, one thread.
+classes) and the head, and the components at the last; and the same from three runs of their
+code from the weights perturbed at float32 rounding (aml.perturbed): their own drift, the scale
+of the tolerances. Seeds fixed, `torch.use_deterministic_algorithms(True)`, one thread.
 """
 
 from __future__ import annotations
@@ -212,7 +212,11 @@ def record(args) -> None:
       prompt_loss=np.array([s["prompt_loss"] for s in log], np.float32),
       ce_classes=np.array([s["ce_classes"] for s in log], np.int64),
       task_end_logits=logits,
-      **{f"task_end_{k}": np.stack([e["params"][k] for e in ends]) for k in ends[0]["params"]},
+      # the head at every task end; the components at the last (each block is frozen after its
+      # task, so the last task end holds every block as its task left it)
+      task_end_head_kernel=np.stack([e["params"]["head_kernel"] for e in ends]),
+      task_end_head_bias=np.stack([e["params"]["head_bias"] for e in ends]),
+      **{f"final_{k}": ends[-1]["params"][k] for k in ENTRIES},
       own_loss=np.array([[s["loss"] for s in own_log] for own_log, _ in own], np.float32),
       own_task_end_predictions=np.stack(
           [np.stack([e["logits"] for e in own_ends]).argmax(-1) for _, own_ends in own]
