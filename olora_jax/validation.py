@@ -429,6 +429,9 @@ def _check_prefix_layers(config: ml_collections.ConfigDict, b, p: str) -> None:
     _require(b.prompt_length % 2 == 0,
              f"{p}prompt_length={b.prompt_length} must be even (half key, half value prefix;"
              " the paper: 8)")
+    _require(b.train_mask in ("none", "task"),
+             f"{p}train_mask={b.train_mask!r} must be 'none' (every class) or 'task' (the"
+             " classes seen since the last boundary)")
 
 
 def check_source(labels: np.ndarray, images: np.ndarray, num_classes: int, what: str) -> None:

@@ -63,7 +63,6 @@ from olora_jax.methods import base, common, prompt_pool
 
 CODA = "GT-RIPL/CODA-Prompt"  # the authors' released code, where the defaults come from
 
-TRAIN_MASKS = ("none", "task")  # `train_mask`: the classes the training CE is taken over
 BOUNDARY_SALT = 0x0C0DA  # folded into the step key for a new block's Gram-Schmidt draws
 ENTRIES = ("keys", "attention", "prompts")
 
@@ -173,8 +172,6 @@ def build(ctx: base.Context) -> base.Method:
     raise ValueError(f"coda_prompt.pool_size={block.pool_size} must be >= the number of tasks"
                      f" {n_blocks} (one block of pool_size // n_tasks components per task)")
 
-  if block.train_mask not in TRAIN_MASKS:
-    raise ValueError(f"coda_prompt.train_mask={block.train_mask!r}: use one of {TRAIN_MASKS}")
   task_mask = block.train_mask == "task"
 
   def init(key, params):
