@@ -202,8 +202,7 @@ def build(ctx: base.Context) -> base.Method:
   def train_step(state, batch):
     queries = prompt_pool.query(apply, state["frozen"], batch["images"])
     if task_mask:
-      task_classes = state["task_classes"] | common.classes_in(batch["labels"], batch["mask"],
-                                                               ctx.num_classes)
+      task_classes = prompt_pool.task_classes(state, batch, ctx.num_classes)
 
     def loss_fn(params):
       logits, pool, active = forward(state, params, batch["images"], queries)
@@ -240,15 +239,9 @@ def build(ctx: base.Context) -> base.Method:
     return jax.tree.map(lambda a, b: jnp.where(new > old, a, b), grown, pool)
 
   advance = prompt_pool.counter_hook(tx, n_blocks, block.reset_optimizer, grow)
-
-  def at_boundary(state, host):
-    state, host = advance(state, host)
-    if task_mask:  # a new task: no class of it seen yet
-      state = {**state, "task_classes": jnp.zeros_like(state["task_classes"])}
-    return state, host
-
   return base.Method(name="coda_prompt", init=init, train_step=train_step, predict=predict,
-                     at_boundary=at_boundary if task_mask else advance)
+                     at_boundary=prompt_pool.forgetting_task_classes(advance) if task_mask
+                     else advance)
 
 
 def config():

@@ -82,22 +82,60 @@ SEED = 0  # the stream's, our initial state's and their run's seeds
 STEPS_PER_TASK = 8  # the parity stream: the first 8 batches of 16 of each of the 5 tasks
 OWN_DRIFT_RUNS = 3  # their runs from perturbed weights (aml.perturbed), each its own draw
 ENTRIES = {"keys": "e_k", "attention": "e_a", "prompts": "e_p"}  # our pool's names -> theirs
+METHODS = ("coda_prompt", "dualprompt")
+LEARNERS = {"coda_prompt": "CODAPrompt", "dualprompt": "DualPrompt"}  # their --learner_name
+BATCH = 16  # the demo's learner.batch_size: every batch of the cut stream is full
 
 
-def overrides() -> dict:
+def overrides(method: str = "coda_prompt") -> dict:
   """Our run's config over configs/demo.py: {dotted key: value}, as --config.KEY=VALUE would."""
-  return {
-      "method": "coda_prompt", "seed": SEED, "data.test_fraction": 0.05,
-      "boundaries.rule": "oracle",  # their trainer: a new block and optimiser at each task
+  common = {
+      "method": method, "seed": SEED, "data.test_fraction": 0.05,
+      "boundaries.rule": "oracle",  # their trainer: a new prompt and optimiser at each task
       "eval.eval_every": 10**9, "eval.export": "logits",
-      "coda_prompt.train_mask": "task", "coda_prompt.learning_rate": 1e-3,
-      "coda_prompt.weight_decay": 0.0, "coda_prompt.ortho_weight": 0.0,
-      "coda_prompt.reset_optimizer": True}
+      f"{method}.train_mask": "task", f"{method}.learning_rate": 1e-3,
+      f"{method}.weight_decay": 0.0, f"{method}.reset_optimizer": True}
+  if method == "coda_prompt":
+    return {**common, "coda_prompt.ortho_weight": 0.0}
+  # DualPrompt: their G-prompts on blocks 0-1 and E-prompts on 2-4 need a third block, so a
+  # 3-block ViT from our seed (no pretrained backbone has 3 blocks); their --prompt_param 10 20 6
+  # (10 E-prompts of 20 tokens and G-prompts of 6, half key and half value: our lengths 10 and 3)
+  return {**common, "model.depth": 3, "pretrained.path": "",
+          "dualprompt.g_layers": (0, 1), "dualprompt.e_layers": (2,),
+          "dualprompt.g_prompt_length": 3, "dualprompt.prompt_length": 10,
+          "dualprompt.pool_size": 10, "dualprompt.top_k": 1,
+          "dualprompt.lr_reference_batch": 0,  # their rate as it is
+          "dualprompt.clip_norm": 0.0,  # no clipping
+          "dualprompt.key_loss_weight": float(BATCH),  # their (1 - cos) summed over the batch
+          "dualprompt.init_from_previous": False}  # each task's E-prompt from its own init
 
 
 def command_line(settings: dict) -> list[str]:
-  """`settings` as launch/run.py's --config.KEY=VALUE arguments."""
-  return aml.command_line(settings)
+  """`settings` as launch/run.py's --config.KEY=VALUE arguments (a layer list, a list once
+  through JSON, as the tuple the config holds)."""
+  return aml.command_line({k: tuple(v) if isinstance(v, list) else v
+                           for k, v in settings.items()})
+
+
+def their_dual(pool: dict, g_layers, e_layers) -> dict[str, np.ndarray]:
+  """Our DualPrompt pool {"g_prompts" (|g|, 2, Lg, D), "e_prompts" (M, |e|, 2, Le, D), "keys"
+  (M, D)} as their `prompt.g_p_l` (2 Lg, D), `prompt.e_p_l` (M, 2 Le, D) (the key half first)
+  and `prompt.e_k_l` (M, D) (one key set per E-block; ours is shared by the E-blocks)."""
+  g, e = np.asarray(pool["g_prompts"]), np.asarray(pool["e_prompts"])
+  out = {f"prompt.g_p_{layer}": g[j].reshape(-1, g.shape[-1]) for j, layer in enumerate(g_layers)}
+  for j, layer in enumerate(e_layers):
+    out[f"prompt.e_p_{layer}"] = e[:, j].reshape(e.shape[0], -1, e.shape[-1])
+    out[f"prompt.e_k_{layer}"] = np.asarray(pool["keys"])
+  return {k: np.ascontiguousarray(v) for k, v in out.items()}
+
+
+def our_dual(state_dict: dict, g_layers, e_layers) -> dict[str, np.ndarray]:
+  """`their_dual`'s inverse (the keys of the first E-block)."""
+  g = np.stack([np.asarray(state_dict[f"prompt.g_p_{layer}"]) for layer in g_layers])
+  e = np.stack([np.asarray(state_dict[f"prompt.e_p_{layer}"]) for layer in e_layers], axis=1)
+  return {"g_prompts": g.reshape(g.shape[0], 2, -1, g.shape[-1]),
+          "e_prompts": e.reshape(e.shape[0], e.shape[1], 2, -1, e.shape[-1]),
+          "keys": np.asarray(state_dict[f"prompt.e_k_{e_layers[0]}"])}
 
 
 def their_pool(pool: dict, layers) -> dict[str, np.ndarray]:
@@ -117,11 +155,11 @@ def our_pool(state_dict: dict, layers) -> dict[str, np.ndarray]:
 # prepare and grow (this project's venv)
 
 
-def _setup():
+def _setup(method: str):
   from configs import demo
   from olora_jax import trainer
 
-  settings = overrides()
+  settings = overrides(method)
   config = demo.get_config()
   for key, value in settings.items():
     section, _, leaf = key.rpartition(".")
@@ -134,8 +172,8 @@ def prepare(args) -> None:
 
   from olora_jax import pretrained, trainer
 
-  settings, setup = _setup()
-  config, block = setup.config, setup.config.coda_prompt
+  settings, setup = _setup(args.method)
+  config, block = setup.config, setup.config[args.method]
   os.makedirs(args.out, exist_ok=True)
   manifest = aml.cut_manifest(setup.manifest, STEPS_PER_TASK)
   with open(os.path.join(args.out, "manifest.json"), "w") as f:
@@ -146,19 +184,27 @@ def prepare(args) -> None:
   weights = {f"feat.{k}": v for k, v in pretrained._ours_to_timm(state["frozen"]).items()}
   weights["last.weight"] = np.ascontiguousarray(state["params"]["head"]["kernel"].T)
   weights["last.bias"] = np.asarray(state["params"]["head"]["bias"])
-  weights.update(their_pool(state["params"]["prompt_pool"], block.layers))
+  pool = state["params"]["prompt_pool"]
+  if args.method == "coda_prompt":
+    weights.update(their_pool(pool, block.layers))
+    prompt = {"layers": list(block.layers), "pool_size": block.pool_size,
+              "prompt_length": block.prompt_length, "ortho_weight": block.ortho_weight}
+  else:
+    weights.update(their_dual(pool, block.g_layers, block.e_layers))
+    prompt = {"g_layers": list(block.g_layers), "e_layers": list(block.e_layers),
+              "pool_size": block.pool_size, "prompt_length": block.prompt_length,
+              "g_prompt_length": block.g_prompt_length}
   np.savez(os.path.join(args.out, "weights.npz"), **weights)
   np.save(os.path.join(args.out, "key.npy"), np.asarray(jax.random.key_data(state["key"])))
   spec = setup.spec
-  run = {"overrides": settings, "layers": list(block.layers), "pool_size": block.pool_size,
-         "prompt_length": block.prompt_length, "ortho_weight": block.ortho_weight,
+  run = {"method": args.method, "overrides": settings, **prompt,
          "learning_rate": block.learning_rate, "weight_decay": block.weight_decay,
          "n_tasks": config.data.n_tasks, "num_classes": setup.num_classes,
          "image_size": spec.image_size, "patch_size": spec.patch_size, "width": spec.width,
          "depth": spec.depth, "num_heads": spec.num_heads, "mlp_dim": spec.mlp_dim}
   with open(os.path.join(args.out, "run.json"), "w") as f:
     json.dump(run, f)
-  print(f"prepared coda_prompt: {len(manifest['steps'])} steps, {len(manifest['test']['ids'])}"
+  print(f"prepared {args.method}: {len(manifest['steps'])} steps, {len(manifest['test']['ids'])}"
         f" test records, {len(weights)} tensors -> {args.out}")
 
 
@@ -216,7 +262,7 @@ def record(args) -> None:
       # task, so the last task end holds every block as its task left it)
       task_end_head_kernel=np.stack([e["params"]["head_kernel"] for e in ends]),
       task_end_head_bias=np.stack([e["params"]["head_bias"] for e in ends]),
-      **{f"final_{k}": ends[-1]["params"][k] for k in ENTRIES},
+      **{f"final_{k}": v for k, v in ends[-1]["params"].items() if not k.startswith("head")},
       own_loss=np.array([[s["loss"] for s in own_log] for own_log, _ in own], np.float32),
       own_task_end_predictions=np.stack(
           [np.stack([e["logits"] for e in own_ends]).argmax(-1) for _, own_ends in own]
@@ -235,8 +281,16 @@ def record(args) -> None:
                            "python": sys.version.split()[0], "torchvision": torchvision}))
   accuracy = [(z[:, :2 * (j + 1)].argmax(1) == data["test_y"]).mean().round(4)
               for j, z in enumerate(logits)]
-  print(f"recorded coda_prompt: {len(log)} steps, final loss {log[-1]['loss']:.6f}, task-end"
+  print(f"recorded {run['method']}: {len(log)} steps, final loss {log[-1]['loss']:.6f}, task-end"
         f" accuracies (all test samples) {accuracy} -> {args.out}")
+
+
+def _prompt_param(run: dict) -> list:
+  """Their --prompt_param: CODA-Prompt's (pool, length, ortho weight); DualPrompt's (pool, E
+  length, G length), each length both halves (key and value)."""
+  if run["method"] == "coda_prompt":
+    return [run["pool_size"], run["prompt_length"], run["ortho_weight"]]
+  return [run["pool_size"], 2 * run["prompt_length"], 2 * run["g_prompt_length"]]
 
 
 def _commit(checkout: str) -> str:
@@ -256,8 +310,9 @@ def _their_model(torch, run: dict):
   from models import vit, zoo
 
   def factory(out_dim, block_division=None, prompt_flag="None", prompt_param=None):
-    if prompt_flag != "coda":
-      raise SystemExit(f"this driver builds CODA-Prompt's model, not {prompt_flag!r}")
+    if prompt_flag not in ("coda", "dual"):
+      raise SystemExit(f"this driver builds CODA-Prompt's and DualPrompt's models, not"
+                       f" {prompt_flag!r}")
     model = zoo.ViTZoo.__new__(zoo.ViTZoo)
     torch.nn.Module.__init__(model)
     model.prompt_flag, model.task_id = prompt_flag, None
@@ -267,8 +322,8 @@ def _their_model(torch, run: dict):
         ckpt_layer=0, drop_path_rate=0)
     model.last = torch.nn.Linear(run["width"], out_dim)
     # ViTZoo passes (768, prompt_param[0] = the number of tasks, prompt_param[1])
-    model.prompt = zoo.CodaPrompt(run["width"], prompt_param[0], prompt_param[1],
-                                  key_dim=run["width"])
+    module = zoo.CodaPrompt if prompt_flag == "coda" else zoo.DualPrompt
+    model.prompt = module(run["width"], prompt_param[0], prompt_param[1], key_dim=run["width"])
     return model
 
   return factory
@@ -305,15 +360,15 @@ def run_theirs(args, manifest: dict, run: dict, data: dict, weights: dict):
       "out_dim": run["num_classes"], "overwrite": True, "DW": False,
       "batch_size": len(manifest["steps"][0]), "upper_bound_flag": False,
       "tasks": task_classes, "top_k": 1,
-      "prompt_param": [n_tasks, [run["pool_size"], run["prompt_length"], run["ortho_weight"]]]}
+      "prompt_param": [n_tasks, _prompt_param(run)]}
   with _quiet():
-    learner = learners.prompt.CODAPrompt(config)
+    learner = getattr(learners.prompt, LEARNERS[run["method"]])(config)
   model = learner.model
   tensors = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in weights.items()}
   missing, unexpected = model.load_state_dict(tensors, strict=False)
-  unused = {f"prompt.{e}_{layer}" for e in ENTRIES.values() for layer in model.prompt.e_layers
-            if layer not in run["layers"]}  # their e_layers past the ViT's blocks: never read
-  if unexpected or set(missing) != unused:
+  # their prompted blocks past the ViT's last: never read
+  if unexpected or any(not k.startswith("prompt.") or int(k.rsplit("_", 1)[1]) < run["depth"]
+                       for k in missing):
     raise SystemExit(f"weights do not fit their model: missing {missing}, unexpected {unexpected}")
 
   step_log: dict = {}
@@ -343,13 +398,14 @@ def run_theirs(args, manifest: dict, run: dict, data: dict, weights: dict):
   learner.update_model = update_model
   row = {int(r): i for i, r in enumerate(data["train_ids"])}
   test_x = torch.from_numpy(np.ascontiguousarray(data["test_x"].transpose(0, 3, 1, 2)))
-  layers, log, ends = run["layers"], [], []
+  layers, log, ends = run.get("layers"), [], []
   for task in range(n_tasks):
     model.task_id = task  # trainer.py's order
     with _quiet():
       learner.add_valid_output_dim(len(task_classes[task]))
     if task > 0:
       model.prompt.process_task_count()
+    if task > 0 and run["method"] == "coda_prompt":
       start = manifest["step_task"].index(task)
       _set_new_block(args, torch, model, start, task * model.prompt.e_pool_size // n_tasks,
                      layers)
@@ -366,8 +422,9 @@ def run_theirs(args, manifest: dict, run: dict, data: dict, weights: dict):
     with torch.no_grad():
       logits = torch.cat([model.forward(test_x[i:i + 128]) for i in range(0, len(test_x), 128)])
     state = model.state_dict()
-    params = {**our_pool({k: v.numpy() for k, v in state.items() if k.startswith("prompt.")},
-                         layers),
+    prompts = {k: v.numpy() for k, v in state.items() if k.startswith("prompt.")}
+    params = {**(our_pool(prompts, layers) if run["method"] == "coda_prompt" else
+                 our_dual(prompts, run["g_layers"], run["e_layers"])),
               "head_kernel": state["last.weight"].numpy().T.copy(),
               "head_bias": state["last.bias"].numpy().copy()}
     ends.append({"logits": logits.numpy().astype(np.float32), "params": params})
@@ -411,6 +468,7 @@ def main(argv=None) -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   sub = parser.add_subparsers(dest="command", required=True)
   p = sub.add_parser("prepare", help="in this project's venv: stream, inputs, weights")
+  p.add_argument("--method", choices=METHODS, default="coda_prompt")
   p.add_argument("--out", required=True, help="folder for the prepared files")
   g = sub.add_parser("grow", help="in this project's venv: our new block from their pool")
   g.add_argument("--prepared", required=True)
