@@ -456,6 +456,7 @@ def test_key_selected_pools_never_select_a_key_no_step_trained(params, name):
     ("coda_prompt.ortho_weight", -1.0, r"coda_prompt.ortho_weight=-1.0 must be >= 0"),
     ("coda_prompt.pool_size", 32, r"coda_prompt.pool_size=32 must be <= model.width=16"),
     ("coda_prompt.train_mask", "seen", r"coda_prompt.train_mask='seen' must be 'none'"),
+    ("dualprompt.train_mask", "all", r"dualprompt.train_mask='all' must be 'none'"),
 ])
 def test_bad_prompt_method_config_is_refused(key, value, match):
   config = tiny.get_config()

@@ -39,10 +39,13 @@ Readings (docs/methods/dualprompt.md lists them with the paper and the authors' 
   (`init_from_previous`, the authors' `shared_prompt_pool=True`; their keys are not shared)
   and the optimizer state is reset (`reset_optimizer`, their `reinit_optimizer=True`).
 - Initialisation as the authors' code: prompts and keys uniform in [0, 0.01).
-- The classifier reads the class token; no class masking of the logits while training (the
-  authors' `train_mask`; the fair task-free setting, as for L2P). Adam with the global gradient
-  norm clipped to `clip_norm` (their 1.0), constant learning rate `learning_rate` * B / 256 for
-  the learner's batch B (the authors' linear scaling; `lr_reference_batch`, `learning_rate`).
+- The classifier reads the class token; by default no class masking of the logits while
+  training (the authors' `train_mask`; the fair task-free setting, as for L2P);
+  `train_mask='task'` takes the CE over the classes seen since the last boundary
+  (`prompt_pool.task_classes`), the setting of the check against GT-RIPL/CODA-Prompt's DualPrompt
+  (tests/test_parity_coda_prompt.py). Adam with the global gradient norm clipped to `clip_norm`
+  (their 1.0), constant learning rate `learning_rate` * B / 256 for the learner's batch B (the
+  authors' linear scaling; `lr_reference_batch`, `learning_rate`).
 - A block in both lists prepends its E-prefix, then its G-prefix.
 """
 

@@ -1,41 +1,49 @@
-"""CODA-Prompt against its authors' code (GT-RIPL/CODA-Prompt): record what their learner does on
-a stream this project writes (docs/parity.md).
+"""CODA-Prompt and DualPrompt against GT-RIPL/CODA-Prompt (the CODA-Prompt authors' code, which
+holds their DualPrompt too): record what their learner does on a stream this project writes
+(docs/parity.md).
 
-Two steps, in two environments:
+Two steps, in two environments, per method (`--method coda_prompt|dualprompt`):
 
     # 1. in this project's venv: the stream, its inputs and our initial state in their layout
-    .venv/bin/python scripts/parity/coda_prompt.py prepare --out /tmp/coda-prep
+    .venv/bin/python scripts/parity/coda_prompt.py prepare --method coda_prompt --out /tmp/coda-prep
     # 2. in a side venv with PyTorch (python3.11 -m venv /tmp/coda-venv &&
     #    /tmp/coda-venv/bin/pip install torch==2.13.0 numpy pillow pyyaml &&
     #    /tmp/coda-venv/bin/pip install --no-deps timm==0.4.12), on a checkout of their code
     #    (git clone https://github.com/GT-RIPL/CODA-Prompt /tmp/CODA-Prompt):
     /tmp/coda-venv/bin/python scripts/parity/coda_prompt.py record --coda /tmp/CODA-Prompt \\
         --prepared /tmp/coda-prep --out tests/fixtures/parity/coda_prompt.npz
+    # (dualprompt: --out tests/fixtures/parity/coda_prompt_dualprompt.npz)
 
-`prepare` builds the parity run's config (configs/demo.py with `overrides()`: the demo's
-pretrained 64-wide, 2-block ViT on MNIST digits at 32 px, its CODA-Prompt pool of 60 components
-in 5 blocks of 12 on blocks 0 and 1, prompts of 8 tokens; and the authors' settings: Adam at
-1e-3, no weight decay, no orthogonality loss, a new block and a new optimiser at each task
-boundary (`boundaries.rule=oracle`), the cross-entropy over the current task's classes
-(`coda_prompt.train_mask=task`)), cuts the seeded stream to its first `STEPS_PER_TASK` steps of
+`prepare` builds the parity run's config (configs/demo.py with `overrides(method)`) and the
+authors' settings: Adam at 1e-3, no weight decay, a new prompt block and a new optimiser at each
+task boundary (`boundaries.rule=oracle`), the cross-entropy over the current task's classes
+(`train_mask=task`). CODA-Prompt: the demo's pretrained 64-wide, 2-block ViT on MNIST digits at
+32 px, its pool of 60 components in 5 blocks of 12 on blocks 0 and 1, prompts of 8 tokens, no
+orthogonality loss. DualPrompt: their code puts G-prompts on blocks 0-1 and E-prompts on 2-4, so
+a 3-block ViT of the demo's sizes from our seed (random: no pretrained backbone has 3 blocks),
+their `--prompt_param 10 20 6` (10 E-prompts of 10 key and 10 value tokens, G-prompts of 3 and
+3), top 1, the key loss summed over the batch (our mean times the batch), no clipping, no copy of
+the previous task's E-prompts. It cuts the seeded stream to its first `STEPS_PER_TASK` steps of
 each task and writes `manifest.json`, `inputs.npz` (aml.write_inputs), `weights.npz` (our run's
 initial state, the same seed, as the state_dict of their `ViTZoo`: the backbone under `feat.`
-in timm's layout, the head as `last`, each prompted block l's keys, attention vectors and
-prompts as `prompt.e_k_l`, `prompt.e_a_l`, `prompt.e_p_l`), `key.npy` (the run's random key:
-our new blocks' draws) and `overrides.json`.
+in timm's layout, the head as `last`, the prompts under `prompt.`: `their_pool`, `their_dual`),
+`key.npy` (the run's random key: our new CODA-Prompt blocks' draws) and `run.json` (the
+overrides and the sizes their model is built at).
 
 `record` imports their `models` and `learners` from the checkout, unchanged, and runs what their
-trainer.py runs for `--learner_name CODAPrompt`, task by task: the model's `task_id`, their
-`add_valid_output_dim`, from the second task on their `process_task_count` (a new block), then
+trainer.py runs for `--learner_name CODAPrompt` (or `DualPrompt`), task by task: the model's
+`task_id`, their `add_valid_output_dim`, from the second task on their `process_task_count` (a
+new CODA-Prompt block; DualPrompt's counts the task), then
 their `learn_batch` (a new Adam; their `update_model` on each batch: logits sliced to the classes
 so far, the earlier tasks' set to -inf, CE + prompt loss, one step) on the stream's batches in
 the manifest's order, one epoch; at each task end their model's logits on every test sample in
-eval mode. Their settings: `--prompt_param 60 8 0.0` (the demo's pool; their e_layers 0-4, of
-which the 2-block ViT has blocks 0 and 1), Adam (betas 0.9, 0.999) at lr 1e-3, weight_decay 0,
-`memory 0`, one epoch a task. Their cosine schedule lowers the rate only from the second epoch
-(its first epoch runs at the base rate; with one epoch, K - 1 = 0 divides by zero when it is
-built), so the run states `schedule_type: decay` with `schedule: [1]` (no step within the epoch):
-the constant rate their cosine gives the first epoch, which ours takes throughout.
+eval mode. Their settings: CODA-Prompt's `--prompt_param 60 8 0.0` (the demo's pool; their
+e_layers 0-4, of which the 2-block ViT has blocks 0 and 1), DualPrompt's `10 20 6`; Adam (betas
+0.9, 0.999) at lr 1e-3, weight_decay 0, `memory 0`, one epoch a task. Their cosine schedule
+lowers the rate only from the second epoch (its first epoch runs at the base rate; with one
+epoch, K - 1 = 0 divides by zero when it is built), so the run states `schedule_type: decay`
+with `schedule: [1]` (no step within the epoch): the constant rate their cosine gives the first
+epoch, which ours takes throughout.
 
 What is replaced, outside their code:
 - the model's construction: their `ViTZoo.__init__` hard-codes ViT-B/16 at 224 px, downloads
@@ -43,13 +51,13 @@ What is replaced, outside their code:
   factory their learner calls by name) is replaced by one that builds the same `ViTZoo` object
   from their classes at the demo's sizes: their `VisionTransformer(img_size=32, patch_size=4,
   embed_dim=64, depth=2, num_heads=4)` (the arguments `ViTZoo` passes otherwise), their
-  `CodaPrompt(64, n_tasks, prompt_param, key_dim=64)` and `last = nn.Linear(64, classes)`; every
-  forward pass is theirs;
-- a new block's components: at each boundary their `process_task_count` draws new components
-  (Gram-Schmidt on `torch.randn`); the driver then sets those rows to what our `at_boundary`
-  makes from the same pool (`coda_prompt.init_block` on their current components, with our run's
-  key for that step: `grow`, run by this project's Python as a subprocess), as their initial
-  weights are ours;
+  `CodaPrompt(64, n_tasks, prompt_param, key_dim=64)` (or `DualPrompt(...)`) and `last =
+  nn.Linear(64, classes)`; every forward pass is theirs;
+- a new CODA-Prompt block's components: at each boundary their `process_task_count` draws new
+  components (Gram-Schmidt on `torch.randn`); the driver then sets those rows to what our
+  `at_boundary` makes from the same pool (`coda_prompt.init_block` on their current components,
+  with our run's key for that step: `grow`, run by this project's Python as a subprocess), as
+  their initial weights are ours;
 - CUDA: their code calls `.cuda()` on the prompt-loss accumulator, the ortho penalty's identity
   and the class weights. On this CPU `torch.Tensor.cuda` returns a copy on the CPU (a copy, as
   `.cuda()` makes one, so the accumulator stays a non-leaf their in-place sum needs);
@@ -58,7 +66,7 @@ What is replaced, outside their code:
 
 It records per step the loss (`update_model`'s: CE + prompt loss), the CE and the prompt loss
 apart, and the classes their CE runs over; at each task end every test sample's logits (all
-classes) and the head, and the components at the last; and the same from three runs of their
+classes) and the head, and the prompts at the last; and the same from three runs of their
 code from the weights perturbed at float32 rounding (aml.perturbed): their own drift, the scale
 of the tolerances. Seeds fixed, `torch.use_deterministic_algorithms(True)`, one thread.
 """
