@@ -416,6 +416,10 @@ def _check_prefix_layers(config: ml_collections.ConfigDict, b, p: str) -> None:
                and all(isinstance(i, int) and 0 <= i < depth for i in layers),
                f"{p}{key}={tuple(layers)} must be distinct block indices in [0, model.depth="
                f"{depth}); a shallower model takes fewer, e.g. {p}{key}=(0,)")
+  if "train_mask" in b:
+    _require(b.train_mask in ("none", "task"),
+             f"{p}train_mask={b.train_mask!r} must be 'none' (every class) or 'task' (the"
+             " classes seen since the last boundary)")
   if "g_prompt_length" in b:
     _require(b.g_prompt_length >= 1, f"{p}g_prompt_length={b.g_prompt_length} must be >= 1 (the"
              " paper: 5)")

@@ -308,6 +308,24 @@ def test_coda_only_the_current_block_trains(params):
     np.testing.assert_array_equal(later[name][4:], 0.0)
 
 
+def test_coda_task_mask_takes_the_ce_over_the_classes_seen_since_the_last_boundary(params):
+  """train_mask='task': the CE of a step is the CE over the classes its task has shown so far
+  (this batch's included), and a boundary empties that set; the default keeps no such set."""
+  assert "task_classes" not in REGISTRY["coda_prompt"](context("coda_prompt", **CODA)).init(
+      jax.random.key(0), params)
+  method = REGISTRY["coda_prompt"](context("coda_prompt", **CODA, train_mask="task"))
+  state = method.init(jax.random.key(0), params)
+  b = {**batch(0), "labels": np.array([0, 0, 1, 0, 1, 1], np.int32)}
+  state, scalars, _ = method.train_step(state, b)
+  np.testing.assert_array_equal(state["task_classes"], [True, True, False, False])
+  state, _ = method.at_boundary(state, {})
+  np.testing.assert_array_equal(state["task_classes"], [False] * 4)
+  b = {**batch(1), "labels": np.array([2, 2, 2, 2, 2, 2], np.int32)}
+  state, scalars, _ = method.train_step(state, b)
+  assert abs(float(scalars["ce"])) < 1e-6  # class 2 alone in the softmax (over all 4: > 0)
+  np.testing.assert_array_equal(state["task_classes"], [False, False, True, False])
+
+
 def test_coda_block_size_is_the_pool_over_the_settings_tasks(params):
   """One block of pool_size // n_tasks components per task (the authors' pool / tasks): 20 and
   10 of a pool of 100 for 5 and 10 tasks. n_tasks 0 takes the setting's data.n_tasks; past that
@@ -437,6 +455,8 @@ def test_key_selected_pools_never_select_a_key_no_step_trained(params, name):
     ("coda_prompt.prompt_length", 3, r"coda_prompt.prompt_length=3 must be even"),
     ("coda_prompt.ortho_weight", -1.0, r"coda_prompt.ortho_weight=-1.0 must be >= 0"),
     ("coda_prompt.pool_size", 32, r"coda_prompt.pool_size=32 must be <= model.width=16"),
+    ("coda_prompt.train_mask", "seen", r"coda_prompt.train_mask='seen' must be 'none'"),
+    ("dualprompt.train_mask", "all", r"dualprompt.train_mask='all' must be 'none'"),
 ])
 def test_bad_prompt_method_config_is_refused(key, value, match):
   config = tiny.get_config()

@@ -43,10 +43,13 @@ Readings (docs/methods/coda_prompt.md lists them with the paper and the authors'
 - `ortho_weight` 0.0 as the authors' released ImageNet-R script ("with updated code, now can be
   0"), which relies on the Gram-Schmidt initialisation; the term is computed when it is > 0.
 - The test-time pool is the blocks trained so far, as the authors' code (which evaluates with
-  the components of the tasks so far); no class masking of the logits while training (the
-  authors' code drops the logits of classes not seen yet and of earlier tasks; the fair
-  task-free setting, as for L2P). Adam, constant learning rate
-  (their cosine schedule over 50 epochs has no counterpart in one online pass).
+  the components of the tasks so far); by default no class masking of the logits while training
+  (the authors' code drops the logits of classes not seen yet and of earlier tasks; the fair
+  task-free setting, as for L2P). `train_mask='task'` takes their CE over the current task's
+  classes, read as the classes seen since the last boundary (`task_classes` in the state,
+  emptied by `at_boundary`): the setting the parity check runs (tests/test_parity_coda_prompt.py).
+  Adam, constant learning rate (their cosine schedule over 50 epochs has no counterpart in one
+  online pass; its first epoch runs at the base rate).
 """
 
 from __future__ import annotations
@@ -169,12 +172,17 @@ def build(ctx: base.Context) -> base.Method:
     raise ValueError(f"coda_prompt.pool_size={block.pool_size} must be >= the number of tasks"
                      f" {n_blocks} (one block of pool_size // n_tasks components per task)")
 
+  task_mask = block.train_mask == "task"
+
   def init(key, params):
     state = common.init_state(
         key, params, block.trainable, ctx.spec, ctx.config.learner.rank, tx,
         init_prompts=lambda k: init_pool(k, block, ctx.spec.width, size))
-    return {**state, "n_boundaries": jnp.zeros((), jnp.int32),
-            "trained_blocks": jnp.zeros((), jnp.int32)}
+    state = {**state, "n_boundaries": jnp.zeros((), jnp.int32),
+             "trained_blocks": jnp.zeros((), jnp.int32)}
+    if task_mask:  # the classes seen since the last boundary
+      state["task_classes"] = jnp.zeros((ctx.num_classes,), bool)
+    return state
 
   def evaluated_block(state):
     """The last block evaluation uses: the one in use, or the last one trained when the block in
@@ -193,9 +201,13 @@ def build(ctx: base.Context) -> base.Method:
   @common.train_step("coda_prompt")
   def train_step(state, batch):
     queries = prompt_pool.query(apply, state["frozen"], batch["images"])
+    if task_mask:
+      task_classes = prompt_pool.task_classes(state, batch, ctx.num_classes)
 
     def loss_fn(params):
       logits, pool, active = forward(state, params, batch["images"], queries)
+      if task_mask:
+        logits = common.restrict_logits(logits, task_classes)
       ce = common.masked_mean(common.per_example_ce(logits, batch["labels"]), batch["mask"])
       if block.ortho_weight <= 0:
         return ce, dict(ce=ce)
@@ -212,6 +224,8 @@ def build(ctx: base.Context) -> base.Method:
 
     state = common.apply_gradients(state, grads, tx, freeze)
     state["trained_blocks"] = jnp.maximum(state["trained_blocks"], c + 1)
+    if task_mask:
+      state["task_classes"] = task_classes
     return state, {"loss": loss, **aux, "block": c}, {}
 
   def predict(state, images):
@@ -224,9 +238,10 @@ def build(ctx: base.Context) -> base.Method:
     grown = init_block(pool, key, new * size, size)
     return jax.tree.map(lambda a, b: jnp.where(new > old, a, b), grown, pool)
 
+  advance = prompt_pool.counter_hook(tx, n_blocks, block.reset_optimizer, grow)
   return base.Method(name="coda_prompt", init=init, train_step=train_step, predict=predict,
-                     at_boundary=prompt_pool.counter_hook(
-                         tx, n_blocks, block.reset_optimizer, grow))
+                     at_boundary=prompt_pool.forgetting_task_classes(advance) if task_mask
+                     else advance)
 
 
 def config():
@@ -263,8 +278,18 @@ def config():
                                     " value")),
       reset_optimizer=Key(True, "Adam's state restarts at each boundary",
                           authors(True, f"{CODA}, learners/prompt.py: a new optimiser for each"
-                                  " task")))
+                                  " task")),
+      train_mask=Key("none", "the classes of the training cross-entropy: 'none' every class |"
+                     " 'task' the classes seen since the last boundary (the authors' code: the"
+                     " current task's classes; the others' logits left out of the softmax)",
+                     authors("task", f"{CODA}, learners/prompt.py: update_model (logits sliced to"
+                             " the classes of the tasks so far, the earlier tasks' set to -inf)",
+                             differs="their mask reads the task structure; the task-free"
+                             " default takes every class, as for L2P")))
 
 
 METHODS = (base.MethodSpec(name="coda_prompt", build=build, config=config,
-                           report_name="CODA-Prompt", table_row=18),)
+                           report_name="CODA-Prompt", table_row=18,
+                           check=base.Check("step", CODA, "tests/test_parity_coda_prompt.py",
+                                            "with the authors' task boundaries and class mask"
+                                            " (`boundaries.rule=oracle`, `train_mask='task'`)")),)

@@ -39,10 +39,13 @@ Readings (docs/methods/dualprompt.md lists them with the paper and the authors' 
   (`init_from_previous`, the authors' `shared_prompt_pool=True`; their keys are not shared)
   and the optimizer state is reset (`reset_optimizer`, their `reinit_optimizer=True`).
 - Initialisation as the authors' code: prompts and keys uniform in [0, 0.01).
-- The classifier reads the class token; no class masking of the logits while training (the
-  authors' `train_mask`; the fair task-free setting, as for L2P). Adam with the global gradient
-  norm clipped to `clip_norm` (their 1.0), constant learning rate `learning_rate` * B / 256 for
-  the learner's batch B (the authors' linear scaling; `lr_reference_batch`, `learning_rate`).
+- The classifier reads the class token; by default no class masking of the logits while
+  training (the authors' `train_mask`; the fair task-free setting, as for L2P);
+  `train_mask='task'` takes the CE over the classes seen since the last boundary
+  (`prompt_pool.task_classes`), the setting of the check against GT-RIPL/CODA-Prompt's DualPrompt
+  (tests/test_parity_coda_prompt.py). Adam with the global gradient norm clipped to `clip_norm`
+  (their 1.0), constant learning rate `learning_rate` * B / 256 for the learner's batch B (the
+  authors' linear scaling; `lr_reference_batch`, `learning_rate`).
 - A block in both lists prepends its E-prefix, then its G-prefix.
 """
 
@@ -112,12 +115,16 @@ def build(ctx: base.Context) -> base.Method:
   apply = common.make_apply(ctx.model)
   g_layers, e_layers = tuple(block.g_layers), tuple(block.e_layers)
   k, m = block.top_k, block.pool_size
+  task_mask = block.train_mask == "task"
 
   def init(key, params):
     state = common.init_state(key, params, block.trainable, ctx.spec, ctx.config.learner.rank,
                               tx, init_prompts=lambda k: init_pool(k, block, ctx.spec.width))
-    return {**state, "n_boundaries": jnp.zeros((), jnp.int32),
-            "selection_count": jnp.zeros((m,), jnp.float32)}
+    state = {**state, "n_boundaries": jnp.zeros((), jnp.int32),
+             "selection_count": jnp.zeros((m,), jnp.float32)}
+    if task_mask:  # the classes seen since the last boundary
+      state["task_classes"] = jnp.zeros((ctx.num_classes,), bool)
+    return state
 
   def forward(frozen, params, images, idx):
     return apply(frozen, params, images,
@@ -130,9 +137,13 @@ def build(ctx: base.Context) -> base.Method:
     matched = prompt_pool.select(
         prompt_pool.key_distance(queries, state["params"]["prompt_pool"]["keys"]), k)
     idx = jnp.where(free, matched, jnp.broadcast_to(rows, matched.shape))  # (B, top_k)
+    if task_mask:
+      task_classes = prompt_pool.task_classes(state, batch, ctx.num_classes)
 
     def loss_fn(params):
       logits = forward(state["frozen"], params, batch["images"], idx)
+      if task_mask:
+        logits = common.restrict_logits(logits, task_classes)
       ce = common.masked_mean(common.per_example_ce(logits, batch["labels"]), batch["mask"])
       distance = prompt_pool.key_distance(queries, params["prompt_pool"]["keys"])
       match = jnp.sum(jnp.take_along_axis(distance, idx, axis=1), axis=1)
@@ -150,6 +161,8 @@ def build(ctx: base.Context) -> base.Method:
 
     state = common.apply_gradients(state, grads, tx, freeze)
     state["selection_count"] = state["selection_count"] + counts
+    if task_mask:
+      state["task_classes"] = task_classes
     e_prompt = jnp.where(free, -1, rows[0])
     return state, {"loss": loss, **aux, "e_prompt": e_prompt}, {}
 
@@ -167,9 +180,10 @@ def build(ctx: base.Context) -> base.Method:
     e = pool["e_prompts"]
     return {**pool, "e_prompts": e.at[new * k + jnp.arange(k)].set(e[old * k + jnp.arange(k)])}
 
+  advance = prompt_pool.counter_hook(tx, m // k, block.reset_optimizer, copy_previous)
   return base.Method(name="dualprompt", init=init, train_step=train_step, predict=predict,
-                     at_boundary=prompt_pool.counter_hook(
-                         tx, m // k, block.reset_optimizer, copy_previous))
+                     at_boundary=prompt_pool.forgetting_task_classes(advance) if task_mask
+                     else advance)
 
 
 def config():
@@ -221,7 +235,14 @@ def config():
       reset_optimizer=Key(True, "Adam's state restarts at each boundary (the authors'"
                           " reinit_optimizer)",
                           authors(True, f"{DUALPROMPT}, configs/imr_dualprompt.py:"
-                                        " reinit_optimizer")))
+                                        " reinit_optimizer")),
+      train_mask=Key("none", "the classes of the training cross-entropy: 'none' every class |"
+                     " 'task' the classes seen since the last boundary (the authors' task mask;"
+                     " the others' logits left out of the softmax)",
+                     authors("task", f"{DUALPROMPT_PORT}, configs/imr_dualprompt.py: train_mask"
+                             " (the current task's classes)",
+                             differs="their mask reads the task structure; the task-free"
+                             " default takes every class, as for L2P")))
 
 
 METHODS = (base.MethodSpec(name="dualprompt", build=build, config=config,

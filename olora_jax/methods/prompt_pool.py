@@ -133,6 +133,28 @@ def in_use(state: dict, limit: int) -> jax.Array:
   return jnp.minimum(state["n_boundaries"], limit - 1)
 
 
+TRAIN_MASKS = ("none", "task")  # a prefix method's `train_mask`: the classes of its training CE
+
+
+def task_classes(state: dict, batch: dict, num_classes: int) -> jax.Array:
+  """(C,) bool: the classes seen since the last boundary, this batch's included: the classes of
+  the training CE under `train_mask='task'` (the prefix methods' authors' code, GT-RIPL/CODA-Prompt:
+  the current task's classes), kept in the state as "task_classes"."""
+  from olora_jax.methods import common  # noqa: PLC0415 (prompt_pool stays importable alone)
+
+  return state["task_classes"] | common.classes_in(batch["labels"], batch["mask"], num_classes)
+
+
+def forgetting_task_classes(hook):
+  """`Method.at_boundary` `hook`, then "task_classes" emptied: a new task has shown none yet."""
+
+  def at_boundary(state, host):
+    state, host = hook(state, host)
+    return {**state, "task_classes": jnp.zeros_like(state["task_classes"])}, host
+
+  return at_boundary
+
+
 def counter_hook(tx, limit: int, reset_optimizer: bool, grow):
   """`Method.at_boundary` of a pool indexed by the boundary counter: the counter moves on, the
   pool becomes `grow(state, pool, old, new)` (old, new: `in_use` before and after; equal once
