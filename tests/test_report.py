@@ -522,8 +522,10 @@ def test_sweep_runs_skips_and_fills_a_table(tmp_path):
   dry = subprocess.run([*command[:5], "--seeds=0,1", "--dry_run", *command[6:]],
                        capture_output=True, text=True, timeout=120, cwd=ROOT)
   assert dry.returncode == 0
+  # The cells' trackers' group and store are the sweep's (olora_jax/loggers.py).
   assert (f"--workdir={os.path.join(root, 'tiny', 'finetune', 'seed1')} --config.method=finetune"
-          " --config.seed=1 --config.data.test_fraction=0.7" in dry.stdout)
+          f" --config.seed=1 --config.logger_group=sweep --config.logger_dir={root}"
+          " --config.data.test_fraction=0.7" in dry.stdout), dry.stdout
   bad = subprocess.run([*command[:4], "--methods=nope"], capture_output=True, text=True,
                        timeout=120, cwd=ROOT)
   assert bad.returncode == 2 and "unknown method='nope'" in bad.stderr
