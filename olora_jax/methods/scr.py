@@ -27,6 +27,7 @@ import numpy as np
 from olora_jax.config_keys import Key, authors, ours
 from olora_jax.methods import base, common, replay
 from olora_jax.methods.pcr import normalise
+from olora_jax.models import resnet
 
 OCL = "RaptorMai/online-continual-learning"  # the authors' released code (SCR's agent)
 # Why SCR's optimiser and memory are ER's rather than the authors' SGD 0.1 at batch 10: SCR is not
@@ -156,7 +157,7 @@ def projected_network(ctx: base.Context, block, tx, init_head):
 def build(ctx: base.Context) -> base.Method:
   """SCR from the `scr` block."""
   block, scale, num_classes = ctx.config.scr, ctx.config.data.input_scale, ctx.num_classes
-  tx = common.make_adam(block.learning_rate, block.weight_decay)
+  tx, _ = common.optimizer_and_apply(ctx, block)
   n_replay = common.replay_batch(ctx, block)
   features, init = projected_network(
       ctx, block, tx, lambda key, width: init_projection(key, width, block.projection_dim))
@@ -189,8 +190,12 @@ def build(ctx: base.Context) -> base.Method:
     common.TRACE_COUNTS["scr.eval_state"] += 1
     buf = state["buffer"]
     stored = replay.decode(buf.images, scale)
-    f = jax.lax.map(lambda x: features(state["frozen"], state["params"], x[None])[0], stored,
-                    batch_size=min(buf.capacity, ctx.config.eval.batch_size))
+    # As the evaluator's predict (common.with_batch_statistics): on a model with BatchNorm the
+    # buffer's features are the evaluation mode's, normalised with the running statistics (the
+    # authors' evaluate runs in model.eval()), not with a batch of one image's own statistics.
+    with resnet.running_statistics():
+      f = jax.lax.map(lambda x: features(state["frozen"], state["params"], x[None])[0], stored,
+                      batch_size=min(buf.capacity, ctx.config.eval.batch_size))
     means, present = class_means(f, buf.labels, buf.valid, num_classes)
     return {"frozen": state["frozen"], "params": state["params"], "means": means,
             "present": present}
@@ -206,6 +211,9 @@ def build(ctx: base.Context) -> base.Method:
 def config():
   """The `scr` block: the authors' loss settings on the Online-LoRA paper's replay settings."""
   return common.baseline_block(
+      optimizer=Key("adam", "'adam' (PyTorch's Adam, weight_decay added to the gradient) | 'sgd'"
+                    " (plain SGD, no momentum, the same L2: the authors' code, at learning rate"
+                    " 0.1 and batch 10)", ours(ER_SETTINGS)),
       learning_rate=common.shared(1e-4, ours(ER_SETTINGS)),
       weight_decay=common.shared(1e-4, ours(ER_SETTINGS)),
       buffer_size=common.shared(500, ours(ER_SETTINGS)),
