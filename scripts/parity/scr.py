@@ -246,8 +246,10 @@ def run_theirs(manifest: dict, data: dict, weights: dict, seed: int):
   import random
 
   import torch
-  import utils.name_match  # noqa: F401 (their package, from the checkout; imported first, as
-  # their experiment/run.py does: agents.scr imported first is a circular import)
+
+  # Their package, from the checkout. utils.name_match first, as their experiment/run.py imports
+  # it: agents.scr imported first is a circular import.
+  import utils.name_match  # noqa: F401
   from agents.scr import SupContrastReplay
   from utils.setup_elements import setup_architecture, setup_opt
 
@@ -314,7 +316,8 @@ def record(args) -> None:
   theirs = np.stack(accuracies)
   np.savez_compressed(
       args.out, manifest=json.dumps(manifest), overrides=json.dumps(settings),
-      seeds=np.array(SEEDS), loss=np.stack(losses), class_accuracy=theirs,
+      seeds=np.array(SEEDS), test_labels=data["test_y"].astype(np.int64),
+      loss=np.stack(losses), class_accuracy=theirs,
       our_loss=ours["loss"], our_class_accuracy=ours["class_accuracy"],
       versions=json.dumps({"torch": torch.__version__, "numpy": np.__version__,
                            "python": sys.version.split()[0]}))
