@@ -10,18 +10,26 @@ colour jitter and grayscale, drawn from torch's generator) cannot be given to ou
 runs are compared by their task-end accuracies (the nearest class mean over the buffer), as
 distributions over the seeds.
 
-The test does not replay the five seeds of ours (about ten minutes of CPU): it reruns our seed
+The test does not replay the five seeds of ours (about three minutes a seed): it reruns our seed
 0 on the stream's first task (8 steps and its task-end evaluation, the part of the run the
 following steps cannot change) and checks it gives the committed losses and accuracies, so the
 committed runs are ours as the code stands; then it compares the committed accuracies of the two
 sides.
 
-Tolerances:
-- the rerun against the committed seed 0: losses within 1e-3 relative and at most 2 of the 50
-  seen-class test predictions different. On the machine that recorded it the rerun is
-  bit-identical; on another CPU the float sums change order, and at learning rate 0.1 this
-  training amplifies a rounding difference (pclucas14/AML's ER at 0.1 from weights perturbed at
-  float32 rounding: 4e-4 relative by its fourth step, docs/parity.md).
+Tolerances, for the rerun against the committed seed 0 (the committed runs were compiled at
+XLA's default level, as `scripts/parity/scr.py prepare` runs launch/run.py; the test's run at the
+session's level, tiny_run.convolution_level_env, level 1 in the fast CI leg, the default in the
+other): on the same machine at the same level the rerun is bit-identical; compiled at level 1 it
+measured (2-core AMD EPYC) its first 3 losses within 3e-6 relative, then a drift that grows about
+tenfold a step under SGD at 0.1 to at most 2.6e-3 relative by steps 5-7, and 3 of the 50
+first-task test images with another verdict. So: the first `EXACT_STEPS` losses within 1e-5
+relative, all 8 within 1e-2, and at most `IMAGES` (6, twice the measured) of the 50 images'
+verdicts (per-class correct counts) different. The bug this check found (training-mode BatchNorm
+in the buffer's class means) moved seed 0's first task end by 8 images, and the five seeds' mean
+accuracies by 22 to 30 points; the comparison of the five seeds below is the check against their
+code.
+
+Between the sides:
 - the means over the five seeds of the accuracy on the classes seen so far, at each task end:
   their difference within the combined spread sqrt(s_ours^2 + s_theirs^2) (s: the sample
   standard deviation over the seeds of each side, ddof 1).
@@ -41,6 +49,9 @@ ROOT = Path(__file__).resolve().parents[1]
 RECORDING = ROOT / "tests" / "fixtures" / "parity" / "ocl_scr.npz"
 sys.path.insert(0, str(ROOT / "scripts" / "parity"))
 import scr  # noqa: E402 (the driver: its settings, our CLI command, the accuracies' reading)
+
+EXACT_STEPS = 3  # the rerun's first steps, before training at learning rate 0.1 amplifies rounding
+IMAGES = 6  # first-task test images whose verdict may differ from the committed run's
 
 
 def recording() -> dict:
@@ -82,11 +93,12 @@ def test_our_seed_0_reruns_as_committed(tmp_path):
   labels = rec["test_labels"]
   loss, accuracy = scr.read_run(str(workdir), labels, 1)
   committed = rec["our_loss"][0, :len(keep)]
-  np.testing.assert_allclose(loss, committed, rtol=1e-3)
+  np.testing.assert_allclose(loss[:EXACT_STEPS], committed[:EXACT_STEPS], rtol=1e-5)
+  np.testing.assert_allclose(loss, committed, rtol=1e-2)
   seen = sorted(rec["manifest"]["task_classes"][0])
   counts = np.array([(labels == c).sum() for c in seen])
   differ = np.abs(accuracy[0, seen] - rec["our_class_accuracy"][0, 0, seen]) * counts
-  assert differ.sum() <= 2 + 1e-9, (accuracy[0, seen], rec["our_class_accuracy"][0, 0, seen])
+  assert differ.sum() <= IMAGES + 1e-9, (accuracy[0, seen], rec["our_class_accuracy"][0, 0, seen])
 
 
 def test_our_task_end_accuracies_match_theirs_over_five_seeds():
