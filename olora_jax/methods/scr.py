@@ -3,15 +3,16 @@
 Each step draws `scr.replay_batch` stored samples uniformly and joins them to the incoming batch;
 the joined batch and an augmented view of it (`augment`: a random resized crop of 20-100% of the
 area, a horizontal flip unless `scr.flip` is False, colour jitter with probability 0.8, grayscale
-with probability 0.2) pass the network to its features (the ViT's pooled class token), a
-projection head (Linear, ReLU, Linear to `scr.projection_dim`) and L2 normalisation; one Adam step
-on the supervised contrastive loss of the 2N projections (`supervised_contrastive_loss`, Khosla et
-al. 2020, every view an anchor; temperature `scr.temperature`). Then the batch enters the
-reservoir. As in the authors' code, no step is taken while the buffer is empty (the first batch
-only enters it). No classifier is trained: at each evaluation (`eval_state`) the buffer's samples
-pass the network (no projection, no augmentation), their normalised features are averaged per
-class and normalised, and an image scores -||f - mu_c||^2 against each class mean of its
-normalised feature f (nearest class mean; classes absent from the buffer are left out).
+with probability 0.2) pass the network to its features (the ViT's pooled class token), a projection
+head (Linear, ReLU, Linear to `scr.projection_dim`) and L2 normalisation; one Adam step (plain SGD
+with `scr.optimizer='sgd'`) on the supervised contrastive loss of the 2N projections
+(`supervised_contrastive_loss`, Khosla et al. 2020, every view an anchor; temperature
+`scr.temperature`). Then the batch enters the reservoir. As in the authors' code, no step is taken
+while the buffer is empty (the first batch only enters it). No classifier is trained: at each
+evaluation (`eval_state`) the buffer's samples pass the network (no projection, no augmentation),
+their normalised features are averaged per class and normalised, and an image scores
+-||f - mu_c||^2 against each class mean of its normalised feature f (nearest class mean; classes
+absent from the buffer are left out).
 The authors' code (RaptorMai/online-continual-learning): temperature 0.07, a 128-wide MLP head,
 buffer and replay batch per benchmark (CIFAR-100: 5,000 and 100); here the Online-LoRA paper's
 replay settings (buffer 500, 10 replayed, Adam, LR 1e-4, WD 1e-4; `optimizer='sgd'` for their
