@@ -33,12 +33,15 @@ each task end it calls their `evaluate` (the nearest class mean over the buffer)
 loader per class, which gives the per-class accuracies. It writes their accuracies beside ours
 (from `ours.npz`) and both sides' losses. Seeds: torch, NumPy and random at the seed.
 
-Three compatibility shims, outside their code: kornia 0.4.1 (their pinned version) calls
+Two compatibility shims, outside their code: kornia 0.4.1 (their pinned version) calls
 `torch.solve`, which PyTorch 2 removed (the driver supplies it from `torch.linalg.solve`); their
-setup_elements imports torchvision for `transforms.ToTensor` (no CPU build of torchvision for this
-PyTorch on PyPI: the driver supplies a stand-in whose ToTensor turns an HWC float array into a CHW
-tensor, as torchvision's does, and whose `datasets`/`models` are never called); their buffer's
-name_match imports every agent, none of which needs more.
+setup_elements imports torchvision for `transforms.ToTensor` (PyPI's torchvision 0.28 does not
+load its operators against PyTorch 2.13's CPU build), so the driver supplies a stand-in whose
+ToTensor turns an HWC float array into a CHW tensor, as torchvision's does, and whose
+`datasets`/`models` are never called. The driver imports their utils.name_match first, as their
+experiment/run.py does (agents.scr first is a circular import), and wraps the agent's `criterion`
+to record each step's loss. Matplotlib, scikit-image, pandas, psutil and PyYAML are imported by
+their modules, not used by SCR.
 """
 
 from __future__ import annotations
