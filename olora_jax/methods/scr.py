@@ -3,19 +3,24 @@
 Each step draws `scr.replay_batch` stored samples uniformly and joins them to the incoming batch;
 the joined batch and an augmented view of it (`augment`: a random resized crop of 20-100% of the
 area, a horizontal flip unless `scr.flip` is False, colour jitter with probability 0.8, grayscale
-with probability 0.2) pass the network to its features (the ViT's pooled class token), a
-projection head (Linear, ReLU, Linear to `scr.projection_dim`) and L2 normalisation; one Adam step
-on the supervised contrastive loss of the 2N projections (`supervised_contrastive_loss`, Khosla et
-al. 2020, every view an anchor; temperature `scr.temperature`). Then the batch enters the
-reservoir. As in the authors' code, no step is taken while the buffer is empty (the first batch
-only enters it). No classifier is trained: at each evaluation (`eval_state`) the buffer's samples
-pass the network (no projection, no augmentation), their normalised features are averaged per
-class and normalised, and an image scores -||f - mu_c||^2 against each class mean of its
-normalised feature f (nearest class mean; classes absent from the buffer are left out).
+with probability 0.2) pass the network to its features (the ViT's pooled class token), a projection
+head (Linear, ReLU, Linear to `scr.projection_dim`) and L2 normalisation; one Adam step (plain SGD
+with `scr.optimizer='sgd'`) on the supervised contrastive loss of the 2N projections
+(`supervised_contrastive_loss`, Khosla et al. 2020, every view an anchor; temperature
+`scr.temperature`). Then the batch enters the reservoir. As in the authors' code, no step is taken
+while the buffer is empty (the first batch only enters it). No classifier is trained: at each
+evaluation (`eval_state`) the buffer's samples pass the network (no projection, no augmentation),
+their normalised features are averaged per class and normalised, and an image scores
+-||f - mu_c||^2 against each class mean of its normalised feature f (nearest class mean; classes
+absent from the buffer are left out).
 The authors' code (RaptorMai/online-continual-learning): temperature 0.07, a 128-wide MLP head,
 buffer and replay batch per benchmark (CIFAR-100: 5,000 and 100); here the Online-LoRA paper's
-replay settings (buffer 500, 10 replayed, Adam, LR 1e-4, WD 1e-4). Their colour jitter also
-shifts the hue (by up to 0.1); ours leaves the hue alone.
+replay settings (buffer 500, 10 replayed, Adam, LR 1e-4, WD 1e-4; `optimizer='sgd'` for their
+SGD). Their colour jitter (kornia 0.4.1) adds to the brightness, multiplies the contrast without
+subtracting the mean, applies its adjustments in an order drawn per batch and also shifts the hue
+(by up to 0.1); ours multiplies the brightness, scales the contrast around the mean, in a fixed
+order, without hue (docs/methods/scr.md). Checked against their code over 5 seeds
+(docs/parity.md).
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import numpy as np
 from olora_jax.config_keys import Key, authors, ours
 from olora_jax.methods import base, common, replay
 from olora_jax.methods.pcr import normalise
+from olora_jax.models import resnet
 
 OCL = "RaptorMai/online-continual-learning"  # the authors' released code (SCR's agent)
 # Why SCR's optimiser and memory are ER's rather than the authors' SGD 0.1 at batch 10: SCR is not
@@ -156,7 +162,7 @@ def projected_network(ctx: base.Context, block, tx, init_head):
 def build(ctx: base.Context) -> base.Method:
   """SCR from the `scr` block."""
   block, scale, num_classes = ctx.config.scr, ctx.config.data.input_scale, ctx.num_classes
-  tx = common.make_adam(block.learning_rate, block.weight_decay)
+  tx, _ = common.optimizer_and_apply(ctx, block)
   n_replay = common.replay_batch(ctx, block)
   features, init = projected_network(
       ctx, block, tx, lambda key, width: init_projection(key, width, block.projection_dim))
@@ -189,8 +195,12 @@ def build(ctx: base.Context) -> base.Method:
     common.TRACE_COUNTS["scr.eval_state"] += 1
     buf = state["buffer"]
     stored = replay.decode(buf.images, scale)
-    f = jax.lax.map(lambda x: features(state["frozen"], state["params"], x[None])[0], stored,
-                    batch_size=min(buf.capacity, ctx.config.eval.batch_size))
+    # As the evaluator's predict (common.with_batch_statistics): on a model with BatchNorm the
+    # buffer's features are the evaluation mode's, normalised with the running statistics (the
+    # authors' evaluate runs in model.eval()), not with a batch of one image's own statistics.
+    with resnet.running_statistics():
+      f = jax.lax.map(lambda x: features(state["frozen"], state["params"], x[None])[0], stored,
+                      batch_size=min(buf.capacity, ctx.config.eval.batch_size))
     means, present = class_means(f, buf.labels, buf.valid, num_classes)
     return {"frozen": state["frozen"], "params": state["params"], "means": means,
             "present": present}
@@ -206,6 +216,9 @@ def build(ctx: base.Context) -> base.Method:
 def config():
   """The `scr` block: the authors' loss settings on the Online-LoRA paper's replay settings."""
   return common.baseline_block(
+      optimizer=Key("adam", "'adam' (PyTorch's Adam, weight_decay added to the gradient) | 'sgd'"
+                    " (plain SGD, no momentum, the same L2: the authors' code, at learning rate"
+                    " 0.1 and batch 10)", ours(ER_SETTINGS)),
       learning_rate=common.shared(1e-4, ours(ER_SETTINGS)),
       weight_decay=common.shared(1e-4, ours(ER_SETTINGS)),
       buffer_size=common.shared(500, ours(ER_SETTINGS)),
@@ -226,4 +239,7 @@ def config():
 
 
 METHODS = (base.MethodSpec(name="scr", build=build, config=config, report_name="SCR",
-                           table_row=6.3),)
+                           table_row=6.3,
+                           check=base.Check("seeds", OCL, "tests/test_parity_scr.py",
+                                            "with the authors' settings, on the reduced"
+                                            " ResNet-18")),)
