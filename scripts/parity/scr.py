@@ -129,18 +129,11 @@ def their_state_dict(params: dict, batch_stats: dict) -> dict[str, np.ndarray]:
 def prepare(args) -> None:
   import jax
 
-  from configs import demo
   from olora_jax import trainer
-  from olora_jax.data import manifest as manifest_lib
-  from olora_jax.data.preprocess import to_model_input
   from olora_jax.models import resnet
 
   def setup_of(settings):
-    config = demo.get_config()
-    for key, value in settings.items():
-      section, _, leaf = key.rpartition(".")
-      setattr(config[section] if section else config, leaf, value)
-    return trainer.Setup(config)
+    return trainer.Setup(aml.demo_config(settings))
 
   os.makedirs(args.out, exist_ok=True)
   setup = setup_of(overrides())
@@ -148,18 +141,9 @@ def prepare(args) -> None:
   manifest_path = os.path.join(args.out, "manifest.json")
   with open(manifest_path, "w") as f:
     json.dump(manifest, f)
-
-  def inputs(source, ids):
-    row = {int(r): i for i, r in enumerate(manifest_lib.record_ids(source))}
-    images, labels = source.get(np.array([row[int(i)] for i in ids], np.int64))
-    return to_model_input(images, setup.spec.image_size, setup.config.data.input_scale), labels
-
-  train_ids = np.array(sorted({i for step in manifest["steps"] for i in step}), np.int64)
-  train_x, train_y = inputs(setup.train_source, train_ids)
-  test_ids = np.asarray(manifest["test"]["ids"], np.int64)
-  test_x, test_y = inputs(setup.test_source, test_ids)
-  np.savez(os.path.join(args.out, "inputs.npz"), train_ids=train_ids, train_x=train_x,
-           train_y=train_y, test_ids=test_ids, test_x=test_x, test_y=test_y)
+  train_ids, test_ids = aml.write_inputs(setup, manifest, os.path.join(args.out, "inputs.npz"))
+  with np.load(os.path.join(args.out, "inputs.npz")) as z:
+    test_y = z["test_y"]
   with open(os.path.join(args.out, "overrides.json"), "w") as f:
     json.dump(overrides(), f)
   n_tasks = len(set(manifest["step_task"]))
