@@ -22,9 +22,12 @@ session's level, tiny_run.convolution_level_env, level 1 in the fast CI leg, the
 other): on the same machine at the same level the rerun is bit-identical; compiled at level 1 it
 measured (2-core AMD EPYC) its first 3 losses within 3e-6 relative, then a drift that grows about
 tenfold a step under SGD at 0.1 to at most 2.6e-3 relative by steps 5-7, and 3 of the 50
-first-task test images with another verdict. So: the first `EXACT_STEPS` losses within 1e-5
-relative, all 8 within 1e-2, and at most `IMAGES` (6, twice the measured) of the 50 images'
-verdicts (per-class correct counts) different. The bug this check found (training-mode BatchNorm
+first-task test images with another verdict; with code generation capped at AVX2
+(XLA_FLAGS=--xla_cpu_max_isa=AVX2, another CPU's sums) the first 3 losses were equal and steps
+3-7 drifted to 1.5e-2 relative (step 7). So: the first `EXACT_STEPS` losses within 1e-5
+relative, all 8 within `LOSS_RTOL` (5e-2, about three times the largest measured), and at most
+`IMAGES` (6, twice the measured) of the 50 images' verdicts (per-class correct counts)
+different. The bug this check found (training-mode BatchNorm
 in the buffer's class means) moved seed 0's first task end by 8 images, and the five seeds' mean
 accuracies by 22 to 30 points; the comparison of the five seeds below is the check against their
 code.
@@ -52,6 +55,7 @@ import scr  # noqa: E402 (the driver: its settings, our CLI command, the accurac
 
 EXACT_STEPS = 3  # the rerun's first steps, before training at learning rate 0.1 amplifies rounding
 IMAGES = 6  # first-task test images whose verdict may differ from the committed run's
+LOSS_RTOL = 5e-2  # every rerun loss, relative: three times the drift measured under AVX2
 
 
 def recording() -> dict:
@@ -94,7 +98,7 @@ def test_our_seed_0_reruns_as_committed(tmp_path):
   loss, accuracy = scr.read_run(str(workdir), labels, 1)
   committed = rec["our_loss"][0, :len(keep)]
   np.testing.assert_allclose(loss[:EXACT_STEPS], committed[:EXACT_STEPS], rtol=1e-5)
-  np.testing.assert_allclose(loss, committed, rtol=1e-2)
+  np.testing.assert_allclose(loss, committed, rtol=LOSS_RTOL)
   seen = sorted(rec["manifest"]["task_classes"][0])
   counts = np.array([(labels == c).sum() for c in seen])
   differ = np.abs(accuracy[0, seen] - rec["our_class_accuracy"][0, 0, seen]) * counts
