@@ -414,7 +414,7 @@ def _limited_memory_cgroup(tmp_name: str, limit: int) -> Path | None:
   memory controller) holding at most `limit` bytes, or None where one cannot be made (no
   memory controller, not root, a read-only hierarchy)."""
   counter = cells.memory_cgroup(os.getpid())
-  if counter is None:
+  if counter is None or "oom_kill " not in Path(counter).read_text():  # a kernel that counts
     return None
   path = Path(counter).parent / tmp_name
   limits = (["memory.limit_in_bytes", "memory.memsw.limit_in_bytes"]
