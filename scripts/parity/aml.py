@@ -278,17 +278,12 @@ def record(args) -> None:
 def run_theirs(manifest: dict, settings: dict, data: dict, weights: dict):
   """Their main.py's run (module docstring) from `weights`: (per-step log, task-end test logits
   (tasks, N, C) float32)."""
-  import random
 
   import torch
   from methods import METHODS  # their package, from the checkout
   from model import ResNet18
 
-  torch.use_deterministic_algorithms(True)
-  torch.set_num_threads(1)
-  random.seed(SEED)
-  np.random.seed(SEED)
-  torch.manual_seed(SEED)
+  deterministic_torch(torch, SEED)
   method = settings["method"]
   row = {int(r): i for i, r in enumerate(data["train_ids"])}
   weights = {k: torch.from_numpy(np.asarray(v)) for k, v in weights.items()}
@@ -387,26 +382,55 @@ def ace_rule_differences(steps: list, data, row: dict) -> int:
   return differ
 
 
-def main(argv=None) -> None:
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+# ------------------------------------------------------------------------------------------------
+# What every parity driver of scripts/parity/ shares: their runs' determinism, and the command line.
+
+PROJECT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def deterministic_torch(torch, seed: int) -> None:
+  """Their run made deterministic: torch's deterministic algorithms, one thread, and Python's,
+  NumPy's and torch's generators seeded with `seed` (in that order)."""
+  import random
+
+  torch.use_deterministic_algorithms(True)
+  torch.set_num_threads(1)
+  random.seed(seed)
+  np.random.seed(seed)
+  torch.manual_seed(seed)
+
+
+def driver_parser(doc: str, checkout: str, repository: str, example: str,
+                  prepare_help: str = "stream, inputs, weights"):
+  """A driver's command line: (parser, its subparsers, `prepare`'s, `record`'s). `prepare` takes
+  --out; `record` takes --CHECKOUT (a checkout of github.com/`repository`), --prepared and --out
+  (`example`, a recording's path); a driver adds its own flags to either."""
+  parser = argparse.ArgumentParser(description=doc.splitlines()[0])
   sub = parser.add_subparsers(dest="command", required=True)
-  p = sub.add_parser("prepare", help="in this project's venv: stream, inputs, weights")
-  p.add_argument("--method", choices=("er", "er_ace"), required=True)
+  p = sub.add_parser("prepare", help=f"in this project's venv: {prepare_help}")
   p.add_argument("--out", required=True, help="folder for the prepared files")
+  r = sub.add_parser("record", help="in a side venv with torch: run their code, record it")
+  r.add_argument(f"--{checkout}", required=True, help=f"a checkout of github.com/{repository}")
+  r.add_argument("--prepared", required=True, help="the folder `prepare` wrote")
+  r.add_argument("--out", required=True, help=f"the recording (.npz), e.g. {example}")
+  return parser, sub, p, r
+
+
+def run_command(args, commands: dict) -> None:
+  """Runs `args.command`: `record` in the side venv as it is; any other (`prepare`, ...) in this
+  project's venv, with the project importable."""
+  if args.command != "record":
+    sys.path.insert(0, PROJECT)
+  commands[args.command](args)
+
+
+def main(argv=None) -> None:
+  parser, _, p, _ = driver_parser(__doc__, "aml", "pclucas14/AML",
+                                  "tests/fixtures/parity/aml_er.npz")
+  p.add_argument("--method", choices=("er", "er_ace"), required=True)
   p.add_argument("--lr", type=float, default=LEARNING_RATE, help="SGD's learning rate (their"
                  " --lr; their grid: 0.1, 0.01, 0.001)")
-  r = sub.add_parser("record", help="in a side venv with torch: run their code, record it")
-  r.add_argument("--aml", required=True, help="a checkout of github.com/pclucas14/AML")
-  r.add_argument("--prepared", required=True, help="the folder `prepare` wrote")
-  r.add_argument("--out", required=True, help="the recording (.npz), e.g."
-                 " tests/fixtures/parity/aml_er.npz")
-  args = parser.parse_args(argv)
-  if args.command == "prepare":
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
-        __file__)))))
-    prepare(args)
-  else:
-    record(args)
+  run_command(parser.parse_args(argv), {"prepare": prepare, "record": record})
 
 
 if __name__ == "__main__":

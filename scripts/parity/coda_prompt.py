@@ -73,7 +73,6 @@ of the tolerances. Seeds fixed, `torch.use_deterministic_algorithms(True)`, one 
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -340,7 +339,6 @@ def _their_model(torch, run: dict):
 def run_theirs(args, manifest: dict, run: dict, data: dict, weights: dict):
   """Their trainer's task loop (module docstring) from `weights`: (per-step log, per task end
   {"logits" (N, C), "params" {name: array}})."""
-  import random
 
   import torch
 
@@ -348,11 +346,7 @@ def run_theirs(args, manifest: dict, run: dict, data: dict, weights: dict):
   import learners
   import models
 
-  torch.use_deterministic_algorithms(True)
-  torch.set_num_threads(1)
-  random.seed(SEED)
-  np.random.seed(SEED)
-  torch.manual_seed(SEED)
+  aml.deterministic_torch(torch, SEED)
   models.zoo.vit_pt_imnet = _their_model(torch, run)
   task_classes = manifest["task_classes"]
   if [c for cls in task_classes for c in cls] != list(range(run["num_classes"])):
@@ -473,33 +467,22 @@ class _quiet:
 
 
 def main(argv=None) -> None:
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  sub = parser.add_subparsers(dest="command", required=True)
-  p = sub.add_parser("prepare", help="in this project's venv: stream, inputs, weights")
+  parser, sub, p, r = aml.driver_parser(__doc__, "coda", "GT-RIPL/CODA-Prompt",
+                                        "tests/fixtures/parity/coda_prompt.npz")
   p.add_argument("--method", choices=METHODS, default="coda_prompt")
-  p.add_argument("--out", required=True, help="folder for the prepared files")
   g = sub.add_parser("grow", help="in this project's venv: our new block from their pool")
   g.add_argument("--prepared", required=True)
   g.add_argument("--pool", required=True)
   g.add_argument("--step", type=int, required=True)
   g.add_argument("--start", type=int, required=True)
   g.add_argument("--out", required=True)
-  r = sub.add_parser("record", help="in a side venv with torch: run their code, record it")
-  r.add_argument("--coda", required=True, help="a checkout of github.com/GT-RIPL/CODA-Prompt")
-  r.add_argument("--prepared", required=True, help="the folder `prepare` wrote")
-  r.add_argument("--out", required=True, help="the recording (.npz), e.g."
-                 " tests/fixtures/parity/coda_prompt.npz")
   r.add_argument("--ours", default=os.path.join(ROOT, ".venv", "bin", "python"),
                  help="this project's Python (for `grow`)")
   r.add_argument("--scratch", default="/tmp/coda-parity-scratch", help="a scratch folder")
   args = parser.parse_args(argv)
-  if args.command in ("prepare", "grow"):
-    sys.path.insert(0, ROOT)
-    (prepare if args.command == "prepare" else grow)(args)
-  else:
+  if args.command == "record":
     os.makedirs(args.scratch, exist_ok=True)
-    record(args)
-
+  aml.run_command(args, {"prepare": prepare, "grow": grow, "record": record})
 
 if __name__ == "__main__":
   main()

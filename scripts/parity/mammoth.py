@@ -200,18 +200,13 @@ def record(args) -> None:
 def run_theirs(manifest: dict, settings: dict, data: dict, weights: dict):
   """Their DER++ run (module docstring) from `weights`: (per-step log, task-end test logits
   (tasks, N, C) float32)."""
-  import random
 
   import torch
   import torch.nn.functional as F
   from backbone.ResNetBlock import reduced_resnet18  # their package, from the checkout
   from models.derpp import Derpp
 
-  torch.use_deterministic_algorithms(True)
-  torch.set_num_threads(1)
-  random.seed(SEED)
-  np.random.seed(SEED)
-  torch.manual_seed(SEED)
+  aml.deterministic_torch(torch, SEED)
   p = f"{METHOD}."
   row = {int(r): i for i, r in enumerate(data["train_ids"])}
   # Their parser's arguments, for what Derpp and ContinualModel read.
@@ -295,24 +290,10 @@ def run_theirs(manifest: dict, settings: dict, data: dict, weights: dict):
 
 
 def main(argv=None) -> None:
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  sub = parser.add_subparsers(dest="command", required=True)
-  p = sub.add_parser("prepare", help="in this project's venv: stream, inputs, weights")
-  p.add_argument("--out", required=True, help="folder for the prepared files")
+  parser, _, p, _ = aml.driver_parser(__doc__, "mammoth", "aimagelab/mammoth",
+                                      "tests/fixtures/parity/mammoth_der_pp.npz")
   p.add_argument("--lr", type=float, default=LEARNING_RATE, help="SGD's learning rate (--lr)")
-  r = sub.add_parser("record", help="in a side venv with torch: run their code, record it")
-  r.add_argument("--mammoth", required=True, help="a checkout of github.com/aimagelab/mammoth")
-  r.add_argument("--prepared", required=True, help="the folder `prepare` wrote")
-  r.add_argument("--out", required=True, help="the recording (.npz), e.g."
-                 " tests/fixtures/parity/mammoth_der_pp.npz")
-  args = parser.parse_args(argv)
-  if args.command == "prepare":
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
-        __file__)))))
-    prepare(args)
-  else:
-    record(args)
-
+  aml.run_command(parser.parse_args(argv), {"prepare": prepare, "record": record})
 
 if __name__ == "__main__":
   main()

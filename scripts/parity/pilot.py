@@ -69,7 +69,6 @@ refuses any use (neither the ViT nor these learners use it).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -402,24 +401,10 @@ def record(args) -> None:
 
 
 def main(argv=None) -> None:
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  sub = parser.add_subparsers(dest="command", required=True)
-  p = sub.add_parser("prepare", help="in this project's venv: stream, inputs, weights")
+  parser, _, p, _ = aml.driver_parser(__doc__, "pilot", "LAMDA-CL/LAMDA-PILOT",
+                                      "tests/fixtures/parity/pilot_simplecil.npz")
   p.add_argument("--method", choices=METHODS, required=True)
-  p.add_argument("--out", required=True, help="folder for the prepared files")
-  r = sub.add_parser("record", help="in a side venv with torch: run their code, record it")
-  r.add_argument("--pilot", required=True, help="a checkout of github.com/LAMDA-CL/LAMDA-PILOT")
-  r.add_argument("--prepared", required=True, help="the folder `prepare` wrote")
-  r.add_argument("--out", required=True, help="the recording (.npz), e.g."
-                 " tests/fixtures/parity/pilot_simplecil.npz")
-  args = parser.parse_args(argv)
-  if args.command == "prepare":
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
-        __file__)))))
-    prepare(args)
-  else:
-    record(args)
-
+  aml.run_command(parser.parse_args(argv), {"prepare": prepare, "record": record})
 
 if __name__ == "__main__":
   main()

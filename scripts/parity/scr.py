@@ -315,23 +315,10 @@ def record(args) -> None:
 
 
 def main(argv=None) -> None:
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  sub = parser.add_subparsers(dest="command", required=True)
-  p = sub.add_parser("prepare", help="in this project's venv: stream, inputs, weights, our runs")
-  p.add_argument("--out", required=True, help="folder for the prepared files")
-  r = sub.add_parser("record", help="in a side venv with torch: run their code, record it")
-  r.add_argument("--ocl", required=True,
-                 help="a checkout of github.com/RaptorMai/online-continual-learning")
-  r.add_argument("--prepared", required=True, help="the folder `prepare` wrote")
-  r.add_argument("--out", required=True, help="the recording (.npz), e.g."
-                 " tests/fixtures/parity/ocl_scr.npz")
-  args = parser.parse_args(argv)
-  if args.command == "prepare":
-    sys.path.insert(0, ROOT)
-    prepare(args)
-  else:
-    record(args)
-
+  parser, _, _, _ = aml.driver_parser(__doc__, "ocl", "RaptorMai/online-continual-learning",
+                                      "tests/fixtures/parity/ocl_scr.npz",
+                                      "stream, inputs, weights, our runs")
+  aml.run_command(parser.parse_args(argv), {"prepare": prepare, "record": record})
 
 if __name__ == "__main__":
   main()
