@@ -142,6 +142,14 @@ def test_our_cli_run_matches_their_run(method, tmp_path):
   assert np.median(drift) <= DRIFT_FACTOR * np.median(own_drift), (drift, own_drift)
   assert drift.max() <= DRIFT_FACTOR * own_drift.max(), (drift, own_drift)
   assert rec["ace_rule_differences"] == 0  # their ACE mask is ours at every step of this stream
+  assert_task_ends_within_own_drift(rec, workdir)
+
+
+def assert_task_ends_within_own_drift(rec: dict, workdir: Path) -> None:
+  """Our run's task-end exports against a recording's (module docstring): the same test records;
+  at the first task end at most 2 predictions differ, at each later one at most twice their own
+  drift's count + 5; the largest logit difference at most twice their own + 0.01. The Mammoth
+  check holds its run to the same."""
   for j, logits in enumerate(rec["task_end_logits"]):
     export = np.load(workdir / "export" / f"task_{j}.npz")
     np.testing.assert_array_equal(export["record_ids"], rec["test_ids"])

@@ -36,7 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import tiny_run
-from test_parity_aml import id_images, image_ids
+from test_parity_aml import assert_task_ends_within_own_drift, id_images, image_ids
 
 from olora_jax.methods import replay
 
@@ -132,10 +132,4 @@ def test_our_cli_run_matches_their_run(tmp_path):
         term, ours_term, rec[term][:EXACT_STEPS])
   assert np.median(drift) <= DRIFT_FACTOR * np.median(own_drift), (drift, own_drift)
   assert drift.max() <= DRIFT_FACTOR * own_drift.max(), (drift, own_drift)
-  for j, logits in enumerate(rec["task_end_logits"]):
-    export = np.load(workdir / "export" / f"task_{j}.npz")
-    np.testing.assert_array_equal(export["record_ids"], rec["test_ids"])
-    differ = int((export["logits"].argmax(1) != logits.argmax(1)).sum())
-    own_differ = int((rec["own_task_end_predictions"][:, j] != logits.argmax(1)).sum(1).max())
-    assert differ <= (2 if j == 0 else 2 * own_differ + 5), (j, differ, own_differ)
-    assert np.abs(export["logits"] - logits).max() <= 2 * rec["own_logit_drift"][:, j].max() + 0.01
+  assert_task_ends_within_own_drift(rec, workdir)
