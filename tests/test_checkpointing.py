@@ -375,7 +375,10 @@ out = {}
 for name, where in layouts.items():
   placed = {k: jax.device_put(x, where(x)) for k, x in arrays.items()}
   assert name in ("one device", "replicated") or not placed["f32"].is_fully_replicated, name
+  checkpointing.HOST_CHECK_ELEMENTS = -1  # the compiled program, where the shards live
   out[name] = checkpointing.array_checksums(placed)
+  checkpointing.HOST_CHECK_ELEMENTS = 1 << 21  # NumPy on host copies
+  out[f"{name}, on the host"] = checkpointing.array_checksums(placed)
 print(json.dumps(out))
 """
 
@@ -432,9 +435,18 @@ def _numpy_digest(words: np.ndarray) -> str:
   return "".join(f"{v:08x}" for v in lanes)
 
 
-def test_digests_keep_the_format_existing_checkpoints_hold():
+@pytest.fixture(params=["program", "host"])
+def check_path(request, monkeypatch):
+  """`tree_checks` by its compiled program, or in NumPy on the host (a small tree's way)."""
+  monkeypatch.setattr(checkpointing, "HOST_CHECK_ELEMENTS",
+                      -1 if request.param == "program" else 1 << 21)
+  return request.param
+
+
+def test_digests_keep_the_format_existing_checkpoints_hold(check_path):
   """Golden digests (device-v1): a change to how they are computed that changes a value would
-  make every stored checkpoint fail its check. Leaves of one shape are digested as a stack."""
+  make every stored checkpoint fail its check. Leaves of one shape are digested as a stack.
+  The same digests by the compiled program and in NumPy on the host."""
   tree = {"a": np.arange(12, dtype=np.float32).reshape(3, 4),
           "b": -np.arange(12, dtype=np.float32).reshape(3, 4),
           "levels": np.arange(5, dtype=np.uint8), "mask": np.array([[True, False], [False, True]]),
@@ -448,6 +460,39 @@ def test_digests_keep_the_format_existing_checkpoints_hold():
       "['scale']": "float32[]:5cd83e52f3397565c31c02bcc4680f63"}
   assert _numpy_digest(tree["a"].view(np.uint32)) == "6b261eeabf5de127d84f726eb23e06f4"
   assert _numpy_digest(tree["levels"]) == "fe9f4e8400f6dbe8e9f05a1861172884"
+
+
+def test_host_checks_equal_the_programs_bit_for_bit():
+  """`_host_tree_checks` (NumPy) against `_tree_checks` (compiled) on every dtype a state holds,
+  NumPy leaves jit would narrow (float64, int64: checked as jit sees them), complex numbers,
+  zero-size leaves, and NaN/Inf in each floating dtype: the same digests and finite flags."""
+  x = _dtype_arrays()
+  rng = np.random.default_rng(1)
+  leaves = [*x.values(), rng.standard_normal((5, 3)), rng.integers(-9, 9, (4,)),
+            (rng.standard_normal(6) + 1j * rng.standard_normal(6)).astype(np.complex64),
+            np.zeros((0, 4), np.float32), jnp.asarray(x["f32"])]
+  for name, inf in (("f32", np.inf), ("bf16", -np.inf), ("f16", np.nan), ("vector", np.nan)):
+    bad = np.array(x[name])
+    bad.reshape(-1)[3] = inf
+    leaves.append(bad)
+  want_sums, want_finite = jax.device_get(checkpointing._tree_checks(
+      [jax.random.key_data(v) if checkpointing._is_key(v) else v for v in leaves]))
+  got_sums, got_finite = checkpointing._host_tree_checks(leaves)
+  np.testing.assert_array_equal(got_sums, want_sums)
+  np.testing.assert_array_equal(got_finite, want_finite)
+  assert list(got_finite).count(False) == 4
+
+
+def test_a_large_tree_or_a_split_one_is_checked_by_the_program(monkeypatch):
+  """The NumPy path is for small trees this process holds whole; past HOST_CHECK_ELEMENTS the
+  compiled program runs (and gives the same digests)."""
+  tree = {"a": np.arange(64, dtype=np.float32), "b": np.ones((8, 8), np.float32)}
+  calls, on_host = [], checkpointing._host_tree_checks
+  monkeypatch.setattr(checkpointing, "_host_tree_checks",
+                      lambda leaves: calls.append(1) or on_host(leaves))
+  small = checkpointing.array_checksums(tree)
+  monkeypatch.setattr(checkpointing, "HOST_CHECK_ELEMENTS", 127)
+  assert checkpointing.array_checksums(tree) == small and calls == [1]
 
 
 def test_digests_change_with_any_flipped_byte_and_with_moved_elements():
