@@ -1,8 +1,9 @@
 """Refuse bad input before any compute: config values, config keys, and the data itself.
 
-Every check raises `InputError` (a `ValueError`) with one line that names the problem and the fix;
-`launch/run.py` turns it into exit code 2. The checks run in `trainer.Setup`, before the workdir
-is created or touched, so a refused run writes and damages nothing.
+Every check raises `InputError` (a `ValueError`; the model/method check `models.ModelError`) with
+one line that names the problem and the fix; `launch/run.py` turns it into exit code 2. The checks
+run in `trainer.Setup`, before the workdir is created or touched, so a refused run writes and
+damages nothing.
 
 What is checked (issue 6):
   config keys      a key the reference config does not have (`check_known_keys`)
@@ -15,6 +16,8 @@ What is checked (issue 6):
                    olora_jax/data/manifest.py; an explicit class order is checked against the
                    dataset's classes by olora_jax.data.streams), and the `method` name and its
                    config block (`check_method`)
+  model and method a model that cannot run the method: the ResNet trained from scratch and a
+                   method that does not train the whole model (`check_model_supports_method`)
   data             images uint8 (N, H, W, 1|3); integer labels in [0, num_classes)
                    (`check_source`)
 Dataset names and "not prepared" datasets are refused by `olora_jax.data.sources.load_source`,
@@ -31,9 +34,10 @@ from collections.abc import Collection, Mapping, Sequence
 import ml_collections
 import numpy as np
 
-from olora_jax import errors, models
+from olora_jax import errors
 from olora_jax.data.preprocess import PREPROCESS_MODES
 from olora_jax.data.streams import SCENARIOS
+from olora_jax.models import ModelError, resnet
 from olora_jax.models.vit import COMPUTE_DTYPES, spec_from_config
 
 
@@ -116,10 +120,48 @@ def _require(ok: bool, message: str) -> None:
 MAX_SEED = 2**32 - 1
 
 
+def check_model_supports_method(config: ml_collections.ConfigDict) -> None:
+  """Refuses (one line, before any compute) `model.name=resnet18_reduced` with what it cannot
+  run: a pretrained checkpoint (it is trained from scratch), and any method that does not train
+  the whole model (`<method block>.trainable='all'`): Online-LoRA, the LoRA, prompt and adapter
+  methods, and those that read a pretrained backbone's features (SLDA, RanPAC, SimpleCIL).
+  Raises `models.ModelError`. Here, where the model and the method meet: the models know no
+  method."""
+  if config.model.name != resnet.NAME:
+    return
+  method = config.method
+  block = config.get(method) if isinstance(method, str) and ":" not in method else None
+  trainable = block.get("trainable") if block is not None else None
+  if method == "online_lora" or trainable != "all":
+    if method == "online_lora":
+      why = "adds LoRA to a pretrained transformer's attention"
+    elif trainable is None:
+      why = "trains no whole model (it reads a pretrained backbone's features)"
+    else:
+      why = f"trains {trainable!r}, not the whole model"
+    whole = trainable is not None and _default_trainable(method) == "all"
+    fix = f"set {method}.trainable='all'" if whole else "use a ViT or Swin model.name for it"
+    raise ModelError(
+        f"method={method!r} {why}, and model.name={resnet.NAME!r} is trained from scratch by"
+        f" the methods that train the whole model; {fix}, or run a whole-model method (er,"
+        f" der_pp, finetune, ...) on the ResNet")
+  if config.pretrained.path:
+    raise ModelError(
+        f"pretrained.path={config.pretrained.path!r}: model.name={resnet.NAME!r} is trained from"
+        " scratch and reads no checkpoint; set pretrained.path='' (or use a ViT/Swin model.name)")
+
+
+def _default_trainable(method: str):
+  from olora_jax import methods  # here: the methods import the learner, not validation
+
+  block = methods.resolve(method).config
+  return block().get("trainable") if block is not None else None
+
+
 def check_config(config: ml_collections.ConfigDict, width: int) -> None:
   """Checks every value the run depends on; `width` is the model width (bounds the rank)."""
   c, lr = config, config.learner
-  models.check_method(c)  # a model that cannot run the method: refused first
+  check_model_supports_method(c)  # a model that cannot run the method: refused first
   for key, value in flatten(c).items():
     if isinstance(value, float) and not math.isfinite(value):
       raise InputError(f"{key}={value} must be a finite number; give a real value")
