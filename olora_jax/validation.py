@@ -125,8 +125,8 @@ def check_model_supports_method(config: ml_collections.ConfigDict) -> None:
   run: a pretrained checkpoint (it is trained from scratch), and any method that does not train
   the whole model (`<method block>.trainable='all'`): Online-LoRA, the LoRA, prompt and adapter
   methods, and those that read a pretrained backbone's features (SLDA, RanPAC, SimpleCIL).
-  Raises `models.ModelError`. Here, where the model and the method meet: the models know no
-  method."""
+  Raises `models.ModelError`. Here, where the model and the method registry meet: models/
+  never imports the registry."""
   if config.model.name != resnet.NAME:
     return
   method = config.method

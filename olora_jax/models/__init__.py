@@ -7,7 +7,7 @@ a Swin preset (`swin_t`, `swin_s`, `swin_b`) or `swin_custom` (a Swin of the con
 (`model.apply({"params": ...}, images, lora=...)`) and the same LoRA tree layout
 (olora_jax/models/lora.py), so every method runs on either ViT or Swin; the ResNet has no
 attention and no pretrained weights, and runs the methods that train the whole model
-(`olora_jax.validation.check_model_supports_method`: the models know no method).
+(`olora_jax.validation.check_model_supports_method`: models/ never imports the method registry).
 """
 
 from __future__ import annotations
