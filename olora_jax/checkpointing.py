@@ -504,6 +504,13 @@ class Checkpointer:
     if step in self._manager.all_steps():
       return  # this exact state is already saved (e.g. a periodic save at the last step)
     arrays = _raw(arrays)
+    digests = self._finite_digests(step, arrays)
+    arrays, host, checksums = self._record(arrays, digests, progress, meta)
+    self._write(step, arrays, host, checksums)
+
+  def _finite_digests(self, step: int, arrays: Any) -> dict[str, str]:
+    """The digest of every array of the state to save at `step` (one program with their finite
+    flags); `errors.NonFiniteLoss` when one holds NaN/Inf: such a state is never saved."""
     digests, bad = tree_checks(arrays)  # one program: digests and finite flags
     if bad:
       raise errors.NonFiniteLoss(
@@ -511,6 +518,12 @@ class Checkpointer:
           f" {bad[0]}) though every loss was finite; it was not saved, the newest checkpoint"
           f" in {self.directory} is the last good state; lower the learning rate or check the"
           " data")
+    return digests
+
+  def _record(self, arrays: Any, digests: dict[str, str], progress: Progress,
+              meta: dict) -> tuple[Any, dict, dict]:
+    """What a checkpoint stores: (the arrays less those unchanged since the initial state and
+    the zero-size ones, the host record, the checksums of both)."""
     from_initial = {k: v for k, v in digests.items() if self._initial.get(k) == v}
     arrays = _drop_empty(arrays, frozenset(from_initial))
     stored = [jax.tree_util.keystr(path) for path, _ in  # tree order; None leaves left out
@@ -518,6 +531,10 @@ class Checkpointer:
     host = {"progress": progress.to_json(), **meta}
     checksums = {"digest": DIGEST_KIND, "arrays": {k: digests[k] for k in stored},
                  "from_initial": from_initial, "host": _json_digest(host)}
+    return arrays, host, checksums
+
+  def _write(self, step: int, arrays: Any, host: dict, checksums: dict) -> None:
+    """Writes checkpoint `step` and waits for it; a failed write leaves nothing behind."""
     try:
       self._manager.save(step, force=True, args=ocp.args.Composite(
           arrays=ocp.args.StandardSave(arrays), host=ocp.args.JsonSave(host),
@@ -552,7 +569,19 @@ class Checkpointer:
           f"checkpoint {step} in {self.directory} has checksums of kind {kind!r}, which this"
           " version of olora_jax does not know; resume it with the version that wrote it, or"
           " pass a new --workdir")
-    raw = _raw(template)
+    arrays, host = self._read_stored(step, _raw(template), checksums)
+    found, bad = tree_checks(arrays)
+    self._verify(step, host, checksums, found, lambda: found)
+    if bad:  # saved before saves were checked: treated as damage, like a bad checksum
+      raise ValueError(f"{len(bad)} array(s) hold NaN/Inf, e.g. {bad[0]}")
+    arrays = jax.tree.map(
+        lambda r, t: jax.random.wrap_key_data(r, impl=jax.random.key_impl(t)) if _is_key(t)
+        else r, arrays, template)
+    return arrays, host
+
+  def _read_stored(self, step: int, raw: Any, checksums: dict) -> tuple[Any, dict]:
+    """(arrays, host) of checkpoint `step`, unverified: the stored arrays read on the shardings of
+    `raw` (the template, keys as raw data), the leaves left out taken from `raw`."""
     target = _drop_empty(jax.tree.map(
         lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), raw),
         frozenset(checksums["from_initial"]))
@@ -562,13 +591,6 @@ class Checkpointer:
     # whole tree is digested at once, like at a save (the same compiled program).
     arrays = jax.tree.map(lambda r, t: t if r is None else r, out["arrays"], raw,
                           is_leaf=lambda x: x is None)
-    found, bad = tree_checks(arrays)
-    self._verify(step, out["host"], checksums, found, lambda: found)
-    if bad:  # saved before saves were checked: treated as damage, like a bad checksum
-      raise ValueError(f"{len(bad)} array(s) hold NaN/Inf, e.g. {bad[0]}")
-    arrays = jax.tree.map(
-        lambda r, t: jax.random.wrap_key_data(r, impl=jax.random.key_impl(t)) if _is_key(t)
-        else r, arrays, template)
     return arrays, out["host"]
 
   def _restore_legacy(self, step: int, template: Any, checksums: dict,
@@ -639,14 +661,19 @@ class Checkpointer:
       except WorkdirError:
         raise  # not damage: every checkpoint of the run would say the same
       except Exception as e:  # any failure to restore means: do not use it
-        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
-        moved = self._quarantine(step) if sharding.is_primary() else "corrupt_checkpoints/"
-        sharding.barrier(f"quarantined checkpoint {step}")
-        self._manager.reload()
-        logging.warning("checkpoint %d in %s is damaged (%s: %s); moved it to %s and falling"
-                        " back to an older one", step, self.directory, type(e).__name__,
-                        reason[:200], moved)
+        self._set_aside(step, e)
     return None
+
+  def _set_aside(self, step: int, e: Exception) -> None:
+    """Moves damaged checkpoint `step` to `workdir/corrupt_checkpoints/` (process 0; every
+    process waits for it) and warns why (`e`, the failure to restore it)."""
+    reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+    moved = self._quarantine(step) if sharding.is_primary() else "corrupt_checkpoints/"
+    sharding.barrier(f"quarantined checkpoint {step}")
+    self._manager.reload()
+    logging.warning("checkpoint %d in %s is damaged (%s: %s); moved it to %s and falling"
+                    " back to an older one", step, self.directory, type(e).__name__,
+                    reason[:200], moved)
 
   def _quarantine(self, step: int) -> str:
     dest_root = os.path.join(self.workdir, CORRUPT_DIR)

@@ -405,6 +405,23 @@ class Evaluator:
     self.batch_size = batch_size
     self.num_classes = num_classes
     self.mask_unseen_logits = mask_unseen_logits
+    self._set_domain_rows(source)
+    if preprocess not in PREPROCESS_MODES:
+      raise ValueError(f"unknown data.preprocess={preprocess!r}; use one of {PREPROCESS_MODES}")
+    self.preprocess = preprocess
+    # This process's rows of each test batch (all of them in a single-process run).
+    self.rows = sharding.local_rows(batch_size, self.mesh)
+    self.input_scale = input_scale
+    self._cache_test_set(source, image_size, preprocess)
+    self._build_programs(predict_fn, num_classes, image_size, input_scale, preprocess,
+                         predict_chunk)
+    # A test batch's rows: each device's a multiple of the chunk (`fit_batch`'s step).
+    self._batch_step = self.mesh.devices.size * max(predict_chunk, 1)
+    self._fitted = False  # `_fit_batch` runs at the first evaluation (it needs the state)
+
+  def _set_domain_rows(self, source: Source) -> None:
+    """`domain_ids`, the source's domains in order, and `_domain_row`, each test example's row in
+    the (D, C) counts."""
     domains = domains_of(source)
     # Each test example's row in the (D, C) counts; one row when the source has no domains.
     if domains is None:
@@ -412,12 +429,10 @@ class Evaluator:
     else:
       self.domain_ids, rows = np.unique(domains, return_inverse=True)
       self._domain_row = rows.astype(np.int32)
-    if preprocess not in PREPROCESS_MODES:
-      raise ValueError(f"unknown data.preprocess={preprocess!r}; use one of {PREPROCESS_MODES}")
-    self.preprocess = preprocess
-    # This process's rows of each test batch (all of them in a single-process run).
-    self.rows = sharding.local_rows(batch_size, self.mesh)
-    self.input_scale = input_scale
+
+  def _cache_test_set(self, source: Source, image_size: int, preprocess: str) -> None:
+    """Where the test set is kept at the model's resolution (`cached`: 'device', 'host' or
+    'none', `cache_placement`) and the cache itself (`_levels`), decoded once."""
     self.cached = cache_placement(source, image_size, self.mesh)
     self._levels = None  # the cached test set: (N, S, S, 1|3) uint8, on the devices or the host
     if self.cached != "none" and preprocess == "device" and resizes_on_device(source, image_size):
@@ -428,6 +443,13 @@ class Evaluator:
         self._levels = sharding.replicate(self._levels, self.mesh)
     elif preprocess == "device":
       self._stored_shape = device_image_shape(source, "none")
+
+  def _build_programs(self, predict_fn: Callable[..., jax.Array], num_classes: int,
+                      image_size: int, input_scale: str, preprocess: str,
+                      predict_chunk: int) -> None:
+    """The counting program (`_count`) and the maker of the logits program (`_make_logits`,
+    built on first use), both taking uint8 batches scaled on the device when the test set is
+    cached or preprocessed there."""
     preprocess_fn = None
     if self.cached != "none" or preprocess == "device":  # uint8 batches, scaled in `count`
       preprocess_fn = functools.partial(device_preprocess.preprocess_images,
@@ -437,11 +459,6 @@ class Evaluator:
     self._make_logits = functools.partial(make_logits_fn, predict_fn, preprocess_fn,
                                           predict_chunk, self.mesh.devices.size)
     self._logits = None  # built on first use (`logits`)
-
-
-    # A test batch's rows: each device's a multiple of the chunk (`fit_batch`'s step).
-    self._batch_step = self.mesh.devices.size * max(predict_chunk, 1)
-    self._fitted = False  # `_fit_batch` runs at the first evaluation (it needs the state)
 
   def _batch(self, ids: np.ndarray) -> dict:
     """This process's rows of the padded test batch of `ids`."""

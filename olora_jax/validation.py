@@ -1,8 +1,9 @@
 """Refuse bad input before any compute: config values, config keys, and the data itself.
 
-Every check raises `InputError` (a `ValueError`) with one line that names the problem and the fix;
-`launch/run.py` turns it into exit code 2. The checks run in `trainer.Setup`, before the workdir
-is created or touched, so a refused run writes and damages nothing.
+Every check raises `InputError` (a `ValueError`; the model/method check `models.ModelError`) with
+one line that names the problem and the fix; `launch/run.py` turns it into exit code 2. The checks
+run in `trainer.Setup`, before the workdir is created or touched, so a refused run writes and
+damages nothing.
 
 What is checked (issue 6):
   config keys      a key the reference config does not have (`check_known_keys`)
@@ -15,6 +16,8 @@ What is checked (issue 6):
                    olora_jax/data/manifest.py; an explicit class order is checked against the
                    dataset's classes by olora_jax.data.streams), and the `method` name and its
                    config block (`check_method`)
+  model and method a model that cannot run the method: the ResNet trained from scratch and a
+                   method that does not train the whole model (`check_model_supports_method`)
   data             images uint8 (N, H, W, 1|3); integer labels in [0, num_classes)
                    (`check_source`)
 Dataset names and "not prepared" datasets are refused by `olora_jax.data.sources.load_source`,
@@ -31,9 +34,10 @@ from collections.abc import Collection, Mapping, Sequence
 import ml_collections
 import numpy as np
 
-from olora_jax import errors, models
+from olora_jax import errors
 from olora_jax.data.preprocess import PREPROCESS_MODES
 from olora_jax.data.streams import SCENARIOS
+from olora_jax.models import ModelError, resnet
 from olora_jax.models.vit import COMPUTE_DTYPES, spec_from_config
 
 
@@ -116,10 +120,48 @@ def _require(ok: bool, message: str) -> None:
 MAX_SEED = 2**32 - 1
 
 
+def check_model_supports_method(config: ml_collections.ConfigDict) -> None:
+  """Refuses (one line, before any compute) `model.name=resnet18_reduced` with what it cannot
+  run: a pretrained checkpoint (it is trained from scratch), and any method that does not train
+  the whole model (`<method block>.trainable='all'`): Online-LoRA, the LoRA, prompt and adapter
+  methods, and those that read a pretrained backbone's features (SLDA, RanPAC, SimpleCIL).
+  Raises `models.ModelError`. Here, where the model and the method registry meet: models/
+  never imports the registry."""
+  if config.model.name != resnet.NAME:
+    return
+  method = config.method
+  block = config.get(method) if isinstance(method, str) and ":" not in method else None
+  trainable = block.get("trainable") if block is not None else None
+  if method == "online_lora" or trainable != "all":
+    if method == "online_lora":
+      why = "adds LoRA to a pretrained transformer's attention"
+    elif trainable is None:
+      why = "trains no whole model (it reads a pretrained backbone's features)"
+    else:
+      why = f"trains {trainable!r}, not the whole model"
+    whole = trainable is not None and _default_trainable(method) == "all"
+    fix = f"set {method}.trainable='all'" if whole else "use a ViT or Swin model.name for it"
+    raise ModelError(
+        f"method={method!r} {why}, and model.name={resnet.NAME!r} is trained from scratch by"
+        f" the methods that train the whole model; {fix}, or run a whole-model method (er,"
+        f" der_pp, finetune, ...) on the ResNet")
+  if config.pretrained.path:
+    raise ModelError(
+        f"pretrained.path={config.pretrained.path!r}: model.name={resnet.NAME!r} is trained from"
+        " scratch and reads no checkpoint; set pretrained.path='' (or use a ViT/Swin model.name)")
+
+
+def _default_trainable(method: str):
+  from olora_jax import methods  # here: the methods import the learner, not validation
+
+  block = methods.resolve(method).config
+  return block().get("trainable") if block is not None else None
+
+
 def check_config(config: ml_collections.ConfigDict, width: int) -> None:
   """Checks every value the run depends on; `width` is the model width (bounds the rank)."""
   c, lr = config, config.learner
-  models.check_method(c)  # a model that cannot run the method: refused first
+  check_model_supports_method(c)  # a model that cannot run the method: refused first
   for key, value in flatten(c).items():
     if isinstance(value, float) and not math.isfinite(value):
       raise InputError(f"{key}={value} must be a finite number; give a real value")
@@ -227,11 +269,37 @@ def check_method(config: ml_collections.ConfigDict, width: int | None = None) ->
              f"{key}=True is Online-LoRA's; with method={name!r} set it to False")
   b, p = config[name], f"{name}."
   values = b.to_dict()
+  _check_choices(p, name, values)
+  _check_trainable_and_prompt_pool(config, b, p, name, values)
+  _check_lora_branches(b, p, name, values, width)
+  _check_learning_rate(b, p, values)
+  _check_replay(config, b, p, values)
+  _check_regularisers(b, p, name, values)
+  _check_mvp_keys_and_query(config, b, p, values)
+  _check_schedule(b, p, values)
+  if "margin" in values:  # MVP's feature scale 1 - cos + m must stay positive
+    _require(b.margin > 0, f"{p}margin={b.margin} must be > 0 (the paper: 0.5)")
+  _check_slca(b, p, values)
+  _check_hide_prompt(b, p, values)
+  _check_simplecil_first_phase(b, p, values)
+  _check_slda_and_ranpac(b, p, values)
+  _check_lwf_and_onpro(b, p, values)
+  _check_shared_bounds(p, values)
+
+
+def _check_choices(p: str, name: str, values: dict) -> None:
+  """The block's named choices: its optimizer, ER's replay pass, ER-ACE's head."""
   for key, allowed in (("optimizer", OPTIMIZERS), ("replay_pass", REPLAY_PASSES),
                        ("head", ER_ACE_HEADS)):
     if key in values and (key != "head" or name == "er_ace"):
       _require(values[key] in allowed,
                f"unknown {p}{key}={values[key]!r}; use one of {allowed}")
+
+
+def _check_trainable_and_prompt_pool(config: ml_collections.ConfigDict, b, p: str, name: str,
+                                     values: dict) -> None:
+  """What the block trains (`trainable`), and the prompt methods' pool: its sizes, `top_k` and
+  the prefix methods' layers."""
   # L2P, MVP, DualPrompt, CODA-Prompt: they train a prompt pool and the head
   prompt_method = "pool_size" in values
   # A training-free method (simplecil, slda, ranpac) has no `trainable` nor `learning_rate`.
@@ -252,6 +320,11 @@ def check_method(config: ml_collections.ConfigDict, width: int | None = None) ->
                f"{p}top_k={b.top_k} must be in [1, {p}pool_size{' - 1' * (name == 'mvp')}]"
                " (MVP's key loss contrasts a selected key with the other keys)")
     _check_prefix_layers(config, b, p)
+
+
+def _check_lora_branches(b, p: str, name: str, values: dict, width: int | None) -> None:
+  """InfLoRA's, SD-LoRA's and EASE's own LoRA branches: their rank (at most `width`, when given),
+  the number of tasks (CODA-Prompt's and SLCA's too) and InfLoRA's DualGPM threshold schedule."""
   if "rank" in values:  # InfLoRA, SD-LoRA: LoRA branches of their own rank, and the head
     _require(b.trainable == "lora", f"{p}trainable={b.trainable!r}: {name} trains its LoRA"
              " branches and the head; use 'lora'")
@@ -265,6 +338,10 @@ def check_method(config: ml_collections.ConfigDict, width: int | None = None) ->
     _require(0 < b.threshold_start <= b.threshold_end <= 1,
              f"{p}threshold_start={b.threshold_start} and {p}threshold_end={b.threshold_end}"
              " must satisfy 0 < start <= end <= 1 (the paper's ImageNet-R: 0.98 and 1.0)")
+
+
+def _check_learning_rate(b, p: str, values: dict) -> None:
+  """The block's learning rate, its weight decay and GDumb's cosine floor."""
   if "learning_rate" in values:
     _require(b.learning_rate > 0, f"{p}learning_rate={b.learning_rate} must be > 0")
   if "weight_decay" in values:
@@ -272,6 +349,10 @@ def check_method(config: ml_collections.ConfigDict, width: int | None = None) ->
   if "min_learning_rate" in values:
     _require(0 < b.min_learning_rate <= b.learning_rate,
              f"{p}min_learning_rate={b.min_learning_rate} must be in (0, {p}learning_rate]")
+
+
+def _check_replay(config: ml_collections.ConfigDict, b, p: str, values: dict) -> None:
+  """The replay buffer: its size, the replayed batch and MIR's candidates."""
   if "buffer_size" in values:
     _require(b.buffer_size >= 1, f"{p}buffer_size={b.buffer_size} must be >= 1 (the paper"
              " uses 500)")
@@ -285,6 +366,10 @@ def check_method(config: ml_collections.ConfigDict, width: int | None = None) ->
     _require((b.replay_batch or config.learner.batch_size) <= b.n_candidates <= b.buffer_size,
              f"{p}n_candidates={b.n_candidates} must be in [{p}replay_batch,"
              f" {p}buffer_size]; the paper uses 50")
+
+
+def _check_regularisers(b, p: str, name: str, values: dict) -> None:
+  """EWC++'s Fisher normalisation, the loss weights (>= 0) and `alpha` (DER++, EWC++, MVP, EASE)."""
   if "fisher_normalisation" in values:  # EWC++ (methods/ewc_pp.py NORMALISATIONS)
     _require(b.fisher_normalisation in ("min_max", "none"),
              f"unknown {p}fisher_normalisation={b.fisher_normalisation!r}; use 'min_max' (the"
@@ -296,6 +381,10 @@ def check_method(config: ml_collections.ConfigDict, width: int | None = None) ->
     # MVP's weight of the focal term in [0, 1]
     upper = 1.0 if name in ("ewc_pp", "mvp") else float("inf")
     _require(0 <= b.alpha <= upper, f"{p}alpha={b.alpha} must be in [0, {upper}]")
+
+
+def _check_mvp_keys_and_query(config: ml_collections.ConfigDict, b, p: str, values: dict) -> None:
+  """MVP's key initialisation and the query feature it reads (on a model deep enough for it)."""
   if "key_init" in values:  # MVP's keys (methods/prompt_pool.py KEY_INITS)
     _require(b.key_init in ("uniform", "normal"),
              f"unknown {p}key_init={b.key_init!r}; use 'uniform' (L2P's) or 'normal' (the"
@@ -308,6 +397,11 @@ def check_method(config: ml_collections.ConfigDict, width: int | None = None) ->
              or spec_from_config(config.model).depth >= 2,
              f"{p}query='penultimate' reads the class token after block depth - 2 and needs"
              " model.depth >= 2; use 'last' on a one-block model")
+
+
+def _check_schedule(b, p: str, values: dict) -> None:
+  """The learning rate's scaling with the batch, MVP's updates per batch and the upper bound's
+  schedule."""
   if "lr_reference_batch" in values:  # the linear learning-rate scaling (common.batch_scale)
     _require(isinstance(b.lr_reference_batch, int) and b.lr_reference_batch >= 0,
              f"{p}lr_reference_batch={b.lr_reference_batch!r} must be an integer >= 0 (the batch"
@@ -319,8 +413,10 @@ def check_method(config: ml_collections.ConfigDict, width: int | None = None) ->
   if "schedule" in values:  # the upper bound's learning rate (methods/finetune.py)
     _require(b.schedule in ("constant", "cosine"),
              f"unknown {p}schedule={b.schedule!r}; use 'constant' or 'cosine'")
-  if "margin" in values:  # MVP's feature scale 1 - cos + m must stay positive
-    _require(b.margin > 0, f"{p}margin={b.margin} must be > 0 (the paper: 0.5)")
+
+
+def _check_slca(b, p: str, values: dict) -> None:
+  """SLCA's classifier alignment (methods/slca.py)."""
   if "alignment" in values:  # SLCA's classifier alignment (methods/slca.py)
     _require(b.alignment in ("every_evaluation", "after_boundary", "none"),
              f"unknown {p}alignment={b.alignment!r}; use 'every_evaluation' (ours),"
@@ -335,6 +431,11 @@ def check_method(config: ml_collections.ConfigDict, width: int | None = None) ->
              f"{p}alignment_learning_rate={b.alignment_learning_rate} and"
              f" {p}covariance_shrinkage={b.covariance_shrinkage} must be > 0 (the authors': 0.01"
              " and 1e-4)")
+
+
+def _check_hide_prompt(b, p: str, values: dict) -> None:
+  """HiDe-Prompt's alignment, task-identity inference and prompt training
+  (methods/hide_prompt.py)."""
   if "tii_hidden_ratio" in values:  # HiDe-Prompt (methods/hide_prompt.py)
     _require(b.align in ("every_evaluation", "none"),
              f"unknown {p}align={b.align!r}; use 'every_evaluation' (ours) or 'none'")
@@ -353,6 +454,10 @@ def check_method(config: ml_collections.ConfigDict, width: int | None = None) ->
       _require(b[key] > 0, f"{p}{key}={b[key]} must be > 0")
     for key in ("contrastive_weight", "alignment_weight_decay"):
       _require(b[key] >= 0, f"{p}{key}={b[key]} must be >= 0")
+
+
+def _check_simplecil_first_phase(b, p: str, values: dict) -> None:
+  """SimpleCIL's APER variant: what its first phase adapts and how (methods/simplecil.py)."""
   if "first_phase" in values:  # SimpleCIL's APER variant: what its first phase adapts
     _require(b.first_phase in ("none", "lora", "all"),
              f"unknown {p}first_phase={b.first_phase!r}; use 'none' (SimpleCIL), 'lora' or"
@@ -368,6 +473,10 @@ def check_method(config: ml_collections.ConfigDict, width: int | None = None) ->
     _require(isinstance(steps, int) and steps >= 0,
              f"{p}first_phase_cosine_steps={steps!r} must be an integer >= 0 (0: a constant"
              " learning rate)")
+
+
+def _check_slda_and_ranpac(b, p: str, values: dict) -> None:
+  """SLDA's covariance shrinkage, RanPAC's ridge grid and held-out share."""
   if "shrinkage" in values:  # SLDA's epsilon: the shrunk covariance must stay invertible
     _require(0 < b.shrinkage <= 1, f"{p}shrinkage={b.shrinkage} must be in (0, 1] (the paper:"
              " 1e-4)")
@@ -379,6 +488,10 @@ def check_method(config: ml_collections.ConfigDict, width: int | None = None) ->
   if "holdout_every" in values:
     _require(b.holdout_every >= 2, f"{p}holdout_every={b.holdout_every} must be >= 2 (5: every"
              " fifth sample held out, 20%)")
+
+
+def _check_lwf_and_onpro(b, p: str, values: dict) -> None:
+  """LwF's teacher period and distillation weight, OnPro's mixup rates."""
   if "refresh_every" in values:  # LwF's teacher period (methods/lwf.py)
     _require(isinstance(b.refresh_every, int) and b.refresh_every >= 0,
              f"{p}refresh_every={b.refresh_every!r} must be an integer >= 0 (0: refresh only at"
@@ -388,6 +501,11 @@ def check_method(config: ml_collections.ConfigDict, width: int | None = None) ->
       _require(0 <= values[key] <= 1, f"{p}{key}={values[key]} must be in [0, 1]")
   if "kd_weight" in values:  # LwF's lambda_o (0: the codebase's 1/(n+1) weighting)
     _require(b.kd_weight >= 0, f"{p}kd_weight={b.kd_weight} must be >= 0")
+
+
+def _check_shared_bounds(p: str, values: dict) -> None:
+  """The keys several blocks share, by their bound: counts >= 1, temperatures > 0, warm-ups >= 0
+  and EMA decays in [0, 1)."""
   for key in ("fisher_every", "epochs", "repeats", "projection_dim", "refit_every",
               "draw_per_class"):
     if key in values:

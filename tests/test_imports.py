@@ -1,8 +1,18 @@
 """The package's import graph has no circle: every module imports only modules below it. The
 launchers' bookkeeping (sweep --status, a cell's runner) imports no JAX.
 
-Read statically from the source (imports inside functions included, as they run all the same);
-`from package import name` is an edge to the submodule when `name` is one, else to the package.
+The graph is read statically from the source, imports inside functions included (they run all
+the same, only later), with what Python imports besides the module named:
+- `from package import name` is an edge to the submodule when `name` is one, else to the package;
+  relative imports are resolved against the importing module's package.
+- Importing `a.b.c` runs the `__init__.py` of `a` and `a.b` first: edges to those packages too,
+  except the importer's own packages (they are initialised before the importer runs, and a package
+  importing its own submodules is how a package is built, not a circle).
+- `olora_jax/__init__.py` maps its top-level names to modules lazily (PEP 562): it imports
+  nothing itself, so it has no edges; a module that does `from olora_jax import Evaluator`
+  imports what that name maps to (olora_jax.evaluate), and that is its edge.
+- The method registry (`olora_jax/methods/__init__.py`) imports every module of its package when
+  it lists them (`pkgutil.iter_modules(__path__)`): edges to each of them.
 """
 
 from __future__ import annotations
@@ -10,6 +20,7 @@ from __future__ import annotations
 import ast
 import fnmatch
 import importlib.util
+import itertools
 import os
 import shutil
 import subprocess
@@ -27,9 +38,25 @@ def _module_name(path: Path) -> str:
   return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def import_graph() -> dict[str, set[str]]:
+def _packages_of(name: str) -> list[str]:
+  """The packages whose `__init__.py` runs before module `name`: 'a.b.c' -> ['a', 'a.b']."""
+  parts = name.split(".")
+  return [".".join(parts[:i]) for i in range(1, len(parts))]
+
+
+def _lazy_names() -> dict[str, str]:
+  """olora_jax's top-level names (PEP 562) -> the module each imports when asked for."""
+  import olora_jax  # cheap: the names load on first use
+
+  return {name: module for name, (module, _) in olora_jax._EXPORTS.items()}
+
+
+def import_graph() -> dict[str, dict[str, int]]:
+  """module -> {module it imports: the line of the (first) import}, read from the source (module
+  docstring)."""
   modules = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
-  graph: dict[str, set[str]] = {name: set() for name in modules}
+  lazy = _lazy_names()
+  graph: dict[str, dict[str, int]] = {name: {} for name in modules}
   for name, path in modules.items():
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     for node in ast.walk(ast.parse(path.read_text())):
@@ -41,10 +68,41 @@ def import_graph() -> dict[str, set[str]]:
         if node.level:  # relative import
           base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1]
                           + ([base] if base else []))
-        targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base
+        targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules
+                   else lazy.get(a.name, base) if base == PACKAGE.name else base
                    for a in node.names]
-      graph[name].update(t for t in targets if t in modules and t != name)
+      elif (isinstance(node, ast.Call) and ast.unparse(node.func) == "pkgutil.iter_modules"
+            and [ast.unparse(a) for a in node.args] == ["__path__"]):  # the method registry
+        targets = [m for m in modules if m.rpartition(".")[0] == name]
+      for target in targets:
+        for imported in (*_packages_of(target), target):
+          if imported in modules and imported != name and imported not in _packages_of(name):
+            graph[name].setdefault(imported, node.lineno)
   return graph
+
+
+def cycle_through(graph: dict[str, dict[str, int]], component: list[str]) -> str:
+  """One circle inside a strongly connected `component`, as 'a (line 3) -> b (line 9) -> a':
+  each module with the line of its import of the next."""
+  start, inside = component[0], set(component)
+  came_from: dict[str, str] = {}
+  frontier = [start]
+  while frontier:  # breadth first: the shortest way back to `start`
+    reached = []
+    for v in frontier:
+      for w in sorted(graph[v]):
+        if w in inside and w not in came_from:
+          came_from[w] = v
+          reached.append(w)
+    if start in came_from:
+      break
+    frontier = reached
+  path = [start]
+  while len(path) == 1 or path[-1] != start:
+    path.append(came_from[path[-1]])
+  path.reverse()  # start -> ... -> start
+  steps = (f"{v} (line {graph[v][w]})" for v, w in itertools.pairwise(path))
+  return " -> ".join(steps) + f" -> {start}"
 
 
 def circles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -82,11 +140,37 @@ def test_the_package_has_no_import_circle():
   graph = import_graph()
   assert len(graph) > 20 and "olora_jax.trainer" in graph
   assert "olora_jax.protocol" in graph["olora_jax.trainer"]  # edges are read
-  assert circles(graph) == []
+  assert "olora_jax.models" in graph["olora_jax.learner.online_lora"]  # a submodule's package
+  assert "olora_jax.methods.er" in graph["olora_jax.methods"]  # the registry's discovery
+  found = [cycle_through(graph, component) for component in circles(graph)]
+  assert not found, "import circle(s), each module with the line that imports the next:\n" + (
+      "\n".join(found))
 
 
 def test_a_circle_is_found():
-  assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+  graph = {"a": {"b": 1}, "b": {"c": 2, "d": 3}, "c": {"a": 4}, "d": {"a": 5}, "e": {"a": 6}}
+  assert circles(graph) == [["a", "b", "c", "d"]]
+  assert cycle_through(graph, ["a", "b", "c", "d"]) == "a (line 1) -> b (line 2) -> c (line 4) -> a"
+
+
+def test_function_level_package_and_lazy_imports_are_edges(tmp_path, monkeypatch):
+  """A function's import, the package a submodule import runs, and a lazy top-level name are
+  edges; a package importing its own submodule is not a circle."""
+  package = tmp_path / "olora_jax"
+  (package / "sub").mkdir(parents=True)
+  (package / "__init__.py").write_text("")
+  (package / "sub" / "__init__.py").write_text("from olora_jax.sub import leaf\n")
+  (package / "sub" / "leaf.py").write_text("from . import other\n")
+  (package / "sub" / "other.py").write_text("def f():\n  from olora_jax import Evaluator\n")
+  (package / "evaluate.py").write_text("import olora_jax.sub.leaf\n")
+  monkeypatch.setattr(sys.modules[__name__], "PACKAGE", package)
+  graph = import_graph()
+  assert graph["olora_jax.sub"] == {"olora_jax.sub.leaf": 1}
+  assert graph["olora_jax.sub.leaf"] == {"olora_jax.sub.other": 1}
+  assert graph["olora_jax.sub.other"] == {"olora_jax.evaluate": 2}
+  assert graph["olora_jax.evaluate"] == {"olora_jax.sub": 1, "olora_jax.sub.leaf": 1}
+  assert circles(graph) == [["olora_jax.evaluate", "olora_jax.sub", "olora_jax.sub.leaf",
+                             "olora_jax.sub.other"]]
 
 
 def test_configs_is_part_of_the_installed_distribution(tmp_path):

@@ -7,7 +7,7 @@ a Swin preset (`swin_t`, `swin_s`, `swin_b`) or `swin_custom` (a Swin of the con
 (`model.apply({"params": ...}, images, lora=...)`) and the same LoRA tree layout
 (olora_jax/models/lora.py), so every method runs on either ViT or Swin; the ResNet has no
 attention and no pretrained weights, and runs the methods that train the whole model
-(`check_method`).
+(`olora_jax.validation.check_model_supports_method`: models/ never imports the method registry).
 """
 
 from __future__ import annotations
@@ -101,42 +101,6 @@ def is_resnet(spec: Any) -> bool:
   return isinstance(spec, resnet.ResNetSpec)
 
 
-def check_method(config: Any) -> None:
-  """Refuses (one line, before any compute) `model.name=resnet18_reduced` with what it cannot
-  run: a pretrained checkpoint (it is trained from scratch), and any method that does not train
-  the whole model (`<method block>.trainable='all'`): Online-LoRA, the LoRA, prompt and adapter
-  methods, and those that read a pretrained backbone's features (SLDA, RanPAC, SimpleCIL)."""
-  if config.model.name != resnet.NAME:
-    return
-  method = config.method
-  block = config.get(method) if isinstance(method, str) and ":" not in method else None
-  trainable = block.get("trainable") if block is not None else None
-  if method == "online_lora" or trainable != "all":
-    if method == "online_lora":
-      why = "adds LoRA to a pretrained transformer's attention"
-    elif trainable is None:
-      why = "trains no whole model (it reads a pretrained backbone's features)"
-    else:
-      why = f"trains {trainable!r}, not the whole model"
-    whole = trainable is not None and _default_trainable(method) == "all"
-    fix = f"set {method}.trainable='all'" if whole else "use a ViT or Swin model.name for it"
-    raise ModelError(
-        f"method={method!r} {why}, and model.name={resnet.NAME!r} is trained from scratch by"
-        f" the methods that train the whole model; {fix}, or run a whole-model method (er,"
-        f" der_pp, finetune, ...) on the ResNet")
-  if config.pretrained.path:
-    raise ModelError(
-        f"pretrained.path={config.pretrained.path!r}: model.name={resnet.NAME!r} is trained from"
-        " scratch and reads no checkpoint; set pretrained.path='' (or use a ViT/Swin model.name)")
-
-
-def _default_trainable(method: str):
-  from olora_jax import methods  # the registry imports the models
-
-  block = methods.resolve(method).config
-  return block().get("trainable") if block is not None else None
-
-
 def build_model(config: Any, spec: vit.ViTSpec | swin.SwinSpec | resnet.ResNetSpec,
                 num_classes: int):
   """The Flax classifier of `spec` with a `num_classes` head in `model.compute_dtype` and
@@ -150,7 +114,6 @@ def build_model(config: Any, spec: vit.ViTSpec | swin.SwinSpec | resnet.ResNetSp
     raise ModelError(f"model.matmul_precision={precision!r}: use one of {vit.MATMUL_PRECISIONS}"
                      " (None takes the fidelity's default: resolve the config first)")
   if is_resnet(spec):
-    check_method(config)
     if config.model.scan_blocks:
       raise ModelError(f"model.scan_blocks=True scans a ViT's encoder blocks and"
                        f" model.name={resnet.NAME!r} has none; set model.scan_blocks=False")
