@@ -32,6 +32,9 @@ from numerics import assert_close
 
 from olora_jax.data import manifest as manifest_lib
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts" / "parity"))
+import online_lora as online_lora_driver  # noqa: E402 (the driver: our side's command line)
+
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = ROOT / "tests" / "fixtures" / "parity" / "online_lora"
 SETTINGS = json.loads((FIXTURE / "settings.json").read_text())
@@ -66,30 +69,16 @@ def _first_tasks(manifest: dict, n_tasks: int) -> dict:
           "task_end_steps": manifest["task_end_steps"][:n_tasks]}
 
 
-def _overrides() -> list[str]:
-  """The fixture's settings (the authors' loop ran with them) on top of configs/demo.py."""
-  keys = [k for k in SETTINGS if "." in k or k == "seed"]
-  return [f"--config.{k}={SETTINGS[k]}" for k in keys] + [
-      f"--config.fidelity={SETTINGS['fidelity']}"]
-
-
 @pytest.fixture(scope="module")
 def ours(tmp_path_factory, compilation_cache):
   """Our CLI on the fixture's stream and weights: (trace, {task: export}, results.json)."""
   root = tmp_path_factory.mktemp("parity_online_lora")
   manifest = root / "stream_manifest.json"
   manifest_lib.write_manifest(str(manifest), _first_tasks(_manifest(), N_TASKS))
-  workdir, weights = root / "run", str(FIXTURE / "initial.safetensors")
-  command = [sys.executable, str(ROOT / "launch" / "run.py"), "--config",
-             str(ROOT / "configs" / "demo.py"), "--workdir", str(workdir), *_overrides(),
-             f"--config.data.stream_manifest={manifest}", f"--config.pretrained.path={weights}",
-             "--config.pretrained.format=online_lora", "--config.pretrained.keep_head=True",
-             f"--config.learner.initial_lora={weights}", "--config.trace.enabled=True",
-             "--config.eval.export=logits",
-             # Outputs the comparison does not read: no figures, no TensorBoard, one anytime
-             # evaluation, one checkpoint.
-             "--config.eval.write_plots=False", "--config.loggers=",
-             "--config.eval.eval_every=4000", "--config.checkpoint_every=0"]
+  workdir = root / "run"
+  # The driver's command (what its `ours` stage times), plus what the comparison reads.
+  command = online_lora_driver.ours_command(str(FIXTURE), str(manifest), str(workdir)) + [
+      "--config.trace.enabled=True", "--config.eval.export=logits"]
   done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=900,
                         env=tiny_run.env(compilation_cache))
   assert done.returncode == 0, done.stderr[-3000:]

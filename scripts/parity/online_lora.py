@@ -541,6 +541,38 @@ def _cpu_model() -> str:
   return platform.processor() or "unknown"
 
 
+def ours_command(fixture: str, manifest: str, workdir: str, python: str = sys.executable
+                 ) -> list[str]:
+  """Our CLI on the fixture: configs/demo.py with the fixture's settings, its stream manifest
+  (`manifest`, the whole stream or a cut of it), its initial weights, `reference` fidelity as
+  recorded; no figures, no trackers, one anytime evaluation, no periodic checkpoint. The parity
+  test adds its trace and logit exports to this; `ours` runs it as it is, for timing."""
+  with open(os.path.join(fixture, SETTINGS)) as f:
+    settings = json.load(f)
+  weights = os.path.join(fixture, WEIGHTS)
+  keys = [k for k in settings if "." in k or k == "seed"]
+  return [python, os.path.join(ROOT, "launch", "run.py"), "--config",
+          os.path.join(ROOT, "configs", "demo.py"), "--workdir", workdir,
+          *(f"--config.{k}={settings[k]}" for k in keys),
+          f"--config.fidelity={settings['fidelity']}",
+          f"--config.data.stream_manifest={manifest}", f"--config.pretrained.path={weights}",
+          "--config.pretrained.format=online_lora", "--config.pretrained.keep_head=True",
+          f"--config.learner.initial_lora={weights}",
+          "--config.eval.write_plots=False", "--config.loggers=",
+          "--config.eval.eval_every=4000", "--config.checkpoint_every=0"]
+
+
+def ours(args) -> None:
+  """Runs `ours_command` on the whole fixture stream in a fresh temporary workdir (its exit code
+  is this process's), e.g. beside `record --no-record --threads 2` to time the two loops."""
+  with tempfile.TemporaryDirectory(prefix="olora_parity_ours_") as tmp:
+    command = ours_command(args.fixture, os.path.join(args.fixture, MANIFEST),
+                           os.path.join(tmp, "run"))
+    command.append(f"--compilation_cache={args.compilation_cache}")
+    done = subprocess.run(command, cwd=ROOT, stdout=subprocess.DEVNULL)
+  sys.exit(done.returncode)
+
+
 def main(argv=None) -> None:
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -557,8 +589,13 @@ def main(argv=None) -> None:
   r.add_argument("--inputs", required=True, help="the .npz `prepare` wrote")
   r.add_argument("--threads", type=int, default=1, help="PyTorch threads (1 for a recording)")
   r.add_argument("--no-record", action="store_true", help="run without recording (timing)")
+  o = sub.add_parser("ours", help="ours: our CLI on the fixture's stream and weights (timing)")
+  o.add_argument("--fixture", required=True, help="the folder `prepare` wrote")
+  o.add_argument("--compilation_cache", default="off",
+                 help="launch/run.py's flag: 'off' (default) compiles every program, cold; a"
+                 " directory keeps them across runs, warm")
   args = parser.parse_args(argv)
-  prepare(args) if args.stage == "prepare" else record(args)
+  {"prepare": prepare, "record": record, "ours": ours}[args.stage](args)
 
 
 if __name__ == "__main__":
