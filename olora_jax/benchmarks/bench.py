@@ -133,6 +133,9 @@ def _write_json(path: str, value) -> None:
 
 
 def main(argv: list[str] | None = None) -> list[dict] | dict:
+  """launch/bench.py: `argv` (default: the command line) parsed and checked, every refusal a
+  SystemExit with one `error: ...` line before any compute; then the cases (their rows) or, with
+  --suite, the suite (its report), printed and, with --out, written as JSON."""
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--suite", default="",
                       help="'accelerator': peaks, steps in both precisions, the stream, PyTorch")

@@ -101,6 +101,10 @@ def bench_case(size: str, fidelity: str, method: str, steps: int, warmup: int,
                batch_size: int | None, peak: float, profile_dir: str = "",
                compute_dtype: str = "float32", dataset: str = "",
                scan_blocks: bool = False) -> dict:
+  """One case in this process: the run built as trainer.Setup builds it, `warmup` untimed steps,
+  `steps` timed ones (dispatch to scalars on the host, the method's host hook included), then
+  the step's FLOPs, op time shares (with `profile_dir`) and implicit transfers: its row (the
+  fields olora_jax.benchmarks.bench's docstring describes)."""
   compile_before = compute.COMPILE_CLOCK.snapshot()
   setup = trainer.Setup(case_config(size, fidelity, method, batch_size, compute_dtype, dataset,
                                     scan_blocks))

@@ -70,6 +70,9 @@ from olora_jax.benchmarks.device_stream import run_streams
 
 
 def main(argv: list[str] | None = None) -> dict:
+  """launch/device_check.py: `argv` (default: the command line) parsed and checked, every refusal
+  a SystemExit with one `error: ...` line; then the parts within the budget, the report written
+  after each part (DIR/device_check.json and .md) and printed at the end; returns the report."""
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--out_dir", default=os.environ.get("OUT", ""),
                       help="where device_check.json and .md go (default: $OUT)")
