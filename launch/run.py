@@ -42,8 +42,6 @@ every failure, bad input included:
 import os
 import signal
 import sys
-import threading
-import time
 
 # First thing: SIGINT / SIGTERM before the run's own handlers (imports, set-up) are recorded,
 # never raised inside an import or a library's callback, where an extension could swallow
@@ -59,370 +57,34 @@ def _record_signal(signum, frame) -> None:
 for _signal in (signal.SIGINT, signal.SIGTERM):
   signal.signal(_signal, _record_signal)
 
-# Python runs a handler only when the main thread is back in the interpreter: not inside a long
-# device call (a refit of minutes) nor a slow C import. Python's C-level handler also writes
-# each signal's number to this pipe at once, and a thread that waits on it ends the process
-# (128 + signal, one error line) on a signal during the imports or while the processes of a
-# multi-process run join (`distributed.JOINING`), where nothing is written yet, and on a second
-# signal later on, but never inside a checkpoint's save (the save ends first).
-_STARTED = [False]  # main() has begun: a first signal is the loop's to act on
-
-
-def _watch_signals(fd: int) -> None:
-  count, first_at = 0, None
-  while True:
-    try:
-      data = os.read(fd, 64)
-    except OSError:
-      return
-    for signum in data:
-      if signum not in (signal.SIGINT, signal.SIGTERM):
-        continue
-      now = time.monotonic()
-      if first_at is not None and now - first_at < errors.SAME_STOP_SECONDS:
-        continue  # the first stop delivered again (SLURM sends one stop twice)
-      first_at = first_at if first_at is not None else now
-      count += 1
-      run_control = sys.modules.get("olora_jax.run_control")
-      if run_control is not None and run_control.SAVING[0]:
-        continue  # the save ends, then the loop stops
-      distributed = sys.modules.get("olora_jax.distributed")
-      if not _STARTED[0] or (distributed is not None and distributed.JOINING[0]):
-        message = errors.start_up_stop(signum)
-      elif count >= 2:
-        message = errors.second_signal_stop(signum)
-      else:
-        continue
-      os.write(2, f"\nerror: {message}\n".encode())
-      os._exit(128 + signum)
-
-
 # Config files import `configs.common`: make the repository root importable wherever we run from.
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.realpath(__file__))))
-# The watcher's lines (olora_jax.errors imports no JAX: a few milliseconds), imported before it
-# starts: it never imports anything itself, the imports may be what a signal interrupted.
-from olora_jax import errors  # noqa: E402
+# A signal while the main thread is held (the imports below, a long device call later) ends the
+# process from a thread of its own (olora_jax/signal_watch.py imports no JAX: a few milliseconds).
+from olora_jax import signal_watch  # noqa: E402
 
-_WAKE_READ, _WAKE_WRITE = os.pipe()
-os.set_blocking(_WAKE_WRITE, False)
-signal.set_wakeup_fd(_WAKE_WRITE, warn_on_full_buffer=False)
-threading.Thread(target=_watch_signals, args=(_WAKE_READ,), name="signals", daemon=True).start()
+signal_watch.watch()
 
-import contextlib  # noqa: E402
-import linecache  # noqa: E402
-import logging as py_logging  # noqa: E402
-import re  # noqa: E402
-import tempfile  # noqa: E402
-import traceback  # noqa: E402
-
-import jax  # noqa: E402
-from absl import app, flags, logging  # noqa: E402
+from absl import app, flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from configs import common  # noqa: E402
-from olora_jax import (  # noqa: E402
-    compute,
-    distributed,
-    methods,
-    models,
-    run_control,
-    trainer,
-    validation,
-)
+from olora_jax import run_cli, run_control  # noqa: E402
 
 run_control.PENDING_SIGNALS = _PENDING_SIGNALS  # the loop's handlers take over from here
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a config file (configs/*.py).",
-                                          lock_config=True)
-_WORKDIR = flags.DEFINE_string("workdir", None, "Directory for this run's outputs.")
-_TRACEBACK = flags.DEFINE_bool("traceback", False,
-                               "On an error, also print the full traceback to stderr (it is"
-                               " always written to the error log).")
-_COMPILATION_CACHE = flags.DEFINE_string(
+# The flags, read by olora_jax/run_cli.py: the config, parsing, the run and its failures.
+config_flags.DEFINE_config_file("config", None, "Path to a config file (configs/*.py).",
+                                lock_config=True)
+flags.DEFINE_string("workdir", None, "Directory for this run's outputs.")
+flags.DEFINE_bool("traceback", False,
+                  "On an error, also print the full traceback to stderr (it is always written to"
+                  " the error log).")
+flags.DEFINE_string(
     "compilation_cache", "auto",
     "Directory of JAX's persistent compilation cache, where compiled programs are kept for later"
     " runs of the same shapes: 'auto' is $JAX_COMPILATION_CACHE_DIR when set, else"
     " ~/.cache/olora_jax/jax ($XDG_CACHE_HOME respected); 'off' compiles everything afresh.")
 flags.mark_flags_as_required(["config", "workdir"])
 
-
-def _reason(text: str) -> str:
-  """The informative line of a library's error text: the last line of an embedded traceback
-  (the exception itself), else the first line that is not a heading ending with ':'."""
-  lines = [line.strip() for line in text.splitlines() if line.strip()]
-  if any(line.startswith("Traceback (most recent call last)") for line in lines):
-    return lines[-1]
-  informative = [line for line in lines if not line.endswith(":")]
-  return (informative or lines or ["(no message)"])[0]
-
-
-def _fail(message: str, code: int, every_process: bool = False) -> None:
-  """Prints the one error line last and exits at once: background threads of the libraries
-  (orbax's writers after a failed save) must not print their own noise after it. With
-  --traceback, the traceback of the exception being handled (if any) comes first, whatever the
-  exit code, bad flags and config keys included. `every_process`: every process of a
-  multi-process run stops here (`errors.RunError.every_process`), and each leaves once all have
-  printed their line (`distributed.finish`; a no-op in one process)."""
-  sys.stdout.flush()
-  if _traceback_wanted() and sys.exc_info()[0] is not None:
-    traceback.print_exc()
-  print(f"error: {message}", file=sys.stderr, flush=True)
-  if every_process:
-    with contextlib.suppress(Exception):  # the line is out and the checkpoint written
-      distributed.finish()
-  _exit_now(code)
-
-
-def _traceback_wanted() -> bool:
-  """--traceback, read from the command line itself while the flags are being parsed."""
-  if flags.FLAGS.is_parsed():
-    return _TRACEBACK.value
-  wanted = False
-  for arg in sys.argv[1:]:
-    if arg in ("--traceback", "--traceback=true", "--traceback=True", "--traceback=1"):
-      wanted = True
-    elif arg in ("--notraceback", "--traceback=false", "--traceback=False", "--traceback=0"):
-      wanted = False
-  return wanted
-
-
-def _flag_value(argv: list[str], name: str) -> str:
-  """The value of flag `name` (e.g. '--config') as given on the command line ('' if none)."""
-  for i, arg in enumerate(argv):
-    if arg.startswith(f"{name}="):
-      return arg.partition("=")[2]
-    if arg == name and i + 1 < len(argv):
-      return argv[i + 1]
-  return ""
-
-
-def _parse_flags(argv: list[str]) -> list[str]:
-  """absl's parser, but a bad flag or config override is one line and exit code 2. A method of
-  one's own named by --config.method ('path/to/file.py:NAME') is loaded first: its config block
-  then exists, and --config.<its block>.KEY overrides parse like any other key."""
-  method = _flag_value(argv, "--config.method")
-  if methods.is_outside(method):
-    try:
-      methods.resolve(method)
-    except ValueError as e:  # a missing file or module, no MethodSpec there
-      _fail(" ".join(str(e).split()), errors.EXIT_BAD_INPUT)
-    except Exception as e:  # the method's file fails to import
-      _fail(f"cannot load --config.method={method}: {errors.first_line(e)}; fix that file",
-            errors.EXIT_BAD_INPUT)
-    common.OUTSIDE_METHODS.append(method)
-  try:
-    return flags.FLAGS(argv)
-  except Exception as e:  # a config file that fails to load, a bad flag or override
-    overrides = [a[len("--config."):].split("=")[0] for a in argv if a.startswith("--config.")]
-    known = validation.flat_keys(common.get_config())
-    unknown = [k for k in overrides if k not in known]
-    if unknown:
-      _fail(validation.unknown_keys_message(unknown, known), errors.EXIT_BAD_INPUT)
-    _fail(_config_file_unknown_key(e, known)
-          or f"{_reason(str(e))}; fix the flag or the config file", errors.EXIT_BAD_INPUT)
-
-
-# ml_collections' refusal of a key that a config file sets on the locked config.
-_LOCKED_KEY = re.compile(r'Key "([^"]+)" does not exist and cannot be added since the config is'
-                         r" locked")
-# The key a config file's line sets: `config.learner.learning_rat = ...` or
-# `config["learner"]["learning_rat"] = ...`.
-_ASSIGNED = re.compile(r"^\s*([A-Za-z_]\w*(?:\.\w+|\[\s*['\"]\w+['\"]\s*\])+)\s*=[^=]")
-
-
-def _config_file_unknown_key(e: BaseException, known: set[str]) -> str | None:
-  """The line for a key that a config file sets but the config does not have (ml_collections
-  refuses it with its whole block printed), naming the key, the file's line and the nearest
-  known keys; None for any other error."""
-  for x in errors.causes(e):
-    found = _LOCKED_KEY.search(str(x))
-    if found is None:
-      continue
-    key, (_, where) = found.group(1), errors.code_origin(x)
-    if where is not None:
-      path, _, line = where.rpartition(":")
-      assigned = _ASSIGNED.match(linecache.getline(path, int(line)))
-      if assigned:  # the dotted path below the config's own name
-        names = re.sub(r"\[\s*['\"](\w+)['\"]\s*\]", r".\1", assigned.group(1)).split(".")[1:]
-        dotted = ".".join(names)
-        if names and names[-1] == key and any(k.startswith(dotted.rpartition(".")[0] + ".")
-                                              for k in known):
-          key = dotted
-    return validation.unknown_keys_message([key], known, f"set at {where}" if where else "")
-  return None
-
-
-def _load_config():
-  """The config file is loaded lazily by ml_collections: its errors surface here."""
-  path = _flag_value(sys.argv[1:], "--config")
-  try:
-    config = _CONFIG.value
-    config.keys()  # a config that failed to load is a proxy that raises on first use
-    return config
-  except Exception as e:
-    file_name = path.split(":")[0]
-    if not os.path.isfile(file_name):
-      raise errors.BadInput(f"config file {file_name!r} does not exist; check the --config path"
-                            " (settings are in configs/)") from e
-    unknown = _config_file_unknown_key(e, validation.flat_keys(common.get_config()))
-    raise errors.BadInput(unknown or f"cannot load --config={path}: {_reason(str(e))}") from e
-
-
-def _warn_unread_overrides(method: str) -> None:
-  """One warning line for --config overrides of another method's block, which this run's method
-  never reads (e.g. --config.method=er --config.inflora.learning_rate=1e-2)."""
-  keys = [a[len("--config."):].partition("=")[0] for a in sys.argv[1:]
-          if a.startswith("--config.")]
-  unread = methods.unread_overrides(method, keys)
-  if unread:
-    blocks = ", ".join(sorted({k.split(".")[0] for k in unread}))
-    py_logging.warning("method=%s does not read the %s block: %s change%s nothing (it reads"
-                       " --config.%s.*)", method, blocks,
-                       " ".join(f"--config.{k}" for k in unread),
-                       "s" if len(unread) == 1 else "", methods.resolve(method).block)
-
-
-def _refuse_preset_size_overrides(name: str) -> None:
-  """A size key given on the command line for a preset that sizes itself (e.g.
-  --config.model.window_size=4 with model.name=swin_t) would change nothing: refused in one
-  line."""
-  if name == models.resnet.NAME:  # fixed sizes, none of the size keys
-    given = [a[len("--config.model."):].partition("=")[0] for a in sys.argv[1:]
-             if a.startswith("--config.model.")]
-    ignored = [key for key in given if key in models.SIZE_KEYS]
-    if ignored:
-      raise errors.BadInput(
-          f"model.name={name!r} has fixed sizes (20 initial filters, 2-2-2-2 BasicBlocks): "
-          + ", ".join(f"--config.model.{k}" for k in ignored) + " would change nothing; drop"
-          " it (model.image_size sets its input size)")
-    return
-  preset = models.preset_sizes(name)
-  if preset is None:
-    return
-  custom, sizes = preset
-  given = [a[len("--config.model."):].partition("=")[0] for a in sys.argv[1:]
-           if a.startswith("--config.model.")]
-  ignored = [key for key in given if key in sizes]
-  if ignored:
-    raise errors.BadInput(
-        f"model.name={name!r} is a preset with its own sizes: "
-        + ", ".join(f"--config.model.{k} would change nothing (the preset's is {sizes[k]})"
-                    for k in ignored)
-        + f"; drop it, or use model.name={custom!r} and give its sizes ("
-        + ", ".join(f"model.{k}" for k in sizes) + ")")
-
-
-def _write_error_log(workdir: str) -> str:
-  """Writes the current exception's traceback to DIR/error.log, or to a temp file when DIR
-  cannot be written; returns where, for the error line (empty if nothing could be written)."""
-  text = f"{time.strftime('%Y-%m-%d %H:%M:%S %Z')} pid {os.getpid()}\n{traceback.format_exc()}\n"
-  if _BACKGROUND_ERRORS:
-    text += "errors raised in library threads meanwhile:\n" + "\n".join(_BACKGROUND_ERRORS)
-  candidates = [os.path.join(workdir, "error.log")] if os.path.isdir(workdir) else []
-  candidates.append(os.path.join(tempfile.gettempdir(), f"olora_jax-error-{os.getpid()}.log"))
-  for path in candidates:
-    before = os.path.getsize(path) if os.path.isfile(path) else None
-    try:
-      with open(path, "a") as f:
-        f.write(text)
-      return f"traceback in {path}"
-    except OSError:  # e.g. the file-size limit that stopped the run: keep what was written
-      after = os.path.getsize(path) if os.path.isfile(path) else None
-      if after is not None and after > (before or 0):  # part of this traceback is there
-        return f"traceback, cut short, in {path}"
-      if before is None and after == 0:  # made empty by this attempt (a full disk)
-        with contextlib.suppress(OSError):
-          os.remove(path)
-      # else a read-only DIR, or an older run's log: this traceback goes to the next candidate
-  return ""
-
-
-# Tracebacks that library threads print on their own (orbax's and tensorstore's callbacks after a
-# failed save) are kept for the error log instead of being printed over the one error line.
-_BACKGROUND_ERRORS: list[str] = []
-
-
-def _keep_background_error(*args) -> None:
-  if len(args) == 1:  # threading.excepthook / sys.unraisablehook: one record
-    record = args[0]
-    args = (record.exc_type, record.exc_value, record.exc_traceback)
-  _BACKGROUND_ERRORS.append("".join(traceback.format_exception(*args)))
-
-
-def main(argv):
-  _STARTED[0] = True
-  if len(argv) > 1:
-    _fail(f"unexpected arguments: {argv[1:]}; give every setting as --config.KEY=VALUE",
-          errors.EXIT_BAD_INPUT)
-  # Libraries log through absl (orbax: every save at INFO, and each failure of a save at length
-  # before raising it): the run's own warnings go through Python's root logger and the one error
-  # line says what failed.
-  logging.get_absl_logger().setLevel(py_logging.CRITICAL)
-  py_logging.getLogger().setLevel(py_logging.WARNING)
-  sys.excepthook = threading.excepthook = sys.unraisablehook = _keep_background_error
-  # Before JAX's backend starts: each step's temporary buffer is reused, not page-faulted anew.
-  compute.keep_host_memory()
-  workdir = _WORKDIR.value
-  if _COMPILATION_CACHE.value != "off":
-    compute.enable_compilation_cache(compute.default_cache_dir()
-                                     if _COMPILATION_CACHE.value == "auto"
-                                     else _COMPILATION_CACHE.value)
-  try:
-    run_control.stop_if_signalled()  # nothing is written yet
-    config = _load_config()
-    validation.check_known_keys(config, common.get_config())
-    _warn_unread_overrides(config.method)
-    _refuse_preset_size_overrides(config.model.name)
-    results = trainer.train_and_evaluate(config, workdir)
-  except Exception as e:
-    write_log, every_process = True, False
-    if isinstance(e, errors.RunError):
-      code, message, write_log = e.exit_code, str(e), e.write_log
-      every_process = e.every_process
-    elif errors.out_of_memory(e):  # while the data or the model were set up
-      code = errors.EXIT_ENVIRONMENT
-      message = (f"the machine ran out of memory while the run was set up"
-                 f" ({errors.first_line(e)[:200]}); {errors.OOM_ADVICE}")
-    elif isinstance(e, (ValueError, FileNotFoundError, ModuleNotFoundError)):
-      # The run phase wraps its own errors (trainer.train_and_evaluate): a plain one is from
-      # the checks before any compute, which write nothing.
-      code, message, write_log = errors.EXIT_BAD_INPUT, str(e), False
-    else:
-      code = errors.EXIT_INTERNAL
-      message = errors.unexpected(e)  # olora_jax's bug, or the file of the user's own code
-    if write_log:
-      where = _write_error_log(workdir)
-      if where:
-        message += f" ({where})"
-    _fail(" ".join(message.split()), code, every_process)
-  if jax.process_index() == 0:  # one table for a run over many processes
-    # The traceback of an earlier failure of this run, which has now finished: not left behind.
-    with contextlib.suppress(OSError):
-      os.remove(os.path.join(workdir, "error.log"))
-    _print_results(results, config, workdir)
-  distributed.finish()  # with the other processes, if any, before the runtime is left behind
-  _exit_now(0)
-
-
-def _print_results(results: dict, config, workdir: str) -> None:
-  print(trainer.format_results_table(results, config))
-  if results.get("already_finished"):
-    print(f"\nnothing ran: {workdir} already holds this finished run (results.json written"
-          f" {results['already_finished']}); pass a new --workdir to run it again")
-  else:
-    print(f"\nresults written to {workdir}/results.json")
-
-
-def _exit_now(code: int) -> None:
-  """Ends the process without tearing the runtime down. Every file of the run is written and
-  closed by now (results, plots, checkpoints, logs, the workdir lock), and the interpreter's
-  teardown of XLA's thread pools, compiled programs and caches (about 0.6 s on 2 CPU cores) has
-  nothing left to keep."""
-  sys.stdout.flush()
-  sys.stderr.flush()
-  py_logging.shutdown()
-  os._exit(code)
-
-
 if __name__ == "__main__":
-  app.run(main, flags_parser=_parse_flags)
+  app.run(run_cli.main, flags_parser=run_cli.parse_flags)

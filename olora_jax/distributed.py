@@ -44,7 +44,7 @@ ENV_ADDRESS = "JAX_COORDINATOR_ADDRESS"
 # True while this process waits in `jax.distributed.initialize` for the others to join. That call
 # does not come back to Python until every process has joined (or `initialization_timeout` has
 # passed), and one that died never will: a signal then ends the process at once (launch/run.py's
-# signal watcher), as during the imports; nothing has been written yet.
+# signal watcher, olora_jax.signal_watch), as during the imports; nothing has been written yet.
 JOINING = [False]
 # How long an abort raised by JAX's distributed client, on one of its own threads, is held back
 # (`hold_client_aborts`).

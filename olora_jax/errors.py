@@ -141,9 +141,9 @@ class WorkdirBusy(EnvironmentFailure):
 def start_up_stop(signum: int) -> str:
   """The one line of a stop before a launch wrote anything: the imports, the set-up, the join of
   a multi-process run. The processes of such a run reach the stages of their start-up at
-  different moments, and each prints this same line wherever a signal found it: launch/run.py's
-  signal watcher during the imports and the join (it imports this light module before it
-  starts), the loop's checks after them (`run_control.stop_if_signalled`)."""
+  different moments, and each prints this same line wherever a signal found it: the signal watcher
+  launch/run.py starts (olora_jax.signal_watch) during the imports and the join (it imports this
+  light module before it starts), the loop's checks after them (`run_control.stop_if_signalled`)."""
   return (f"stopped by signal {signum} during start-up, before anything was written; run the"
           " same command to start (or resume)")
 
@@ -158,7 +158,7 @@ SAME_STOP_SECONDS = 2.0
 def second_signal_stop(signum: int) -> str:
   """The line of a second signal once a run has begun: it stops at once (never inside a
   checkpoint's save), printed by the loop's handler or, where the main thread is held in a
-  long device call, by launch/run.py's signal watcher."""
+  long device call, by launch/run.py's signal watcher (olora_jax.signal_watch)."""
   return (f"stopped at once by a second signal {signum}; the newest checkpoint is kept: run the"
           " same command to resume from it")
 

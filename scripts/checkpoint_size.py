@@ -18,12 +18,11 @@ import sys
 import tempfile
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "launch"))
 
-import bench  # noqa: E402
 import jax  # noqa: E402
 
 from olora_jax import checkpointing, trainer  # noqa: E402
+from olora_jax.benchmarks import cases  # noqa: E402
 from olora_jax.learner import online_lora  # noqa: E402
 from olora_jax.models import lora as lora_lib  # noqa: E402
 
@@ -35,10 +34,10 @@ def directory_bytes(path: str) -> int:
 
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--size", default="vit_b16", choices=bench.SIZES)
-  parser.add_argument("--fidelity", default="paper", choices=bench.FIDELITIES)
+  parser.add_argument("--size", default="vit_b16", choices=cases.SIZES)
+  parser.add_argument("--fidelity", default="paper", choices=cases.FIDELITIES)
   args = parser.parse_args()
-  setup = trainer.Setup(bench.case_config(args.size, args.fidelity, "online_lora", None))
+  setup = trainer.Setup(cases.case_config(args.size, args.fidelity, "online_lora", None))
   init_key, method_key = jax.random.split(jax.random.key(0))
   params = trainer.initial_params(setup, setup.config, init_key)
   initial = trainer.initial_state(setup.method, method_key, params)

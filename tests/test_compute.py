@@ -20,10 +20,10 @@ import tiny_methods
 import tiny_run
 
 from olora_jax import checkpointing, compute, trainer
+from olora_jax.benchmarks import bench, cases
+from olora_jax.benchmarks.stream import STREAM_SPLIT
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "launch"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-import bench  # noqa: E402
 import dense_floor  # noqa: E402
 
 
@@ -146,7 +146,7 @@ def test_bench_runs_the_tiny_model_and_reports_every_column(tmp_path, compilatio
   rows = json.loads(out.read_text())
   assert [row["fidelity"] for row in rows] == ["reference", "paper"]
   for row in rows:
-    for name, _ in bench.COLUMNS:
+    for name, _ in cases.COLUMNS:
       assert row[name] is not None, name
     assert row["matmul_pct"] + row["layout_pct"] + row["other_pct"] == pytest.approx(100)
     assert row["matmul_pct"] > 10  # a ViT's step is mostly matrix products
@@ -164,10 +164,10 @@ def test_bench_runs_the_tiny_model_and_reports_every_column(tmp_path, compilatio
 # timm preinstalled has none of them): TFDS, TensorBoard, plotting, the demo's dataset packages.
 SUITE_NEEDS_NONE_OF = ("tensorflow_datasets", "tensorflow", "tensorboardX", "tensorboard",
                        "matplotlib", "mlxtend", "sklearn")
-# Runs launch/bench.py with those packages missing: every finder of sys.meta_path is wrapped to
-# find none of them (find_spec says None, an import raises ModuleNotFoundError).
+# Runs launch/bench.py's command line with those packages missing: every finder of sys.meta_path
+# is wrapped to find none of them (find_spec says None, an import raises ModuleNotFoundError).
 _WITHOUT = """
-import runpy, sys
+import sys
 class Without:
   def __init__(self, finder): self.finder = finder
   def find_spec(self, name, path=None, target=None):
@@ -177,7 +177,8 @@ class Without:
   def __getattr__(self, attr): return getattr(self.finder, attr)
 sys.meta_path[:] = [Without(f) for f in sys.meta_path]
 sys.argv = ['launch/bench.py', *sys.argv[1:]]
-runpy.run_path('launch/bench.py', run_name='__main__')
+from olora_jax.benchmarks import bench
+bench.main()
 """
 
 
@@ -204,14 +205,14 @@ def test_accelerator_suite_runs_tiny_on_cpu_without_tfds_tensorboard_or_plotting
   assert set(report["matmul_peak_gflops"]) == {"float32", "bfloat16"}
   assert all(v > 0 for v in report["matmul_peak_gflops"].values())
   (row,) = report["steps"]
-  for name, _ in bench.COLUMNS:
+  for name, _ in cases.COLUMNS:
     if name not in {f"{kind}_pct" for kind in compute.OP_KINDS}:  # those need --profile
       assert row[name] is not None, name
   assert (row["size"], row["fidelity"], row["compute_dtype"]) == ("tiny", "paper", "float32")
   stream = report["stream"]
   assert (stream["n_steps"], stream["classes"], stream["tasks"]) == (20, 10, 5)
   assert stream["n_anytime_evaluations"] == 320 // 80 and stream["n_task_end_evaluations"] == 5
-  for key in (*bench.STREAM_SPLIT, "setup_seconds", "loop_seconds"):
+  for key in (*STREAM_SPLIT, "setup_seconds", "loop_seconds"):
     assert stream[key] >= 0, key
   assert stream["step_seconds"] > 0 and stream["eval_seconds"] > 0
   assert stream["total_seconds"] >= stream["loop_seconds"] > stream["step_seconds"]

@@ -5,18 +5,16 @@ JSON holds what docs/performance.md says it does; the whole-stream extrapolation
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from olora_jax.benchmarks import device_check, device_steps, device_stream
 
-from launch import device_check  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 # Every step case, the `reference` ones first (--step_cases).
-REFERENCE_FIRST = sorted(device_check.STEP_CASES, key=lambda case: case[0] != "reference")
+REFERENCE_FIRST = sorted(device_steps.STEP_CASES, key=lambda case: case[0] != "reference")
 STREAM = ["--stream_train=640", "--stream_test=100", "--stream_classes=10", "--stream_tasks=2",
           "--stream_eval_every=320", "--stream_checkpoint_every=4"]
 
@@ -65,7 +63,7 @@ def test_the_check_runs_every_part_on_the_cpu_and_reports_each(tmp_path, compila
   assert stream["n_checkpoints"] == len(first) - 1 + len(resumed) - 1 >= 1, (stop, stream)
   whole = stream["whole_stream"]
   assert whole["measured"] and whole["total_seconds"] > whole["step_seconds"] > 0
-  assert stream["vs_paper"] == pytest.approx(whole["total_seconds"] / device_check.PAPER_SECONDS)
+  assert stream["vs_paper"] == pytest.approx(whole["total_seconds"] / device_stream.PAPER_SECONDS)
   assert stream["compute_dtype"] == "float32" and stream["eval_images_per_s"] > 0
   # Cold persistent cache in the first process, warm in the resumed one.
   assert stream["cold_compile_seconds"] > 0 and stream["warm_compile_seconds"] >= 0
@@ -88,7 +86,7 @@ def test_an_unfinished_stream_is_extrapolated_at_its_measured_rates():
           "eval_images": [(9, 100), (49, 500), (59, 600), (99, 1000)]}
   ledger = {"step_seconds": 12.0, "steady_steps": 49, "steady_seconds": 4.9, "eval_seconds": 6.0,
             "host_wait_seconds": 1.0, "checkpoint_seconds": 0.5, "n_checkpoints": 1}
-  est = device_check.extrapolate(plan, cursor=50, loop_seconds=22.0, setup_seconds=3.0,
+  est = device_stream.extrapolate(plan, cursor=50, loop_seconds=22.0, setup_seconds=3.0,
                                  ledger=ledger)
   assert est["step_seconds"] == pytest.approx(12.0 + 50 * 0.1)  # the rest at the steady step
   # 600 images evaluated in 6 s: 1,600 more at 0.01 s each.
@@ -105,10 +103,10 @@ def test_the_first_stream_process_is_not_stopped_before_it_has_trained(tmp_path,
   an H200's float32 stream was stopped while compiling and left nothing to resume); half the
   stream's checkpoints stop it at any time."""
   saved = []
-  monkeypatch.setattr(device_check, "_checkpoint_steps", lambda workdir: saved)
+  monkeypatch.setattr(device_stream, "_checkpoint_steps", lambda workdir: saved)
 
   def done(elapsed: float) -> bool:  # half the stream: step 10; 60% of the share: 60 s
-    return device_check.first_process_done(str(tmp_path), 10, elapsed, 60.0)
+    return device_stream.first_process_done(str(tmp_path), 10, elapsed, 60.0)
 
   assert not done(30.0) and not done(90.0)  # compiling: no metrics.jsonl yet
   (tmp_path / "metrics.jsonl").write_text('{"step": 0, "event": "eval"}\n')
@@ -121,8 +119,8 @@ def test_the_first_stream_process_is_not_stopped_before_it_has_trained(tmp_path,
 
 def test_the_step_cases_run_in_the_order_named():
   """A short budget reaches the `reference` cases when they are named first (or alone)."""
-  assert device_check.step_cases(device_check.DEFAULT_STEP_CASES) == list(device_check.STEP_CASES)
-  assert device_check.step_cases("reference:bfloat16,reference:float32") == [
+  assert device_steps.step_cases(device_steps.DEFAULT_STEP_CASES) == list(device_steps.STEP_CASES)
+  assert device_steps.step_cases("reference:bfloat16,reference:float32") == [
       ("reference", "bfloat16"), ("reference", "float32")]
 
 

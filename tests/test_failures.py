@@ -705,12 +705,11 @@ def test_a_second_signal_during_a_save_lets_the_save_end_then_stops(tmp_path, mo
   assert steps(tmp_path) == [4]  # the checkpoint being written, whole; the run stopped there
 
 
-# launch/run.py's failure path with JAX's shutdown barrier and the exit replaced by lines.
+# launch/run.py's failure path (olora_jax.run_cli) with JAX's shutdown barrier and the exit
+# replaced by lines.
 _FAIL_ORDER = """
-import importlib.util, sys
-spec = importlib.util.spec_from_file_location("run_cli", sys.argv[1])
-cli = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(cli)
+import sys
+from olora_jax import run_cli as cli
 cli.distributed.finish = lambda: print("shutdown barrier", file=sys.stderr, flush=True)
 cli._exit_now = lambda code: print(f"exit {code}", file=sys.stderr, flush=True)
 cli._fail("stopped by signal 15 after stream step 6", 143, every_process=True)
@@ -724,8 +723,8 @@ def test_a_stop_every_process_agreed_on_leaves_after_the_shutdown_barrier():
   process still running when process 0, which hosts the coordination service, exits aborts
   (134) without its line. Any other error leaves at once, without waiting for a peer that may be
   gone."""
-  done = subprocess.run([sys.executable, "-c", _FAIL_ORDER, str(ROOT / "launch" / "run.py")],
-                        capture_output=True, text=True, timeout=120, cwd=ROOT)
+  done = subprocess.run([sys.executable, "-c", _FAIL_ORDER], capture_output=True, text=True,
+                        timeout=120, cwd=ROOT)
   assert done.returncode == 0, done.stderr[-2000:]
   assert done.stderr.splitlines()[-5:] == [
       "error: stopped by signal 15 after stream step 6", "shutdown barrier", "exit 143",
