@@ -24,8 +24,10 @@ template (the run's initial state, already placed on the run's mesh), each proce
 its shards; the mesh and process count may differ from those of the save. Nothing is gathered
 whole into a process. The digests are computed where the arrays live, by one compiled reduction
 over the whole tree whose result does not depend on the sharding, so a digest taken on eight
-devices equals the one taken on one; only the digests come to the host. They detect damage, not
-forgery.
+devices equals the one taken on one; only the digests come to the host. A small state on one
+device is digested in NumPy on the host instead, to the same bits (compiling the reduction costs
+more than that takes). They detect damage, not forgery. orbax is imported on first use (a
+background import starts with the run).
 
 Leaves the run has not changed since its initial state (the frozen backbone until a merge
 changes it, every frozen weight of a LoRA, head-only or prompt method) are not stored again: the
@@ -59,6 +61,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
+import importlib
 import json
 import logging
 import math
@@ -71,13 +74,25 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-import orbax.checkpoint as ocp
 
-from olora_jax import errors, sharding, validation
+from olora_jax import background, errors, sharding, validation
 from olora_jax.protocol import EvaluationLog
 
 CHECKPOINT_DIR = "checkpoints"
 CORRUPT_DIR = "corrupt_checkpoints"
+ORBAX = "orbax.checkpoint"
+
+
+def _orbax():
+  """orbax.checkpoint, imported on first use: with TensorStore it takes about 0.4 s, which a run
+  spends in a background thread while it builds its state (`import_in_background`) rather than
+  before its first step; a run that finds no checkpoint needs it only for its first save."""
+  return importlib.import_module(ORBAX)
+
+
+def import_in_background() -> None:
+  """Starts importing orbax in a daemon thread (`background.import_modules`)."""
+  background.import_modules(ORBAX)
 TMP_SUFFIX = ".orbax-checkpoint-tmp"  # orbax's folder of a save in progress (`<step>` + this)
 # Keys that change how a run is checkpointed or drawn, not what it computes: they may differ on
 # resume. So do the placement keys: the device mesh and the processes may change between the
@@ -326,7 +341,7 @@ def _tree_finite(leaves: list) -> jax.Array:
                                  for members in groups.values()])
 
 
-# A tree of at most this many elements, all held by this process, is checked on the host in
+# A tree of at most this many elements, each array on one device, is checked on the host in
 # NumPy (`_host_tree_checks`) instead of by the compiled `_tree_checks`: on a 2-core CPU NumPy
 # digests about 10M elements a second, while compiling `_tree_checks` for a small model's state
 # takes about as long as compiling its train step (a second or more, and a backend compile with
@@ -388,9 +403,12 @@ def _host_tree_checks(leaves: list) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _checked_on_host(leaves: list) -> bool:
-  """Whether `tree_checks` digests `leaves` in NumPy: a small tree this process holds whole."""
+  """Whether `tree_checks` digests `leaves` in NumPy: a small tree each of whose arrays lives
+  on one device (or the host). Arrays on several devices (sharded or replicated) keep the
+  program, so that nothing is gathered whole to a host."""
   return (sum(math.prod(np.shape(x)) for x in leaves) <= HOST_CHECK_ELEMENTS
-          and all(not isinstance(x, jax.Array) or x.is_fully_addressable for x in leaves))
+          and all(not isinstance(x, jax.Array) or len(x.sharding.device_set) == 1
+                  for x in leaves))
 
 
 def _stored_shape(x: Any) -> jax.ShapeDtypeStruct:
@@ -488,11 +506,22 @@ class Checkpointer:
     self.workdir = workdir
     self._initial = {} if initial is None else array_checksums(_raw(initial))
     self.directory = os.path.join(os.path.abspath(workdir), CHECKPOINT_DIR)
-    options = ocp.CheckpointManagerOptions(
-        max_to_keep=max_to_keep, create=True, enable_async_checkpointing=False,
-        cleanup_tmp_directories=True)  # half-written saves of a killed process are dropped
-    self._manager = ocp.CheckpointManager(self.directory, options=options,
-                                          item_names=("arrays", "host", "checksums"))
+    self._max_to_keep = max_to_keep
+    self._orbax_manager = None
+
+  @property
+  def _manager(self):
+    """orbax's CheckpointManager of `self.directory`, made on first use (a fresh run's first
+    save): making it imports orbax, creates the directory and drops the half-written saves of
+    a killed process."""
+    if self._orbax_manager is None:
+      ocp = _orbax()
+      options = ocp.CheckpointManagerOptions(
+          max_to_keep=self._max_to_keep, create=True, enable_async_checkpointing=False,
+          cleanup_tmp_directories=True)
+      self._orbax_manager = ocp.CheckpointManager(self.directory, options=options,
+                                                  item_names=("arrays", "host", "checksums"))
+    return self._orbax_manager
 
   def steps(self) -> list[int]:
     return sorted(self._manager.all_steps())
@@ -536,6 +565,7 @@ class Checkpointer:
   def _write(self, step: int, arrays: Any, host: dict, checksums: dict) -> None:
     """Writes checkpoint `step` and waits for it; a failed write leaves nothing behind."""
     try:
+      ocp = _orbax()
       self._manager.save(step, force=True, args=ocp.args.Composite(
           arrays=ocp.args.StandardSave(arrays), host=ocp.args.JsonSave(host),
           checksums=ocp.args.JsonSave(checksums)))
@@ -559,6 +589,7 @@ class Checkpointer:
     verified: the stored ones against their digests, those left out as unchanged taken from
     `template` (the run's initial state) once its digests match. Each process reads only the
     shards its devices hold. `initial` caches what the SHA-256 format needs between calls."""
+    ocp = _orbax()
     checksums = self._manager.restore(step, args=ocp.args.Composite(
         checksums=ocp.args.JsonRestore()))["checksums"]
     kind = checksums.get("digest", LEGACY_DIGEST)
@@ -585,6 +616,7 @@ class Checkpointer:
     target = _drop_empty(jax.tree.map(
         lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), raw),
         frozenset(checksums["from_initial"]))
+    ocp = _orbax()
     out = self._manager.restore(step, args=ocp.args.Composite(
         arrays=ocp.args.StandardRestore(target), host=ocp.args.JsonRestore()))
     # Left-out leaves from the template: the zero-size ones and those unchanged since it. The
@@ -603,6 +635,7 @@ class Checkpointer:
     host_copy = initial["host_copy"]
     from_initial = checksums.get("from_initial", {})  # absent in older checkpoints
     target = jax.tree.map(lambda x: np.zeros(x.shape, x.dtype), host_copy)
+    ocp = _orbax()
     out = self._manager.restore(step, args=ocp.args.Composite(
         arrays=ocp.args.StandardRestore(_drop_empty(target, frozenset(from_initial))),
         host=ocp.args.JsonRestore()))
@@ -654,6 +687,8 @@ class Checkpointer:
     """
     template = jax.tree.map(lambda x: x if isinstance(x, jax.Array) else jnp.asarray(x),
                             template)
+    if not checkpoint_steps(self.workdir):  # a fresh run: nothing to read, no orbax needed
+      return None
     initial: dict = {}  # the template's host copy and SHA-256, if an old checkpoint needs them
     for step in sorted(self._manager.all_steps(), reverse=True):
       try:
@@ -685,7 +720,8 @@ class Checkpointer:
     return dest
 
   def close(self) -> None:
-    self._manager.close()
+    if self._orbax_manager is not None:
+      self._orbax_manager.close()
 
 
 def checkpoint_steps(workdir: str) -> list[int]:

@@ -38,7 +38,6 @@ import json
 import logging
 import os
 import re
-import threading
 import warnings
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -48,7 +47,7 @@ import numpy as np
 if TYPE_CHECKING:
   from matplotlib.figure import Figure
 
-from olora_jax import metrics, reporting, validation
+from olora_jax import background, metrics, reporting, validation
 
 PLOT_FILES = ("loss_surface.png", "anytime_accuracy.png", "accuracy_matrix.png")
 OVERLAY_FILE = "anytime_overlay.png"
@@ -73,20 +72,12 @@ def read_events(path: str) -> dict[str, list[dict]]:
   return events
 
 
-def _import_matplotlib() -> None:
-  try:
-    from matplotlib.backends import backend_agg, backend_pdf  # noqa: F401
-    from matplotlib.figure import Figure  # noqa: F401
-  except ImportError:
-    pass  # raised again, and reported, where the figures are drawn
-
-
 def import_in_background() -> None:
   """Starts importing matplotlib (about half a second) in a daemon thread, so that a run which
-  will draw its figures at the end imports it while the device computes. Drawing needs no join:
-  an import the thread has begun is finished by Python's import lock first, and one that failed
-  in the thread fails again, with its error, where the figures are drawn."""
-  threading.Thread(target=_import_matplotlib, name="import matplotlib", daemon=True).start()
+  will draw its figures at the end imports it while the device computes
+  (`background.import_modules`)."""
+  background.import_modules("matplotlib.backends.backend_agg", "matplotlib.backends.backend_pdf",
+                            "matplotlib.figure")
 
 
 def _save(fig: Figure, path: str) -> str:

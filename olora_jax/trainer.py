@@ -322,6 +322,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   compile_start = compute_lib.COMPILE_CLOCK.snapshot()  # the ledger counts this call's compiles
   # A multi-process run (olora_jax/distributed.py) is joined before any backend starts.
   distributed.initialize(config.distributed)
+  checkpointing.import_in_background()  # orbax, needed at the first save or a resume
   setup = Setup(config)  # every config or data error surfaces here, before any compute or file
   run_control.stop_if_signalled()  # nothing is written yet
   config = setup.config  # fidelity keys resolved: config.json records what actually ran
