@@ -42,6 +42,7 @@ import numpy as np
 import tqdm
 
 from olora_jax import (
+  background,
   checkpointing,
   distributed,
   errors,
@@ -433,6 +434,9 @@ def _train_loop(setup: Setup, workdir: str, progress: bool, state, p, saver: Sav
                                   stream, lambda: protocol.log.seen_classes,
                                   protocol.eval_state)
   run_control.stop_if_signalled("while the state was built and restored")
+  # XLA's estimate of the forward pass, traced while the first step compiles (the main thread
+  # waits on XLA then); read after that step.
+  forward_flops = background.call(forward_flops_per_image, setup) if ledger.needs_flops else None
   bar = _progress_bar(len(stream.steps), p.cursor, progress)
   # The files are closed however the loop ends (finished, preempted, non-finite loss). A signal
   # is heard until the end's exports are written: it then stops the run before results.json.
@@ -445,7 +449,7 @@ def _train_loop(setup: Setup, workdir: str, progress: bool, state, p, saver: Sav
       ledger.timed_step(len(labels), step_time.seconds)
       if ledger.needs_flops:  # XLA's estimate; the trace is reused
         ledger.set_flops(compute_lib.flops(train_step.lower(state, batch)),
-                         forward_flops_per_image(setup))
+                         forward_flops.result())
       finite = nonfinite.check(step, scalars, state, p)  # 2. NaN/Inf: stop (exit 3) or skip
       p.samples_seen += len(labels)
       protocol.observe(labels)  # the classes the stream has shown (evaluator only)
