@@ -70,7 +70,7 @@ def plan_cells(root: str, settings: list[str], methods: list[str], seeds: list[i
 def run_local(root: str, settings: list[str], methods: list[str], seeds: list[int] = (0, 1, 2),
               overrides: list[str] = (), *, dry_run: bool = False, fail_fast: bool = False,
               **tuning) -> int:
-  """Runs the sweep's cells one after another in this process's machine (each a `launch/run.py`
+  """Runs the sweep's cells one after another on this machine (each a `launch/run.py`
   subprocess; with `tune`, its validation runs and picks first), as `launch/sweep.py` does:
   finished cells skipped, stopped ones resumed, the progress and a summary printed. Returns the
   command line's exit code: 0 when every cell finished, else the first failed run's (2, 4 or a
@@ -84,27 +84,29 @@ def submit(root: str, settings: list[str], methods: list[str], seeds: list[int] 
            overrides: list[str] = (), *, dry_run: bool = False, fail_fast: bool = False,
            tune: bool = False, grid: dict | None = None, tune_seed: int = 0,
            tune_metric: str = "A_final", validation_fraction: float = VALIDATION_FRACTION,
-           launcher: str = slurm.LAUNCHER, prog: str = "launch/sweep.py", **options) -> int:
+           launcher: str | None = None, prog: str = "launch/sweep.py", **options) -> int:
   """Submits the sweep's cells not finished as SLURM job arrays (`launch/sweep.py --launcher
   slurm`): the batch script written to ROOT/slurm/sweep.sbatch, the cells to ROOT/sweep.json,
   the tuned seeds (with `tune`) as a second array after the first. `options`: the fields of
   `slurm.Options` (partition, time, mem, gres, cpus, throttle, sbatch, signal_lead,
   max_requeues, requeue_on, ntasks, gpus_per_task, setup, compilation_cache); `dry_run`: print
-  the script and the sbatch commands, write nothing. Returns the command line's exit code (0
-  submitted, 2 refused by `sbatch --test-only`, 4 sbatch failed); ValueError where sbatch is not
-  on PATH, or for what `plan_cells` refuses."""
+  the script and the sbatch commands, write nothing; `launcher`: the `launch/sweep.py` each
+  array task runs its cell through (None: this repository's); `prog`: the command the messages
+  name. Returns the command line's exit code (0 submitted, 2 refused by `sbatch --test-only`, 4
+  sbatch failed); ValueError where sbatch is not on PATH, or for what `plan_cells` refuses."""
   sweep = _sweep(root, settings, methods, seeds, overrides, tune=tune, grid=grid,
                  tune_seed=tune_seed, tune_metric=tune_metric,
                  validation_fraction=validation_fraction, dry_run=dry_run, fail_fast=fail_fast)
   if not dry_run and slurm.check_available():
     raise ValueError(slurm.check_available())
-  return slurm.submit_sweep(sweep, slurm.Options(**options), launcher, prog)
+  return slurm.submit_sweep(sweep, slurm.Options(**options), launcher or slurm.LAUNCHER,
+                            prog)
 
 
 def read_status(root: str) -> list[dict]:
   """Every cell of the sweep in ROOT, as `launch/sweep.py --status ROOT` reads it (asking SLURM
   for a SLURM sweep's cells): one dict per cell, in plan order, with "workdir", "setting",
-  "method", "seed", "point" (a tuning point's), "state" (one of STATES), "detail" (the status
+  "method", "seed", "point" (a tuning point's), "state" (one of `STATES`), "detail" (the status
   line's text after the state), "step" and "steps" (newest checkpoint, stream length),
   "seconds" and "allocations", "code" and "line" (its exit, once it exited), "slurm_task",
   "log" (olora_jax/sweep/status.py's `table`). [] when ROOT holds no sweep;
