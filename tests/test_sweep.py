@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 from tiny_run import ROOT
 
+import olora_jax.sweep as api
 from olora_jax.sweep import cells, local, plan, slurm
 from olora_jax.sweep.status import cell_status
 
@@ -38,6 +39,30 @@ def _fake_run(code: int, results: bool = False, line: str = "boom; fix it") -> l
 
 def _sweep_args(**kw) -> plan.Sweep:
   return plan.Sweep(**{"root": "", "settings": [], "methods": [], **kw})
+
+
+def test_the_api_plans_a_grid_and_reads_its_state_as_data(tmp_path):
+  """olora_jax.sweep from Python: plan_cells lists (and writes) the cells the command line plans,
+  read_status gives what --status prints, one dict per cell; a setting that does not exist is
+  the command line's one line, as a ValueError."""
+  root, tiny = str(tmp_path / "sw"), str(ROOT / "configs" / "tiny.py")
+  planned = api.plan_cells(root, [tiny], ["er"], seeds=[0, 1], write=True)
+  workdirs = [os.path.join(root, "tiny", "er", f"seed{s}") for s in (0, 1)]
+  assert [c["workdir"] for c in planned] == workdirs and planned[0]["tuning"] is None
+  assert planned[1]["command"][-4:-2] == ["--config.method=er", "--config.seed=1"]
+  stored = json.loads((tmp_path / "sw" / cells.PLAN).read_text())["cells"]
+  assert [c["workdir"] for c in stored] == [os.path.join("tiny", "er", f"seed{s}") for s in (0, 1)]
+  cells.write_record(workdirs[0], {"state": "exited", "code": 3, "line": "non-finite loss",
+                                   "seconds": 5.0, "allocations": 1})
+  rows = api.read_status(root)
+  assert [(r["setting"], r["method"], r["seed"], r["point"], r["state"]) for r in rows] == [
+      ("tiny", "er", 0, None, "failed"), ("tiny", "er", 1, None, "not started")]
+  assert {k: rows[0][k] for k in ("code", "line", "seconds", "detail", "step", "slurm_task")} == {
+      "code": 3, "line": "non-finite loss", "seconds": 5.0, "detail": "exit 3: non-finite loss",
+      "step": None, "slurm_task": None}
+  assert rows[1]["code"] is None and rows[1]["seconds"] is None
+  with pytest.raises(ValueError, match=r"config file\(s\) \['configs/nope.py'\] do not exist"):
+    api.plan_cells(root, ["configs/nope.py"], ["er"])
 
 
 def test_a_failed_run_is_recorded_reported_and_run_again(tmp_path, capsys):

@@ -6,8 +6,8 @@ Each run is `launch/run.py --config SETTING --workdir ROOT/NAME/METHOD/seedN --c
 the config file's name, with its argument when it has one: configs/split_cifar100.py:vit_s16 ->
 split_cifar100_vit_s16; SWEEP: ROOT's own name). `Sweep` holds what a sweep runs; `grid_cells`
 lists its cells, tuning points first, as the plan ROOT/sweep.json keeps them
-(olora_jax/sweep/cells.py). --tune's protocol is in `launch/sweep.py --help`'s module,
-olora_jax/sweep/cli.py.
+(olora_jax/sweep/cells.py). The command line's docstring (olora_jax/sweep/cli.py) describes
+--tune's protocol.
 """
 
 from __future__ import annotations
