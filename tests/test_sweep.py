@@ -282,7 +282,7 @@ def test_online_lora_is_tuned_in_its_learner_block():
   # block lacks is refused before anything runs, in one line.
   assert plan.grid_problem(_tune_args(methods=list(plan.TUNING_GRIDS))) is None
   problem = plan.grid_problem(_tune_args(methods=["online_lora", "er"],
-                                          grid=plan.parse_grid("mean_threshold=3,4")))
+                                         grid=plan.parse_grid("mean_threshold=3,4")))
   assert problem.startswith("--grid key 'mean_threshold': method=er reads no float key"
                             " er.mean_threshold;")
   with pytest.raises(argparse.ArgumentTypeError, match="number values"):

@@ -60,6 +60,8 @@ HEARTBEAT_SECONDS = 30
 STALE_SECONDS = 120  # four heartbeats missed
 RECORD_BYTES = 8192
 REPEAT_SECONDS = 2  # a signal again within this is the same stop (olora_jax/errors.py's rule)
+
+
 def now() -> str:
   return datetime.datetime.now().astimezone().isoformat(timespec="seconds")
 

@@ -359,7 +359,7 @@ def submit_sweep(sweep: Sweep, options: Options, launcher: str = LAUNCHER,
       print(sbatch_command(path, first, options.throttle, None))
     if second:
       print(sbatch_command(path, second, options.throttle,
-                                 "<the first array's job id>" if first else None))
+                           "<the first array's job id>" if first else None))
     return 0
   with cells.plan_lock(sweep.root):
     merged = cells.merged_plan(sweep.root, grid)
@@ -397,7 +397,7 @@ def submit_sweep(sweep: Sweep, options: Options, launcher: str = LAUNCHER,
           "requeue_on": options.requeue_on, "fail_fast": sweep.fail_fast, "ntasks": options.ntasks,
           "cpus": options.cpus}}
     cells.write_plan(sweep.root, merged, {"jobs": jobs, "submitted": cells.now(),
-                                         "cells": sorted(submitted)})
+                                          "cells": sorted(submitted)})
   if len(submitted) < len(first) + len(second):
     return errors.EXIT_ENVIRONMENT
   print(f"see their state with: {prog} --status {sweep.root}")
