@@ -94,6 +94,8 @@ def _codes(text: str) -> list[int]:
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
+  """`launch/sweep.py`'s flags (the `--config.KEY=VALUE` overrides after `--` in `overrides`),
+  checked: a flag, setting, override or method it cannot run exits 2 with its one line."""
   overrides = argv[argv.index("--") + 1:] if "--" in argv else []
   own = argv[:argv.index("--")] if "--" in argv else argv
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
