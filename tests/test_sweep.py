@@ -43,8 +43,8 @@ def _sweep_args(**kw) -> plan.Sweep:
 
 def test_the_api_plans_a_grid_and_reads_its_state_as_data(tmp_path):
   """olora_jax.sweep from Python: plan_cells lists (and writes) the cells the command line plans,
-  read_status gives what --status prints, one dict per cell; a setting that does not exist is
-  the command line's one line, as a ValueError."""
+  read_status gives what --status prints, one dict per cell; a setting that does not exist or a
+  SLURM option out of range is the command line's one line, as a ValueError."""
   root, tiny = str(tmp_path / "sw"), str(ROOT / "configs" / "tiny.py")
   planned = api.plan_cells(root, [tiny], ["er"], seeds=[0, 1], write=True)
   workdirs = [os.path.join(root, "tiny", "er", f"seed{s}") for s in (0, 1)]
@@ -63,6 +63,8 @@ def test_the_api_plans_a_grid_and_reads_its_state_as_data(tmp_path):
   assert rows[1]["code"] is None and rows[1]["seconds"] is None
   with pytest.raises(ValueError, match=r"config file\(s\) \['configs/nope.py'\] do not exist"):
     api.plan_cells(root, ["configs/nope.py"], ["er"])
+  with pytest.raises(ValueError, match=r"--cpus=0 must be >= 1"):  # as the flag is refused
+    api.submit(root, [tiny], ["er"], dry_run=True, cpus=0)
 
 
 def test_a_failed_run_is_recorded_reported_and_run_again(tmp_path, capsys):

@@ -93,14 +93,16 @@ def submit(root: str, settings: list[str], methods: list[str], seeds: list[int] 
   the script and the sbatch commands, write nothing; `launcher`: the `launch/sweep.py` each
   array task runs its cell through (None: this repository's); `prog`: the command the messages
   name. Returns the command line's exit code (0 submitted, 2 refused by `sbatch --test-only`, 4
-  sbatch failed); ValueError where sbatch is not on PATH, or for what `plan_cells` refuses."""
+  sbatch failed); ValueError for an option the command line would refuse (the same one line),
+  where sbatch is not on PATH, or for what `plan_cells` refuses."""
   sweep = _sweep(root, settings, methods, seeds, overrides, tune=tune, grid=grid,
                  tune_seed=tune_seed, tune_metric=tune_metric,
                  validation_fraction=validation_fraction, dry_run=dry_run, fail_fast=fail_fast)
-  if not dry_run and slurm.check_available():
-    raise ValueError(slurm.check_available())
-  return slurm.submit_sweep(sweep, slurm.Options(**options), launcher or slurm.LAUNCHER,
-                            prog)
+  array = slurm.Options(**options)
+  problem = slurm.options_problem(array) or (not dry_run and slurm.check_available())
+  if problem:
+    raise ValueError(problem)
+  return slurm.submit_sweep(sweep, array, launcher or slurm.LAUNCHER, prog)
 
 
 def read_status(root: str) -> list[dict]:

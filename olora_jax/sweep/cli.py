@@ -190,15 +190,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
   args.requeue_on = args.requeue_on or []
   args.ntasks = args.ntasks or 1
   args.gpus_per_task = args.gpus_per_task or 0
-  limit = slurm.time_seconds(args.time) if args.time else None
-  if limit is not None and args.signal_lead >= limit:
-    parser.error(f"--signal_lead={args.signal_lead} is not shorter than --time={args.time}"
-                 f" ({limit} s): the warning would come before the cell could run; give a"
-                 f" --signal_lead below {limit} (a step plus a checkpoint save) or a longer"
-                 " --time")
-  if args.gpus_per_task and args.gres.startswith("gpu"):
-    parser.error("--gpus_per_task and --gres=gpu:... both ask for GPUs; give one of them")
-  problem = plan.input_problem(args.settings, overrides)
+  problem = (slurm.options_problem(slurm.Options(**_fields(args, slurm.Options)))
+             or plan.input_problem(args.settings, overrides))
   if problem:
     parser.error(problem)
   if args.launcher == "slurm" and not args.dry_run and slurm.check_available():

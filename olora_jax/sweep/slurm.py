@@ -330,6 +330,25 @@ class Options:
   compilation_cache: str | None = None
 
 
+def options_problem(options: Options) -> str | None:
+  """One line naming the first value of `options` sbatch or the cells could not run with (a
+  count below its least, a SIGUSR1 lead not shorter than the time limit, GPUs asked for twice),
+  else None."""
+  for flag, low in (("cpus", 1), ("throttle", 0), ("signal_lead", 1), ("max_requeues", 0),
+                    ("ntasks", 1), ("gpus_per_task", 0)):
+    if getattr(options, flag) < low:
+      return f"--{flag}={getattr(options, flag)} must be >= {low}"
+  limit = time_seconds(options.time) if options.time else None
+  if limit is not None and options.signal_lead >= limit:
+    return (f"--signal_lead={options.signal_lead} is not shorter than --time={options.time}"
+            f" ({limit} s): the warning would come before the cell could run; give a"
+            f" --signal_lead below {limit} (a step plus a checkpoint save) or a longer"
+            " --time")
+  if options.gpus_per_task and options.gres.startswith("gpu"):
+    return "--gpus_per_task and --gres=gpu:... both ask for GPUs; give one of them"
+  return None
+
+
 def submit_sweep(sweep: Sweep, options: Options, launcher: str = LAUNCHER,
                  prog: str = "launch/sweep.py") -> int:
   """Writes the batch script and submits the cells not finished: the tuning points and the
