@@ -150,8 +150,8 @@ def start_up_stop(signum: int) -> str:
 
 # One stop can reach a run twice within milliseconds: under SLURM, slurmstepd's SIGTERM to every
 # process of the step and the sweep runner's forward of its own. A signal again within this many
-# seconds of the one that began the stop is that stop, not a second one (launch/cells.py's runner
-# applies the same rule to what it forwards).
+# seconds of the one that began the stop is that stop, not a second one (the runner of
+# olora_jax/sweep/cells.py applies the same rule to what it forwards).
 SAME_STOP_SECONDS = 2.0
 
 

@@ -247,17 +247,14 @@ def test_sweep_status_and_the_package_import_none_of_jax(tmp_path):
   """`sweep.py --status` (polled on a login node; `--run_cell`, every cell's runner, shares its
   imports) reads the plan and the workdirs without JAX, Flax or Orbax: `olora_jax` loads its
   top-level names on first use, and each of them still resolves to its module's object."""
-  from launch import cells
+  from olora_jax.sweep import cells
 
-  root, sweep = tmp_path / "sweep", PACKAGE.parent / "launch" / "sweep.py"
+  root = tmp_path / "sweep"
   cells.write_plan(str(root), [{"workdir": str(root / "tiny" / "er" / "seed0"), "command": [],
                                 "tuning": None}])
-  code = ("import runpy, sys\n"
-          f"sys.argv = ['sweep.py', '--status', {str(root)!r}]\n"
-          "try:\n"
-          f"  runpy.run_path({str(sweep)!r}, run_name='__main__')\n"
-          "except SystemExit as stop:\n"
-          "  assert not stop.code, stop.code\n"
+  code = ("import sys\n"
+          "from olora_jax.sweep import cli\n"
+          f"assert cli.main(['--status', {str(root)!r}]) == 0\n"
           "import olora_jax\n"
           f"print(sorted({{m.split('.')[0] for m in sys.modules}} & {set(HEAVY)!r}))\n")
   done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

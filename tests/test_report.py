@@ -24,6 +24,7 @@ from configs import tiny
 from olora_jax import evaluate, methods, metrics, plots, reporting, trainer
 from olora_jax.models.vit import VisionTransformer, spec_from_config
 from olora_jax.pretrained import save_timm_safetensors
+from olora_jax.sweep import plan
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -541,12 +542,11 @@ def test_sweep_runs_skips_and_fills_a_table(tmp_path):
 
 
 def test_sweep_tune_picks_the_best_validation_point(tmp_path):
-  sweep = _load_sweep()
   # The pick: the highest score, the first on a tie, a failed point (None) never.
   a, b, c = {"learning_rate": 1e-3}, {"learning_rate": 1e-2}, {"learning_rate": 1e-1}
-  assert sweep.pick([(a, 0.5), (b, 0.7), (c, 0.7)]) == b
-  assert sweep.pick([(a, None), (b, 0.1)]) == b
-  assert sweep.grid_points({"weight_decay": [0.0], "learning_rate": [1, 2]}) == [
+  assert plan.pick([(a, 0.5), (b, 0.7), (c, 0.7)]) == b
+  assert plan.pick([(a, None), (b, 0.1)]) == b
+  assert plan.grid_points({"weight_decay": [0.0], "learning_rate": [1, 2]}) == [
       {"learning_rate": 1, "weight_decay": 0.0}, {"learning_rate": 2, "weight_decay": 0.0}]
   # End to end on a tiny grid: the validation runs hold out part of the training split, the
   # point with the best validation A_final is recorded and the test seed runs with it.
@@ -582,13 +582,6 @@ def test_sweep_tune_picks_the_best_validation_point(tmp_path):
   picked = record["chosen"]["learning_rate"]
   assert seed_command.endswith(f"--config.finetune.learning_rate={picked!r}")
   assert "validation_fraction" not in seed_command
-
-
-def _load_sweep():
-  spec = importlib.util.spec_from_file_location("sweep", ROOT / "launch" / "sweep.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
 
 
 def _latex_fixture(tmp_path):

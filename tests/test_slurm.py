@@ -24,7 +24,8 @@ import pytest
 import tiny_run
 from tiny_run import ROOT, assert_same_run, results
 
-from launch import cells, slurm
+from olora_jax.sweep import cells, slurm
+from olora_jax.sweep.status import cell_status
 
 # Under -n, one worker runs them all, one after another (conftest.pytest_xdist_make_scheduler):
 # each has the single node to itself, never waiting on another's cells or srun for the CPUs.
@@ -194,7 +195,7 @@ def test_the_schedulers_signals_requeue_sigkill_does_not_and_the_limit_says_so(
   assert "--max_requeues=1 reached" in _status(root)
   job = _submit(root, *submit, cache=compilation_cache)
   _wait_for(job)
-  assert cells.cell_status(str(workdir))[0] == "finished"
+  assert cell_status(str(workdir))[0] == "finished"
   assert_same_run(workdir, tiny_reference)
   assert results(workdir)["plateau_steps"] == [4, 13, 20, 30]
   record = cells.read_record(str(workdir))
@@ -233,7 +234,7 @@ def test_cancel_stops_a_running_sweep_without_a_requeue_and_the_same_command_res
   assert not (root / "slurm" / slurm.CANCELLED).exists()
   _wait_for(job)
   for seed in (0, 1):
-    assert cells.cell_status(str(root / "tiny" / "online_lora" / f"seed{seed}"))[0] == "finished"
+    assert cell_status(str(root / "tiny" / "online_lora" / f"seed{seed}"))[0] == "finished"
   assert_same_run(workdir, tiny_reference)
 
 
@@ -288,7 +289,7 @@ def test_a_cell_that_hits_its_real_time_limit_is_requeued_and_resumes_identical(
   assert "error: stopped by signal 15 after stream step " in log, log[-3000:]  # mid-run
   assert "DUE TO TIME LIMIT" not in log, log[-3000:]  # never killed without its checkpoint
   assert "No such process" not in log, log[-3000:]  # the batch script's traps stay quiet
-  assert cells.cell_status(str(workdir))[0] == "finished"
+  assert cell_status(str(workdir))[0] == "finished"
   assert cells.read_record(str(workdir))["allocations"] == 2
   assert_same_run(workdir, local / "tiny" / "finetune" / "seed0")
 
@@ -313,7 +314,7 @@ def test_a_failing_cell_is_not_requeued_and_fail_fast_cancels_the_cells_not_star
                 "--", *TINY, "--config.learner.batch_size=0")
   _wait_for(job, timeout=200)
   first, second = (str(root / "tiny" / "finetune" / f"seed{s}") for s in (0, 1))
-  state, detail = cells.cell_status(first)
+  state, detail = cell_status(first)
   assert state == "failed" and detail.startswith("exit 2: ") and "batch_size" in detail, detail
   log = _log(root, f"{job}_0")
   assert "requeueing" not in log and "restart 1" not in log and "exit 2" in log
@@ -361,7 +362,7 @@ def test_a_two_process_cell_survives_a_signal_and_equals_one_process(
   log = _log(root, f"{job}_0")
   assert f"requeueing {job}_0" in log and "restart 1" in log, log[-3000:]
   assert log.count("error: stopped by signal 15") == 2, log[-3000:]  # both processes
-  assert cells.cell_status(str(workdir))[0] == "finished"
+  assert cell_status(str(workdir))[0] == "finished"
   assert (cells.read_record(str(workdir)) or {})["allocations"] == 2
   _assert_close_to(workdir, tiny_reference)
 

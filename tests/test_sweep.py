@@ -9,7 +9,6 @@ import argparse
 import contextlib
 import datetime
 import errno
-import importlib.util
 import json
 import os
 import socket
@@ -22,14 +21,9 @@ from pathlib import Path
 import pytest
 from tiny_run import ROOT
 
-from launch import cells, slurm
-
-
-def _load_sweep():
-  spec = importlib.util.spec_from_file_location("sweep", ROOT / "launch" / "sweep.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+import olora_jax.sweep as api
+from olora_jax.sweep import cells, local, plan, slurm
+from olora_jax.sweep.status import cell_status
 
 
 def _fake_run(code: int, results: bool = False, line: str = "boom; fix it") -> list[str]:
@@ -43,28 +37,53 @@ def _fake_run(code: int, results: bool = False, line: str = "boom; fix it") -> l
   return [sys.executable, "-c", script]
 
 
-def _sweep_args(**kw) -> argparse.Namespace:
-  return argparse.Namespace(**{"dry_run": False, "fail_fast": False, **kw})
+def _sweep_args(**kw) -> plan.Sweep:
+  return plan.Sweep(**{"root": "", "settings": [], "methods": [], **kw})
+
+
+def test_the_api_plans_a_grid_and_reads_its_state_as_data(tmp_path):
+  """olora_jax.sweep from Python: plan_cells lists (and writes) the cells the command line plans,
+  read_status gives what --status prints, one dict per cell; a setting that does not exist or a
+  SLURM option out of range is the command line's one line, as a ValueError."""
+  root, tiny = str(tmp_path / "sw"), str(ROOT / "configs" / "tiny.py")
+  planned = api.plan_cells(root, [tiny], ["er"], seeds=[0, 1], write=True)
+  workdirs = [os.path.join(root, "tiny", "er", f"seed{s}") for s in (0, 1)]
+  assert [c["workdir"] for c in planned] == workdirs and planned[0]["tuning"] is None
+  assert planned[1]["command"][-4:-2] == ["--config.method=er", "--config.seed=1"]
+  stored = json.loads((tmp_path / "sw" / cells.PLAN).read_text())["cells"]
+  assert [c["workdir"] for c in stored] == [os.path.join("tiny", "er", f"seed{s}") for s in (0, 1)]
+  cells.write_record(workdirs[0], {"state": "exited", "code": 3, "line": "non-finite loss",
+                                   "seconds": 5.0, "allocations": 1})
+  rows = api.read_status(root)
+  assert [(r["setting"], r["method"], r["seed"], r["point"], r["state"]) for r in rows] == [
+      ("tiny", "er", 0, None, "failed"), ("tiny", "er", 1, None, "not started")]
+  assert {k: rows[0][k] for k in ("code", "line", "seconds", "detail", "step", "slurm_task")} == {
+      "code": 3, "line": "non-finite loss", "seconds": 5.0, "detail": "exit 3: non-finite loss",
+      "step": None, "slurm_task": None}
+  assert rows[1]["code"] is None and rows[1]["seconds"] is None
+  with pytest.raises(ValueError, match=r"config file\(s\) \['configs/nope.py'\] do not exist"):
+    api.plan_cells(root, ["configs/nope.py"], ["er"])
+  with pytest.raises(ValueError, match=r"--cpus=0 must be >= 1"):  # as the flag is refused
+    api.submit(root, [tiny], ["er"], dry_run=True, cpus=0)
 
 
 def test_a_failed_run_is_recorded_reported_and_run_again(tmp_path, capsys):
-  sweep = _load_sweep()
   ok, late, bad, never = (str(tmp_path / n) for n in ("ok", "late", "bad", "never"))
   runs = [(ok, _fake_run(0, results=True) + [ok]),
           (late, _fake_run(1, results=True, line="plots failed") + [late]),  # results, then 1
           (bad, _fake_run(3, line="non-finite loss at stream step 7") + [bad]),
           (never, _fake_run(0, results=True) + [never])]
-  code, stop = sweep.execute(runs, _sweep_args())
+  code, stop = local.execute(runs, _sweep_args())
   out = capsys.readouterr().out
   assert (code, stop) == (1, False)  # the first failure's code; 1 and 3 do not stop the sweep
   assert f"{late}: failed (exit 1): plots failed" in out
   assert f"{bad}: failed (exit 3): non-finite loss at stream step 7" in out
   assert cells.read_record(late)["code"] == 1 and cells.read_record(ok)["code"] == 0
   assert not cells.is_finished(late) and cells.is_finished(ok) and cells.is_finished(never)
-  assert cells.cell_status(late) == ("failed", "exit 1: plots failed")
+  assert cell_status(late) == ("failed", "exit 1: plots failed")
   # The same sweep again skips the finished runs and reruns the failed ones, results or not.
   runs[1] = (late, _fake_run(0, results=True) + [late])
-  sweep.execute(runs, _sweep_args())
+  local.execute(runs, _sweep_args())
   out = capsys.readouterr().out
   assert f"{ok}: finished, skipped" in out and f"{late}: resuming (it failed before)" in out
   assert f"{bad}: failed (exit 3)" in out and cells.is_finished(late)
@@ -72,10 +91,10 @@ def test_a_failed_run_is_recorded_reported_and_run_again(tmp_path, capsys):
   for workdir in (bad, never):
     os.remove(os.path.join(workdir, cells.EXIT_RECORD))
   os.remove(os.path.join(never, "results.json"))
-  code, stop = sweep.execute(runs, _sweep_args(fail_fast=True))
+  code, stop = local.execute(runs, _sweep_args(fail_fast=True))
   assert (code, stop) == (3, True)
   assert "sweep stopped at the first failed run (--fail_fast)" in capsys.readouterr().err
-  assert cells.cell_status(never) == ("not started", "")
+  assert cell_status(never) == ("not started", "")
 
 
 def test_a_cell_whose_results_json_is_damaged_is_not_finished(tmp_path):
@@ -144,7 +163,7 @@ def test_status_reads_every_state_from_the_workdirs(tmp_path):
   assert lines[7] == ("7 cells: 1 finished, 1 running, 0 queued, 1 stopped, 2 lost, 1 failed,"
                       " 1 not started")
   # The scheduler runs a cell's task before its run has written a record: the line names the task.
-  assert cells.cell_status(str(root / "waiting"), {"state": "RUNNING"}, None, "7_4") == (
+  assert cell_status(str(root / "waiting"), {"state": "RUNNING"}, None, "7_4") == (
       "running", "setting up (SLURM task 7_4, scheduler: RUNNING)")
   (tmp_path / "empty").mkdir()
   for bad, says in ((tmp_path / "nope", "no such directory"),
@@ -239,20 +258,19 @@ def test_array_ranges():
   assert slurm.array_ranges([3]) == "3"
 
 
-def _tune_args(**kw) -> argparse.Namespace:
-  return argparse.Namespace(**{"root": "R", "settings": ["configs/tiny.py"], "grid": None,
-                               "tune_seed": 0, "tune_metric": "A_final",
-                               "validation_fraction": 0.1, "overrides": [], **kw})
+def _tune_args(**kw) -> plan.Sweep:
+  return plan.Sweep(**{"root": "R", "settings": ["configs/tiny.py"], "grid": None,
+                       "tune_seed": 0, "tune_metric": "A_final",
+                       "validation_fraction": 0.1, "overrides": [], **kw})
 
 
 def test_online_lora_is_tuned_in_its_learner_block():
-  sweep = _load_sweep()
-  plans = {p["method"]: p for p in sweep.tuning_plans(_tune_args(methods=["online_lora", "er"]))}
+  plans = {p["method"]: p for p in plan.tuning_plans(_tune_args(methods=["online_lora", "er"]))}
   ol, er = plans["online_lora"], plans["er"]
   # Online-LoRA's grid: learning rate and the plateau rule's thresholds, keys of `learner`.
   assert ol["block"] == "learner" and er["block"] == "er"
   assert set(ol["points"][0]) == {"learning_rate", "mean_threshold", "var_threshold"}
-  assert len(ol["points"]) == len(sweep.grid_points(sweep.TUNING_GRIDS["online_lora"])) <= 12
+  assert len(ol["points"]) == len(plan.grid_points(plan.TUNING_GRIDS["online_lora"])) <= 12
   assert ol["workdirs"][0] == os.path.join("R", "tiny", "online_lora", "tune",
                                            "lr0.0001_mean3.5_var0.05")
   assert ol["commands"][0][-4:] == [
@@ -264,13 +282,13 @@ def test_online_lora_is_tuned_in_its_learner_block():
                                     "--config.er.weight_decay=0.0001"]
   # Every default grid names float keys of its method's block; a --grid key a tuned method's
   # block lacks is refused before anything runs, in one line.
-  assert sweep.grid_problem(_tune_args(methods=list(sweep.TUNING_GRIDS))) is None
-  problem = sweep.grid_problem(_tune_args(methods=["online_lora", "er"],
-                                          grid=sweep.parse_grid("mean_threshold=3,4")))
+  assert plan.grid_problem(_tune_args(methods=list(plan.TUNING_GRIDS))) is None
+  problem = plan.grid_problem(_tune_args(methods=["online_lora", "er"],
+                                         grid=plan.parse_grid("mean_threshold=3,4")))
   assert problem.startswith("--grid key 'mean_threshold': method=er reads no float key"
                             " er.mean_threshold;")
   with pytest.raises(argparse.ArgumentTypeError, match="number values"):
-    sweep.parse_grid("mean_threshold=high")
+    plan.parse_grid("mean_threshold=high")
 
 
 def test_bad_grid_key_is_one_line_before_any_run(tmp_path):
@@ -355,7 +373,7 @@ def test_wall_time_sums_allocations_and_a_duplicate_leaves_a_finished_record(tmp
       " 'allocations': 3}, open(os.path.join(w, 'exit.json'), 'w'))")
   assert cells.run_cell(workdir, [*finish, workdir])[0] == 0
   assert cells.read_record(workdir)["run"] == "other"
-  assert cells.cell_status(workdir) == ("finished", "46 s over 3 allocations")
+  assert cell_status(workdir) == ("finished", "46 s over 3 allocations")
   # A duplicate task started once the cell finished runs nothing and writes nothing.
   assert cells.run_cell(workdir, _script("raise SystemExit(9)")) == (0, "finished earlier", False)
   assert cells.read_record(workdir)["seconds"] == 46.0
@@ -454,7 +472,7 @@ def test_an_out_of_memory_kill_is_named_with_advice_a_plain_kill_is_not(tmp_path
         import json, os, sys
         sys.path.insert(0, {str(ROOT)!r})
         open({str(group / "cgroup.procs")!r}, "w").write(str(os.getpid()))
-        from launch import cells
+        from olora_jax.sweep import cells
         hog = [sys.executable, "-c", "x = bytearray(2 << 30); x[::4096] = b'1' * len(x[::4096])"]
         print(json.dumps(cells.run_cell(sys.argv[1], hog)[:2]))
         """)
@@ -513,7 +531,7 @@ def test_the_exit_record_is_written_when_the_disk_is_full(tmp_path, monkeypatch)
   assert cells.read_record(workdir)["line"] == line
   assert os.path.getsize(os.path.join(workdir, cells.EXIT_RECORD)) == cells.RECORD_BYTES
   assert not [f for f in os.listdir(workdir) if f.endswith(".tmp")]
-  assert cells.cell_status(workdir) == ("failed", f"exit 4: {line}")
+  assert cell_status(workdir) == ("failed", f"exit 4: {line}")
 
 
 def test_only_the_schedulers_signals_requeue():

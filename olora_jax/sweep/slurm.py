@@ -1,10 +1,12 @@
 """A sweep as one SLURM job array: the batch script `launch/sweep.py --launcher slurm` writes and
-submits (docs/cluster.md explains it line by line), what a task does when its cell ends
-(requeue, --fail_fast), and what the scheduler says of each task (for `--status`).
+submits (`submit_sweep`; docs/cluster.md explains it line by line), what a task does when its
+cell ends (`run_task`: requeue, --fail_fast), what the scheduler says of each task (for
+`--status`), and `--cancel` (`cancel_sweep`).
 
 One script for the whole grid, ROOT/slurm/sweep.sbatch; array task i runs cell i of ROOT/sweep.json
-through `launch/sweep.py --run_cell ROOT i`, the function the local sweep runs each cell with
-(launch/cells.py: a finished cell is skipped, a stopped one resumes, the exit is recorded).
+through `launch/sweep.py --run_cell ROOT i` (`run_task`), with the function the local sweep runs
+each cell with (olora_jax/sweep/cells.py: a finished cell is skipped, a stopped one resumes, the
+exit is recorded).
 
 Time limits and preemption: the script asks for `--signal=B:USR1@LEAD` (the batch shell alone
 gets SIGUSR1 LEAD seconds, or up to 60 s more, before the time limit) and `--requeue`. On the
@@ -20,17 +22,27 @@ signalled by it (time limit, preemption, `scancel --signal`) or a run stopped by
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
+import pathlib
 import re
 import shlex
 import shutil
 import subprocess
+import sys
 
-from launch import cells
+from olora_jax import errors
+from olora_jax.sweep import cells
+from olora_jax.sweep.plan import Sweep, choose, grid_cells, stale_pick
+from olora_jax.sweep.status import cell_status
 
 SCRIPT = "sweep.sbatch"
 CACHE = "jax_cache"  # ROOT/jax_cache: the compilation cache every cell shares by default
+# launch/sweep.py, which the batch script runs each cell through (`--run_cell`).
+LAUNCHER = str(pathlib.Path(__file__).resolve().parents[2] / "launch" / "sweep.py")
+SIGNAL_LEAD = 120  # s before the time limit: the checkpoint of a large model's step fits
+MAX_REQUEUES = 50
 # The scheduler's states of a task that still runs or will (squeue's long names).
 ACTIVE = ("PENDING", "RUNNING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIGURING",
           "COMPLETING", "SUSPENDED", "STOPPED", "RESIZING", "SIGNALING", "STAGE_OUT")
@@ -289,3 +301,227 @@ def sbatch_command(script_path: str, indices: list[int], throttle: int, after: s
   array = array_ranges(indices) + (f"%{throttle}" if throttle else "")
   depends = f" --dependency=afterany:{after}" if after else ""
   return f"sbatch --parsable --array={array}{depends} {script_path}"
+
+
+@dataclasses.dataclass
+class Options:
+  """How a sweep's job array runs (`launch/sweep.py`'s --launcher slurm flags of the same names;
+  docs/cluster.md): the #SBATCH values `partition`, `time` (one cell's task), `mem`, `gres`
+  (text; '': the cluster's default), `cpus` per cell, `sbatch` (extra #SBATCH lines) and `setup`
+  (lines the batch script runs first); at most `throttle` cells at once (0: no limit); SIGUSR1
+  `signal_lead` seconds before the time limit; a cell requeued at most `max_requeues` times,
+  after the scheduler's signals and the exit codes `requeue_on`; `ntasks` processes per cell
+  (`gpus_per_task` GPUs each) under srun; `compilation_cache`, the cache every cell shares
+  (None: ROOT/jax_cache; 'off': each run's own default)."""
+
+  partition: str = ""
+  time: str = ""
+  mem: str = ""
+  gres: str = ""
+  cpus: int = 1
+  throttle: int = 0
+  sbatch: list[str] = ()
+  signal_lead: int = SIGNAL_LEAD
+  max_requeues: int = MAX_REQUEUES
+  requeue_on: list[int] = ()
+  ntasks: int = 1
+  gpus_per_task: int = 0
+  setup: list[str] = ()
+  compilation_cache: str | None = None
+
+
+def options_problem(options: Options) -> str | None:
+  """One line naming the first value of `options` sbatch or the cells could not run with (a
+  count below its least, a SIGUSR1 lead not shorter than the time limit, GPUs asked for twice),
+  else None."""
+  for flag, low in (("cpus", 1), ("throttle", 0), ("signal_lead", 1), ("max_requeues", 0),
+                    ("ntasks", 1), ("gpus_per_task", 0)):
+    if getattr(options, flag) < low:
+      return f"--{flag}={getattr(options, flag)} must be >= {low}"
+  limit = time_seconds(options.time) if options.time else None
+  if limit is not None and options.signal_lead >= limit:
+    return (f"--signal_lead={options.signal_lead} is not shorter than --time={options.time}"
+            f" ({limit} s): the warning would come before the cell could run; give a"
+            f" --signal_lead below {limit} (a step plus a checkpoint save) or a longer"
+            " --time")
+  if options.gpus_per_task and options.gres.startswith("gpu"):
+    return "--gpus_per_task and --gres=gpu:... both ask for GPUs; give one of them"
+  return None
+
+
+def submit_sweep(sweep: Sweep, options: Options, launcher: str = LAUNCHER,
+                 prog: str = "launch/sweep.py") -> int:
+  """Writes the batch script and submits the cells not finished: the tuning points and the
+  untuned cells as one array, the seeds picked by tuning as a second array that starts when the
+  first has ended. sweep.json is read, extended and written under its lock, around the
+  submission: two submissions into one root at once each get their own cells."""
+  grid = grid_cells(sweep)
+  if options.ntasks > 1:
+    for cell in grid:
+      cell["command"] = cell["command"] + ["--config.distributed.initialize=cluster"]
+  root = os.path.abspath(sweep.root)
+  cache = "" if options.compilation_cache == "off" else os.path.abspath(
+      options.compilation_cache or os.path.join(root, CACHE))
+  script = batch_script(
+      root, sys.executable, launcher, os.getcwd(), partition=options.partition,
+      time=options.time, mem=options.mem, cpus=options.cpus, gres=options.gres,
+      signal_lead=options.signal_lead, extra=options.sbatch, ntasks=options.ntasks,
+      gpus_per_task=options.gpus_per_task, setup=options.setup, cache=cache)
+  path = os.path.join(root, "slurm", SCRIPT)
+  if sweep.dry_run:
+    merged = cells.merged_plan(sweep.root, grid)
+    first, second = _arrays(grid, merged)
+    print(f"{len(grid)} cells, {len(grid) - len(first) - len(second)} finished,"
+          f" {len(first) + len(second)} to submit")
+    print(f"--- {path}\n{script}---")
+    if first:
+      print(sbatch_command(path, first, options.throttle, None))
+    if second:
+      print(sbatch_command(path, second, options.throttle,
+                           "<the first array's job id>" if first else None))
+    return 0
+  with cells.plan_lock(sweep.root):
+    merged = cells.merged_plan(sweep.root, grid)
+    first, second = _arrays(grid, merged)
+    print(f"{len(grid)} cells, {len(grid) - len(first) - len(second)} finished,"
+          f" {len(first) + len(second)} to submit")
+    if not first and not second:
+      return 0
+    refused = test_only(script, first or second, options.throttle)
+    if refused:
+      print(f"error: {refused}", file=sys.stderr)
+      return errors.EXIT_BAD_INPUT
+    os.makedirs(os.path.join(root, "slurm", "logs"), exist_ok=True)
+    with open(f"{path}.{os.getpid()}.tmp", "w") as f:
+      f.write(script)
+    os.replace(f"{path}.{os.getpid()}.tmp", path)
+    # The cells are in sweep.json before any task can start (a task reads it under the lock).
+    cells.write_plan(sweep.root, merged)
+    clear_cancelled(sweep.root)  # an earlier --cancel: this submission runs again
+    jobs, submitted = [], {}
+    for indices in (first, second):
+      if indices:
+        try:
+          job = submit(path, indices, options.throttle, after=jobs[-1] if jobs else None)
+        except RuntimeError as e:
+          print(f"error: {e}", file=sys.stderr)
+          break
+        jobs.append(job)
+        submitted.update({i: job for i in indices})
+        print(f"submitted job array {job}: cells {array_ranges(indices)} (logs in"
+              f" {root}/slurm/logs/{job}_<cell>.out)")
+    for i, job in submitted.items():
+      merged[i] = {**merged[i], "slurm": {
+          "task": f"{job}_{i}", "jobs": jobs, "max_requeues": options.max_requeues,
+          "requeue_on": options.requeue_on, "fail_fast": sweep.fail_fast, "ntasks": options.ntasks,
+          "cpus": options.cpus}}
+    cells.write_plan(sweep.root, merged, {"jobs": jobs, "submitted": cells.now(),
+                                          "cells": sorted(submitted)})
+  if len(submitted) < len(first) + len(second):
+    return errors.EXIT_ENVIRONMENT
+  print(f"see their state with: {prog} --status {sweep.root}")
+  return 0
+
+
+def _arrays(grid: list[dict], merged: list[dict]) -> tuple[list[int], list[int]]:
+  """The plan indices of the cells to submit: (the first array, the tuned seeds after it)."""
+  index = {os.path.abspath(c["workdir"]): i for i, c in enumerate(merged)}
+  todo = [c for c in grid if not cells.is_finished(c["workdir"])]
+  return ([index[os.path.abspath(c["workdir"])] for c in todo if not c["tuning"]],
+          [index[os.path.abspath(c["workdir"])] for c in todo if c["tuning"]])
+
+
+def run_task(root: str, index: str) -> int:
+  """One task of the SLURM array: cell `index` of ROOT/sweep.json, as the local sweep runs it;
+  then what its exit asks of the scheduler: a requeue (only after the scheduler's signals, or
+  the codes of --requeue_on, up to --max_requeues), or, with --fail_fast, the sweep's pending
+  tasks cancelled."""
+  with cells.plan_lock(root):  # waits for a submission still writing it
+    cell = cells.load_plan(root)[int(index)]
+  workdir, command = cell["workdir"], cell["command"]
+  job = cell.get("slurm") or {}
+  if cells.is_finished(workdir):
+    print(f"{workdir}: finished, skipped", flush=True)
+    if cell.get("tuning") and (note := stale_pick(workdir)):
+      print(note, file=sys.stderr, flush=True)
+    return 0
+  if cell.get("tuning"):
+    try:
+      command = command + choose(cell["tuning"])
+    except (RuntimeError, ValueError) as e:
+      exited = {"state": "exited", "code": errors.EXIT_ENVIRONMENT, "line": str(e),
+                "ended": cells.now()}
+      cells.update_record(workdir, lambda _: exited)
+      print(f"error: {e}", file=sys.stderr)
+      return errors.EXIT_ENVIRONMENT
+  forward = None
+  if job.get("ntasks", 1) > 1:  # one run over N processes: srun starts them
+    command = ["srun", f"--ntasks={job['ntasks']}", f"--cpus-per-task={job.get('cpus', 1)}",
+               *command]
+    forward = lambda proc, signum: signal_step(signum)  # noqa: E731  (never to srun)
+  state = cell_status(workdir)[0]
+  print(f"{workdir}: {'starting' if state == 'not started' else 'resuming'}", flush=True)
+  code, line, signalled = cells.run_cell(workdir, command, forward=forward)
+  task = f"{os.environ.get('SLURM_ARRAY_JOB_ID')}_{index}"
+  why = requeue_reason(code, signalled, job.get("requeue_on", []))
+  restarts = int(os.environ.get("SLURM_RESTART_COUNT") or 0)
+  most = job.get("max_requeues", MAX_REQUEUES)
+  note = None
+  cancelled_by = cancelled(root, os.environ.get("SLURM_ARRAY_JOB_ID"))
+  if why and cancelled_by:
+    note = f"{why}: not requeued, the sweep was cancelled ({cancelled_by})"
+  elif why and restarts < most:
+    print(f"[{cells.now()}] {why}: requeueing {task} (requeue {restarts + 1} of at most"
+          f" {most})", file=sys.stderr, flush=True)
+    refused = requeue(task)
+    if refused:
+      note = f"{why}, but scontrol requeue refused: {refused}"
+  elif why:
+    note = (f"{why}: not requeued, --max_requeues={most} reached; submit the same command to"
+            " resume it from its newest checkpoint")
+  elif code and line.startswith("killed by the out-of-memory killer"):
+    note = f"exit {code} (the out-of-memory killer, as its memory cgroup counted): not requeued;" \
+           f" {cells.OOM_ADVICE}"
+  elif code and cells.is_signal(code):
+    note = (f"exit {code} ({cells.signal_name(code)}, not the scheduler's signal, and no"
+            " out-of-memory kill in its memory cgroup's count: a kill): not requeued;"
+            f" --requeue_on={code} requeues it")
+  elif code and job.get("fail_fast"):
+    others = [j for j in job.get("jobs", []) if j]
+    note = (f"--fail_fast: cell {index} failed (exit {code}): cancelling the sweep's tasks not"
+            f" started (jobs {', '.join(others)}); the running ones finish")
+    refused = cancel_pending(others)
+    if refused:
+      note += f"; scancel refused: {refused}"
+  if note:
+    print(f"[{cells.now()}] {note}", file=sys.stderr, flush=True)
+    if code != 0 and line != "finished earlier":
+      cells.update_record(workdir, lambda current: {**current, "note": note}
+                          if current and current.get("state") == "exited" else None)
+  return code
+
+
+def cancel_sweep(root: str, prog: str = "launch/sweep.py") -> int:
+  """`--cancel ROOT`: marks the sweep cancelled (ROOT/slurm/cancelled.json, which its tasks read
+  before requeueing themselves and a new submission removes), then cancels every job it
+  submitted: the running tasks get SLURM's SIGTERM, their runs checkpoint and exit 143 and are
+  not requeued; the pending ones never start."""
+  if not os.path.isdir(root):
+    print(f"error: --cancel {root}: no such directory; give a sweep's --root", file=sys.stderr)
+    return errors.EXIT_BAD_INPUT
+  with cells.plan_lock(root):
+    _, submissions = cells.load_plan(root, with_submissions=True)
+    jobs = sorted({str(j) for s in submissions for j in s.get("jobs", []) if j}, key=int)
+    if not jobs:
+      print(f"error: --cancel {root}: no SLURM job in its {cells.PLAN}: nothing to cancel (a"
+            " local sweep stops with Ctrl-C or SIGTERM to its process)", file=sys.stderr)
+      return errors.EXIT_BAD_INPUT
+    mark_cancelled(root, jobs)
+  refused = cancel(jobs)
+  if refused:
+    print(f"error: scancel {' '.join(jobs)} refused: {refused}", file=sys.stderr)
+    return errors.EXIT_ENVIRONMENT
+  print(f"cancelled job(s) {', '.join(jobs)}: running cells checkpoint and stop (not requeued),"
+        f" queued ones will not start; {prog} --status {root} shows where each stopped,"
+        " and the same sweep command resumes it")
+  return 0
