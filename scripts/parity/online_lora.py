@@ -43,7 +43,8 @@ ViT catch each test batch's logits and the accuracy row at every task end. The r
 `authors_run.npz`, uses our names and layouts (tests/test_parity_online_lora.py compares it
 with our trace and task-end exports), and `authors_run.json` says what produced it.
 
-`--no-record` runs the same loop without recording (timing: `--threads 2`).
+`--no-record` runs the same loop without recording (timing: `--threads 2`); the `ours` stage
+runs our CLI on the same fixture (`ours_command`, the parity test's command), to time beside it.
 
 timm imports torchvision, whose only builds for torch 2.13 on PyPI are CUDA builds that cannot
 load beside the CPU torch. Where torchvision does not import, `record` gives timm an empty
