@@ -81,18 +81,6 @@ from olora_jax.protocol import EvaluationLog
 CHECKPOINT_DIR = "checkpoints"
 CORRUPT_DIR = "corrupt_checkpoints"
 ORBAX = "orbax.checkpoint"
-
-
-def _orbax():
-  """orbax.checkpoint, imported on first use: with TensorStore it takes about 0.4 s, which a run
-  spends in a background thread while it builds its state (`import_in_background`) rather than
-  before its first step; a run that finds no checkpoint needs it only for its first save."""
-  return importlib.import_module(ORBAX)
-
-
-def import_in_background() -> None:
-  """Starts importing orbax in a daemon thread (`background.import_modules`)."""
-  background.import_modules(ORBAX)
 TMP_SUFFIX = ".orbax-checkpoint-tmp"  # orbax's folder of a save in progress (`<step>` + this)
 # Keys that change how a run is checkpointed or drawn, not what it computes: they may differ on
 # resume. So do the placement keys: the device mesh and the processes may change between the
@@ -114,6 +102,18 @@ OPERATIONAL_KEYS = ("checkpoint_every", "max_to_keep", "eval.write_plots", "data
 # may differ between the processes of one run and change nothing in its records.
 RECORDED_CHANGES = ("learner.skip_nonfinite", "learner.max_skipped_fraction", "log_every",
                     "checkpoint_every", "max_to_keep", "eval.write_plots")
+
+
+def _orbax():
+  """orbax.checkpoint, imported on first use: with TensorStore it takes about 0.4 s, which a run
+  spends in a background thread while it builds its state (`import_in_background`) rather than
+  before its first step; a run that finds no checkpoint needs it only for its first save."""
+  return importlib.import_module(ORBAX)
+
+
+def import_in_background() -> None:
+  """Starts importing orbax in a daemon thread (`background.import_modules`)."""
+  background.import_modules(ORBAX)
 
 
 class WorkdirError(errors.BadInput):
@@ -421,8 +421,8 @@ def _stored_shape(x: Any) -> jax.ShapeDtypeStruct:
 def tree_checks(tree: Any) -> tuple[dict[str, str], list[str]]:
   """(`array_checksums(tree)`, `nonfinite_leaves(tree)`) from one compiled program over the
   whole tree, run where the arrays live; only the digests and flags come to the host. A small
-  tree held whole by this process is checked on the host in NumPy instead, to the same bits
-  (`HOST_CHECK_ELEMENTS`): a program of its own costs more to compile than that takes."""
+  tree whose arrays each live on one device is checked on the host in NumPy instead, to the same
+  bits (`HOST_CHECK_ELEMENTS`): a program of its own costs more to compile than that takes."""
   leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
   if not leaves:
     return {}, []
@@ -538,9 +538,9 @@ class Checkpointer:
     self._write(step, arrays, host, checksums)
 
   def _finite_digests(self, step: int, arrays: Any) -> dict[str, str]:
-    """The digest of every array of the state to save at `step` (one program with their finite
+    """The digest of every array of the state to save at `step` (`tree_checks`, with their finite
     flags); `errors.NonFiniteLoss` when one holds NaN/Inf: such a state is never saved."""
-    digests, bad = tree_checks(arrays)  # one program: digests and finite flags
+    digests, bad = tree_checks(arrays)  # digests and finite flags together
     if bad:
       raise errors.NonFiniteLoss(
           f"the state to checkpoint at step {step} holds NaN/Inf ({len(bad)} array(s), e.g."
