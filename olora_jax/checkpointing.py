@@ -363,9 +363,7 @@ def _np_fmix32(h: np.ndarray) -> np.ndarray:
 
 
 def _np_words(x: np.ndarray) -> np.ndarray:
-  """`_words` of a host array that jit would see as `x` (its dtype canonicalised as jit
-  canonicalises an argument's: a NumPy float64 as float32 without x64)."""
-  x = np.asarray(x, jax.dtypes.canonicalize_dtype(x.dtype))
+  """`_words` of a host array, its dtype already as jit sees it (`_host_tree_checks`)."""
   if x.dtype == np.bool_:  # its byte as stored, as XLA converts it (a damaged 0x81 is not 1)
     return x.view(np.uint8).astype(np.uint32)
   if np.issubdtype(x.dtype, np.complexfloating):
@@ -388,18 +386,17 @@ def _np_leaf_digest(x: np.ndarray) -> np.ndarray:
   return _np_fmix32(w[:, None] ^ keys).sum(axis=0, dtype=np.uint32)
 
 
-def _np_finite(x: np.ndarray) -> bool:
-  x = np.asarray(x, jax.dtypes.canonicalize_dtype(x.dtype))
-  return not jnp.issubdtype(x.dtype, jnp.inexact) or bool(np.isfinite(x).all())
-
-
 def _host_tree_checks(leaves: list) -> tuple[np.ndarray, np.ndarray]:
-  """`_tree_checks(leaves)` computed in NumPy on host copies of the leaves."""
+  """`_tree_checks(leaves)` computed in NumPy on host copies of the leaves, each leaf's dtype
+  canonicalised as jit canonicalises an argument's (a NumPy float64 as float32 without x64)."""
   host = jax.device_get([jax.random.key_data(x) if _is_key(x) else x for x in leaves])
   sums = np.zeros((len(leaves), len(_SEEDS)), np.uint32)
+  finite = np.ones(len(leaves), bool)
   for i, x in enumerate(host):
-    sums[i] = _np_leaf_digest(np.asarray(x))
-  return sums, np.asarray([_np_finite(np.asarray(x)) for x in host], bool)
+    x = np.asarray(x, jax.dtypes.canonicalize_dtype(np.asarray(x).dtype))
+    sums[i] = _np_leaf_digest(x)
+    finite[i] = not jnp.issubdtype(x.dtype, jnp.inexact) or bool(np.isfinite(x).all())
+  return sums, finite
 
 
 def _checked_on_host(leaves: list) -> bool:
