@@ -8,6 +8,10 @@ Directives (each renders what the code says at build time, so the pages cannot d
                       default and its meaning, as declared beside the default
                       (`olora_jax.config_keys`)
   metric-notes        every metric's definition as results.json's `metric_notes` records it
+  forgetting-example  its content an accuracy matrix (one row a line, fractions): the matrix
+                      and, per earlier task, Forgetting as results.json computes it
+                      (`olora_jax.metrics`) beside Mammoth's convention, computed at build
+                      time (docs/_ext/forgetting_example.py)
   key-sources NAME    the method's keys, our defaults against their sources (the authors' code,
                       the Online-LoRA paper, ours), as declared beside the defaults
   method-card NAME    the card a method's page opens with (`olora_jax.methods.cards`): its
@@ -203,6 +207,29 @@ class MetricNotes(SphinxDirective):
     return [table(["field", "definition (olora_jax/metrics.py)"], rows, literal_columns=(0,))]
 
 
+class ForgettingExample(SphinxDirective):
+  """`forgetting-example`: the worked matrix of docs/metrics.md and both Forgetting conventions
+  computed from it (`forgetting_example`); a malformed matrix is a warning naming its row."""
+
+  has_content = True
+
+  def run(self) -> list[nodes.Node]:
+    import forgetting_example as example
+
+    from olora_jax import metrics
+
+    self.env.note_dependency(inspect.getsourcefile(metrics))
+    self.env.note_dependency(inspect.getsourcefile(example))
+    try:
+      acc = example.parse_matrix(list(self.content))
+    except ValueError as e:
+      LOGGER.warning(f"forgetting-example: {e}", location=self.get_location(), type="olora",
+                     subtype="metrics")
+      return []
+    return [table(*example.matrix_rows(acc), literal_columns=()),
+            table(*example.forgetting_rows(acc), literal_columns=())]
+
+
 def is_auto_docstring(obj) -> bool:
   """Whether `obj.__doc__` is the `Name(field, ...)` line a dataclass writes when it has none."""
   doc = getattr(obj, "__doc__", None) or ""
@@ -285,6 +312,7 @@ def setup(app: Sphinx) -> dict:
   app.add_directive("program-help", ProgramHelp)
   app.add_directive("config-keys", ConfigKeys)
   app.add_directive("metric-notes", MetricNotes)
+  app.add_directive("forgetting-example", ForgettingExample)
   app.add_directive("method-card", MethodCard)
   app.add_directive("key-sources", KeySources)
   app.connect("autodoc-process-docstring", check_docstring)
