@@ -161,6 +161,7 @@ def test_wandb_offline_run_gets_every_scalar(tmp_path, monkeypatch):
 # nested records, a figure, an export, and an export write's leftover (never sent).
 RESULTS = {"A_final": 0.5, "forgetting": 0.25, "A_auc": 0.625, "n_plateaus": 2,
            "acc_matrix": [[1.0, 0.5], [0.0, 0.75]], "samples_seen": 64, "fidelity": "paper",
+           "acc_matrix_task_il": [[1.0, 0.5], [0.5, 1.0]],
            "compute": {"step_seconds": 1.5, "device": "cpu"},
            "plateau_detection": {"recall": None, "n_plateaus": 2}}
 FILES = ["config.json", "results.json", "metrics.jsonl", "plots/accuracy_matrix.png",
@@ -247,8 +248,11 @@ def test_wandb_gets_the_results_summary_matrix_and_files(tmp_path, monkeypatch):
                if r.WhichOneof("record_type") == "artifact"}
   assert sorted(e.path for e in artifacts["run-files"].manifest.contents) == sorted(FILES)
   assert "run_table" in artifacts  # the accuracy matrix, a W&B Table
-  (table,) = (tmp_path / "wandb").glob(f"offline-run-*-{run_id}/files/media/table/acc_matrix*")
+  tables = f"offline-run-*-{run_id}/files/media/table/"
+  (table,) = (tmp_path / "wandb").glob(tables + "acc_matrix_[0-9]*")
   assert json.loads(table.read_text())["data"] == [[0, 1.0, 0.5], [1, 0.0, 0.75]]
+  (table,) = (tmp_path / "wandb").glob(tables + "acc_matrix_task_il*")
+  assert json.loads(table.read_text())["data"] == [[0, 1.0, 0.5], [1, 0.5, 1.0]]
 
 
 def test_mlflow_gets_the_results_and_a_sweep_shares_one_store(tmp_path, monkeypatch):
@@ -280,6 +284,8 @@ def test_mlflow_gets_the_results_and_a_sweep_shares_one_store(tmp_path, monkeypa
     matrix = client.download_artifacts(run.info.run_id, "acc_matrix.csv", str(tmp_path))
     assert open(matrix).read().splitlines() == [
         "evaluated on task i,after task 0,after task 1", "0,1.0,0.5", "1,0.0,0.75"]
+    matrix = client.download_artifacts(run.info.run_id, "acc_matrix_task_il.csv", str(tmp_path))
+    assert open(matrix).read().splitlines()[1:] == ["0,1.0,0.5", "1,0.5,1.0"]
 
 
 def test_a_run_sends_its_results_json_to_mlflow(tmp_path, monkeypatch, compilation_cache):
@@ -299,6 +305,7 @@ def test_a_run_sends_its_results_json_to_mlflow(tmp_path, monkeypatch, compilati
   assert run.info.status == "FINISHED"
   expected = loggers.results_summary(results)
   assert expected["A_final"] == results["A_final"] and expected["n_plateaus"] == 4
+  assert expected["A_final_task_il"] == results["A_final_task_il"]  # the tiny stream: disjoint
   assert {k: run.data.metrics[k] for k in expected} == pytest.approx(expected, rel=1e-12)
   listed = {a.path for a in client.list_artifacts(run.info.run_id)}
   assert {"results.json", "metrics.jsonl", "config.json", "acc_matrix.csv"} <= listed

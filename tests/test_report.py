@@ -99,8 +99,17 @@ def test_results_agree_with_the_evaluation_log(runs):
   got = results["plateau_detection"]
   for key in ("n_detected", "latency_samples", "plateaus_per_task", "boundary_samples"):
     assert got[key] == expected[key]
-  for key in ("A_last", "F_last", "backward_transfer", "plateau_detection", "A_auc"):
+  for key in ("A_last", "F_last", "backward_transfer", "plateau_detection", "A_auc",
+              "acc_matrix_task_il", "A_final_task_il", "A_auc_task_il"):
     assert key in results["metric_notes"]
+  # Task-IL (a disjoint stream): the matrix from the task-end lines, its summaries; each task's
+  # Task-IL accuracy at least its class-incremental one (the same logits, fewer rivals).
+  til = np.array([e["task_accuracies_task_il"] for e in ends]).T
+  np.testing.assert_allclose(results["acc_matrix_task_il"], til)
+  assert results["A_final_task_il"] == pytest.approx(til[:, -1].mean())
+  til_anytime = [e["anytime_accuracy_task_il"] for e in events["eval"]]
+  assert results["A_auc_task_il"] == pytest.approx(np.mean(til_anytime))
+  assert np.all(til >= acc) and np.all(np.asarray(til_anytime) >= np.asarray(anytime))
   for event in (e for group in events.values() for e in group):
     assert {"step", "samples_seen", "event"} <= set(event)
 
