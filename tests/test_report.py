@@ -267,8 +267,10 @@ def test_report_groups_seeds_and_methods_and_draws_the_overlay(tmp_path):
   proc = subprocess.run([sys.executable, str(ROOT / "launch" / "report.py"), *dirs,
                          f"--plots={tmp_path / 'figs'}"], cwd=cwd,
                         capture_output=True, text=True, check=True, timeout=120)
-  # stdout holds the table alone; what was written is said on stderr.
+  # stdout holds the table alone; what was written is said on stderr, in one line: the PDFs'
+  # font subsetting (fontTools, at INFO under absl's root logger) adds nothing.
   assert "figures written" in proc.stderr and "CSV" not in proc.stderr + proc.stdout
+  assert proc.stderr.splitlines() == [proc.stderr.strip()], proc.stderr[:2000]
   assert proc.stdout.startswith("| method |") and "written" not in proc.stdout
   assert list(cwd.iterdir()) == []
   matrices = "accuracy_matrices_cifar100_disjoint_10_vit_b16"
