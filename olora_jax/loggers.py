@@ -16,7 +16,9 @@ samples seen, the x axis of the paper's anytime-accuracy plots:
                `mlflow` package), else a local file store in WORKDIR/mlruns (MLflow 3 keeps that
                store in maintenance mode; the run sets MLFLOW_ALLOW_FILE_STORE=true for it, and
                `MLFLOW_ALLOW_FILE_STORE=true mlflow ui --backend-store-uri WORKDIR/mlruns` shows
-               it); the step is samples seen
+               it, from the full `mlflow` package in an environment of its own: the extra's
+               mlflow-skinny has no server; constraints-mlflow-ui.txt, docs/reference/outputs.md);
+               the step is samples seen
 
 Both runs are named after the method's display name, setting and seed, carry the run's
 flattened config without the other methods' blocks (W&B config, MLflow params: the common keys

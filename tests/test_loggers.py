@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -309,3 +311,37 @@ def test_a_run_sends_its_results_json_to_mlflow(tmp_path, monkeypatch, compilati
   assert {k: run.data.metrics[k] for k in expected} == pytest.approx(expected, rel=1e-12)
   listed = {a.path for a in client.list_artifacts(run.info.run_id)}
   assert {"results.json", "metrics.jsonl", "config.json", "acc_matrix.csv"} <= listed
+
+
+UI_ENV = Path(__file__).resolve().parents[1] / ".venv-mlflow-ui"  # the docs' UI environment
+
+
+def _pins(name: str) -> dict[str, str]:
+  lines = (Path(__file__).resolve().parents[1] / name).read_text().splitlines()
+  return dict(line.lower().split("==") for line in lines if line and not line.startswith("#"))
+
+
+def test_the_documented_mlflow_ui_install_has_the_server():
+  """`mlflow ui` is the full `mlflow` package's (the extra's mlflow-skinny has no flask): the
+  docs name its own environment, pinned at the trackers' client version; where that
+  environment is installed, its mlflow has the UI's server and page, and `mlflow ui` starts."""
+  ui, trackers = _pins("constraints-mlflow-ui.txt"), _pins("constraints-trackers.txt")
+  assert ui["mlflow"] == ui["mlflow-skinny"] == trackers["mlflow-skinny"]
+  assert "flask" in ui and "flask" not in trackers
+  command = ".venv-mlflow-ui/bin/pip install -c constraints-mlflow-ui.txt mlflow"
+  outputs = (UI_ENV.parent / "docs" / "reference" / "outputs.md").read_text()
+  assert command in outputs and ".venv-mlflow-ui/bin/mlflow ui --backend-store-uri" in outputs
+  if not (UI_ENV / "bin" / "mlflow").exists():
+    pytest.skip(f"the MLflow UI environment ({command}) is not installed")
+  check = ("import os, flask, mlflow, mlflow.server\n"
+           "from mlflow.server import app\n"  # the UI's Flask app: what `mlflow ui` serves
+           "page = os.path.join(os.path.dirname(mlflow.server.__file__), 'js', 'build')\n"
+           "assert os.path.isfile(os.path.join(page, 'index.html')), page\n"
+           "print(mlflow.__version__)")
+  done = subprocess.run([str(UI_ENV / "bin" / "python"), "-c", check], capture_output=True,
+                        text=True, timeout=300)
+  assert done.returncode == 0, done.stderr[-2000:]
+  assert done.stdout.split()[-1] == ui["mlflow"]
+  done = subprocess.run([str(UI_ENV / "bin" / "mlflow"), "ui", "--help"], capture_output=True,
+                        text=True, timeout=300)
+  assert done.returncode == 0 and "--backend-store-uri" in done.stdout, done.stderr[-2000:]
