@@ -308,3 +308,16 @@ def test_an_evaluation_batch_too_large_for_the_device_is_lowered(setup, monkeypa
   np.testing.assert_array_equal(got.total, want.total)
   ev.all_counts((state, frozen), [0, 1])
   assert evaluate.TRACE_COUNTS["count"] == traces + 2  # batches of 16 and of 8, each once
+  # With Task-IL, the programs tried carry its arguments too: the same counts in smaller batches.
+  tasks = np.array([0, 0, 1, 1, 2, 2])
+  want = evaluate.Evaluator(source, 16, 16, C, _predict(learner), task_of_class=tasks,
+                            predict_chunk=8)
+  ev = evaluate.Evaluator(source, 16, 16, C, _predict(learner), task_of_class=tasks,
+                          predict_chunk=8)
+  monkeypatch.setattr(evaluate, "free_device_bytes", lambda: None)
+  want = want.all_counts((state, frozen), [0])
+  monkeypatch.setattr(evaluate, "free_device_bytes", lambda: 1)
+  got = ev.all_counts((state, frozen), [0])
+  assert ev.batch_size == 8
+  np.testing.assert_array_equal(got.task_il_correct, want.task_il_correct)
+  np.testing.assert_array_equal(got.correct, want.correct)
