@@ -6,8 +6,9 @@ r"""Aggregates finished runs into a paper-style table of mean ± std over seeds.
     .venv/bin/python launch/report.py --layout table1 --format latex ROOT > table1.tex
 
 A RUN_DIR may also be a directory of runs (e.g. the ROOT of launch/sweep.py): every run below it
-is read; unfinished ones (no results.json, or a damaged one) are named on stderr with the reason
-and left out, and so are the validation runs of
+is read (a tracker's store there, ROOT/mlruns of a sweep tracked with MLflow, is not: it holds
+copies of the runs' files); unfinished ones (no results.json, or a damaged one) are named on
+stderr with the reason and left out, and so are the validation runs of
 `launch/sweep.py --tune` (ROOT/NAME/METHOD/tune/); a row whose runs `--tune` made with its
 picked point is labelled "(tuned: KEY=VALUE, ...)" and the table's last line says on what.
 `--layout table1` prints the paper's Table 1 (disjoint runs: A_final / Forgetting), `--layout
@@ -24,6 +25,11 @@ not the labels', e.g. "reversed order"), each named once over its metrics, mean 
 seeds. Runs of one setting and seed made on different streams (their stream manifests differ)
 are refused with exit code 2, naming the stream keys their configs differ in (data.class_order,
 ...). Add `wall_seconds` to --metrics for the wall time per method.
+
+The tables are built from one row per run, the rows `olora_jax.reporting.results_rows` returns
+to Python (every metric of results.json, a pandas DataFrame with `as_dataframe`). A metric that
+only some runs record (the Task-IL `A_final_task_il`, `A_auc_task_il` of disjoint streams) is n/a
+for the others.
 
 Prints the table as `--format`: markdown (the default), latex (a booktabs table: \toprule,
 \multicolumn setting headers over a \cmidrule, mean $\pm$ std, each metric column's best mean
@@ -75,9 +81,12 @@ def main(argv):
   metrics = reporting.LAYOUTS[_LAYOUT.value].metrics if _LAYOUT.value else _METRICS.value
   try:
     validation = []
-    run_dirs, unfinished = reporting.find_runs(run_dirs, validation)
-    for d in unfinished:
-      print(f"note: {d}: {reporting.unfinished_reason(d)}; left out", file=sys.stderr)
+    # One row per run (reporting.results_rows, the Python API's rows): every table is built
+    # from them.
+    cells = reporting.results_rows(run_dirs, validation=validation)
+    for cell in cells:
+      if cell["status"] != reporting.FINISHED:
+        print(f"note: {cell['workdir']}: {cell['status']}; left out", file=sys.stderr)
     for d in validation:
       print(f"note: {d} holds sweep --tune's validation runs (scored on held-out training data,"
             " not the test set); left out (give it by name to tabulate them)", file=sys.stderr)
@@ -88,9 +97,9 @@ def main(argv):
     elif _SETTING_NAMES.value or _LABEL.value:
       raise ValueError("--setting_names and --label shape the LaTeX table; add --format latex")
     if _LAYOUT.value:
-      rows, table = reporting.layout_table(run_dirs, _LAYOUT.value, _FORMAT.value, **latex)
+      rows, table = reporting.layout_table(cells, _LAYOUT.value, _FORMAT.value, **latex)
     else:
-      rows = reporting.aggregate(run_dirs, metrics)
+      rows = reporting.table_rows(cells, metrics)
       table = reporting.render(rows, metrics, _FORMAT.value, **latex)
   except (ValueError, FileNotFoundError) as e:
     print(f"error: {e}", file=sys.stderr)

@@ -134,6 +134,8 @@ PROGRESS_JSON_KEYS = (
     "anytime_samples", "plateau_steps", "plateau_samples", "task_end_samples", "end_correct",
     "end_total", "end_seen", "nonfinite_steps", "method_host", "metrics_bytes", "metrics_sha256",
     "wall_seconds", "compute")
+# Written after them where a run counts Task-IL (absent from earlier versions' records).
+TASK_IL_JSON_KEYS = ("acc_columns_task_il", "anytime_task_il")
 
 
 @dataclasses.dataclass
@@ -170,14 +172,15 @@ class Progress:
     d = dataclasses.asdict(self)
     d.update(d.pop("evaluation"))
     d["acc_columns"] = [[float(a) for a in col] for col in self.evaluation.acc_columns]
-    keys = PROGRESS_JSON_KEYS + tuple(k for k in ("boundary", "config_changes") if d[k])
+    optional = ("boundary", "config_changes", *TASK_IL_JSON_KEYS)
+    keys = PROGRESS_JSON_KEYS + tuple(k for k in optional if d[k])
     return {k: d[k] for k in keys}
 
   @classmethod
   def from_json(cls, d: dict) -> Progress:
     d = dict(d)
     names = [f.name for f in dataclasses.fields(EvaluationLog)]
-    evaluation = EvaluationLog(**{k: d.pop(k) for k in names})
+    evaluation = EvaluationLog(**{k: d.pop(k) for k in names if k in d})
     return cls(evaluation=evaluation, **d)
 
 

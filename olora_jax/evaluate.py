@@ -31,6 +31,11 @@ with `preprocess='device'` (`data.preprocess`).
 set to -inf before the argmax, so the model can only predict seen classes. The mask is a traced
 argument, so switching it or growing the seen set never recompiles.
 
+Task-IL (`task_of_class`, each class's task; the protocol gives it where every class belongs to
+one task, `protocol.task_il_map`): the same program also masks each example's logits to the
+classes of its own task and counts that argmax's hits (`ClassCounts.task_il_correct`), one more
+masked argmax on the same logits; without it the program is unchanged (docs/metrics.md).
+
 The evaluator is the only part of the run that knows the task structure: which test examples
 belong to which class and task. Per-class counts are the evaluation log from which
 `olora_jax.metrics` derives every accuracy (per task, per class, sample-weighted, task-balanced).
@@ -77,13 +82,17 @@ TRACE_COUNTS = {"count": 0}
 class ClassCounts(NamedTuple):
   """Per-class counts of one evaluation: `correct` and `total` (C,) int64 on the host; with
   `domain_correct` / `domain_total` (D, C), the same per test domain `domain_ids[d]` (D = 1 and
-  domain id 0 for a source without domains)."""
+  domain id 0 for a source without domains); `task_il_correct` (C,), the task-incremental
+  counts of the same predictions (module docstring), where the evaluator counts them."""
 
   correct: np.ndarray
   total: np.ndarray
   domain_correct: np.ndarray | None = None
   domain_total: np.ndarray | None = None
   domain_ids: np.ndarray | None = None
+  # Task-IL (C,): examples right when the logits are masked to their task's classes (an
+  # evaluator given `task_of_class`; None otherwise).
+  task_il_correct: np.ndarray | None = None
 
   def accuracy(self, classes: np.ndarray | None = None,
                domains: np.ndarray | None = None) -> float:
@@ -100,6 +109,17 @@ class ClassCounts(NamedTuple):
 
   def task_accuracies(self, task_classes) -> np.ndarray:
     return metrics_lib.task_accuracies(self.correct, self.total, task_classes)
+
+  def task_il_accuracy(self, classes: np.ndarray | None = None) -> float:
+    """The Task-IL accuracy (sample-weighted) over the test examples of `classes` (all when
+    None); nan where the evaluator does not count Task-IL."""
+    if self.task_il_correct is None:
+      return float("nan")
+    return metrics_lib.sample_weighted_accuracy(self.task_il_correct, self.total, classes)
+
+  def task_il_accuracies(self, task_classes) -> np.ndarray:
+    """The Task-IL accuracy on each task's test data: a column of the Task-IL matrix."""
+    return metrics_lib.task_accuracies(self.task_il_correct, self.total, task_classes)
 
 
 def group_accuracies(counts: ClassCounts, groups: EvaluationGroups,
@@ -169,28 +189,39 @@ def predict_in_pieces(predict_fn: Callable[..., jax.Array], state: Any, images: 
 def make_count_fn(predict_fn: Callable[..., jax.Array], num_classes: int,
                   num_domains: int = 1, preprocess_fn: Callable | None = None,
                   predict_chunk: int = 0, n_shards: int = 1) -> Callable:
-  """Jitted `(state, images, labels, domains, mask, class_mask, correct, total[, cache]) ->
-  (correct, total)`: adds one padded batch's per-(domain, class) counts to the (D, C)
-  accumulators; `domains` (B,) are row indices 0..D-1. With `cache` (the test set's uint8 levels
-  on the device), `images` are row ids into it. With `preprocess_fn(images, mask)`, the
-  images are uint8 and become the model's input inside the same program (data.preprocess).
-  With `predict_chunk`, the logits are computed that many images per shard at a time
-  (`predict_in_pieces`, eval.predict_chunk)."""
+  """Jitted `(state, images, labels, domains, mask, class_mask, correct, total[, cache,
+  task_of_class, task_il_correct]) -> (correct, total[, task_il_correct])`: adds one padded
+  batch's per-(domain, class) counts to the (D, C) accumulators; `domains` (B,) are row indices
+  0..D-1. With `cache` (the test set's uint8 levels on the device), `images` are row ids into
+  it. With `preprocess_fn(images, mask)`, the images are uint8 and become the model's input
+  inside the same program (data.preprocess). With `predict_chunk`, the logits are computed that
+  many images per shard at a time (`predict_in_pieces`, eval.predict_chunk). With
+  `task_of_class` (C,) int32 (each class's task), the same logits are also masked to the
+  classes of each example's task (its label's task; `class_mask` is not applied) and their
+  argmax's hits added to `task_il_correct` (D, C): Task-IL, one more masked argmax in the same
+  program (without it the program is what it always was)."""
 
-  def count(state, images, labels, domains, mask, class_mask, correct, total, cache=None):
+  def count(state, images, labels, domains, mask, class_mask, correct, total, cache=None,
+            task_of_class=None, task_il_correct=None):
     TRACE_COUNTS["count"] += 1
     if cache is not None:  # `images` are the batch's row ids in the cached test set
       images = cache[images]
     if preprocess_fn is not None:
       images = preprocess_fn(images, mask)
-    logits = predict_in_pieces(predict_fn, state, images, predict_chunk, n_shards,
-                               mask)  # (B, C)
-    logits = jnp.where(class_mask[None, :], logits, -jnp.inf)
+    raw_logits = predict_in_pieces(predict_fn, state, images, predict_chunk, n_shards,
+                                   mask)  # (B, C)
+    logits = jnp.where(class_mask[None, :], raw_logits, -jnp.inf)
     hits = (jnp.argmax(logits, axis=-1) == labels) & mask  # (B,)
     cells = jnp.zeros((num_domains, num_classes), jnp.int32)
     correct = correct + cells.at[domains, labels].add(hits.astype(jnp.int32))
     total = total + cells.at[domains, labels].add(mask.astype(jnp.int32))
-    return correct, total
+    if task_of_class is None:
+      return correct, total
+    same_task = task_of_class[None, :] == task_of_class[labels][:, None]  # (B, C)
+    til_logits = jnp.where(same_task, raw_logits, -jnp.inf)
+    til_hits = (jnp.argmax(til_logits, axis=-1) == labels) & mask
+    task_il_correct = task_il_correct + cells.at[domains, labels].add(til_hits.astype(jnp.int32))
+    return correct, total, task_il_correct
 
   return jax.jit(count)
 
@@ -390,7 +421,7 @@ class Evaluator:
   def __init__(self, source: Source, image_size: int, batch_size: int, num_classes: int,
                predict_fn: Callable[..., jax.Array], mask_unseen_logits: bool = False,
                mesh: Mesh | None = None, input_scale: str = "unit", preprocess: str = "host",
-               predict_chunk: int = 0):
+               predict_chunk: int = 0, task_of_class: np.ndarray | None = None):
     if batch_size < 1:
       raise ValueError(f"eval.batch_size={batch_size} must be >= 1")
     self.mesh = mesh or sharding.make_mesh()  # batches split over devices (olora_jax/sharding.py)
@@ -405,6 +436,7 @@ class Evaluator:
     self.batch_size = batch_size
     self.num_classes = num_classes
     self.mask_unseen_logits = mask_unseen_logits
+    self.task_of_class = self._check_task_of_class(task_of_class, num_classes)
     self._set_domain_rows(source)
     if preprocess not in PREPROCESS_MODES:
       raise ValueError(f"unknown data.preprocess={preprocess!r}; use one of {PREPROCESS_MODES}")
@@ -418,6 +450,18 @@ class Evaluator:
     # A test batch's rows: each device's a multiple of the chunk (`fit_batch`'s step).
     self._batch_step = self.mesh.devices.size * max(predict_chunk, 1)
     self._fitted = False  # `_fit_batch` runs at the first evaluation (it needs the state)
+
+  @staticmethod
+  def _check_task_of_class(task_of_class: np.ndarray | None, num_classes: int
+                           ) -> np.ndarray | None:
+    """`task_of_class` as the counting program takes it: (C,) int32, or None (no Task-IL)."""
+    if task_of_class is None:
+      return None
+    task_of_class = np.asarray(task_of_class, np.int32)
+    if task_of_class.shape != (num_classes,):
+      raise ValueError(f"task_of_class has shape {task_of_class.shape}; it needs one task id per"
+                       f" class, ({num_classes},)")
+    return task_of_class
 
   def _set_domain_rows(self, source: Source) -> None:
     """`domain_ids`, the source's domains in order, and `_domain_row`, each test example's row in
@@ -496,26 +540,33 @@ class Evaluator:
     ids = np.asarray(ids, np.int64)
     shape = (len(self.domain_ids), self.num_classes)
     # Accumulators and the class mask are replicated like the state: one placement, one compile.
-    class_mask, correct, total = sharding.replicate(
-        (self.class_mask(seen_classes), np.zeros(shape, np.int32), np.zeros(shape, np.int32)),
-        self.mesh)
+    # With Task-IL: its class -> task map and its own accumulator, in the same program.
+    til = () if self.task_of_class is None else (self.task_of_class, np.zeros(shape, np.int32))
+    class_mask, correct, total, til = sharding.replicate(
+        (self.class_mask(seen_classes), np.zeros(shape, np.int32), np.zeros(shape, np.int32),
+         til), self.mesh)
     if not self._fitted:
-      self._fit_batch(state, class_mask, correct, total)
+      self._fit_batch(state, class_mask, correct, total, til)
     for start in range(0, len(ids), self.batch_size):
-      correct, total = self._count(*self._args(state, ids[start:start + self.batch_size],
-                                               class_mask, correct, total))
+      out = self._count(*self._args(state, ids[start:start + self.batch_size], class_mask,
+                                    correct, total, til))
+      correct, total, til = out[0], out[1], (til[0], out[2]) if til else ()
     # One transfer per evaluation (the counts are replicated: no communication either).
-    correct, total = sharding.to_host((correct, total))
+    correct, total, til_correct = sharding.to_host((correct, total, til[1] if til else None))
     correct, total = correct.astype(np.int64), total.astype(np.int64)
-    return ClassCounts(correct.sum(0), total.sum(0), correct, total, self.domain_ids)
+    til_correct = None if til_correct is None else til_correct.astype(np.int64).sum(0)
+    return ClassCounts(correct.sum(0), total.sum(0), correct, total, self.domain_ids,
+                       til_correct)
 
-  def _args(self, state: Any, ids: np.ndarray, class_mask, correct, total) -> tuple:
-    """The counting program's arguments for the test batch of `ids` (padded, placed)."""
+  def _args(self, state: Any, ids: np.ndarray, class_mask, correct, total, til=()) -> tuple:
+    """The counting program's arguments for the test batch of `ids` (padded, placed); `til`:
+    Task-IL's (task_of_class, task_il_correct) on the devices, or () without Task-IL."""
     batch = sharding.shard_batch(self._batch(ids), self.mesh)
     return (state, batch["images"], batch["labels"], batch["domains"], batch["mask"],
-            class_mask, correct, total, self._levels if self.cached == "device" else None)
+            class_mask, correct, total, self._levels if self.cached == "device" else None,
+            *til)
 
-  def _fit_batch(self, state: Any, class_mask, correct, total) -> None:
+  def _fit_batch(self, state: Any, class_mask, correct, total, til=()) -> None:
     """Where the device reports its free memory: eval.batch_size halved (`fit_batch`) until
     the counting program's working memory (XLA's temporaries and outputs; the state and test
     set it reads are already there) fits it. Each try is compiled ahead of time; JAX keeps the
@@ -528,7 +579,8 @@ class Evaluator:
 
     def needed(b: int) -> int:
       self.batch_size, self.rows = b, sharding.local_rows(b, self.mesh)
-      args = self._args(state, np.arange(min(b, len(self.source))), class_mask, correct, total)
+      args = self._args(state, np.arange(min(b, len(self.source))), class_mask, correct, total,
+                        til)
       memory = self._count.lower(*args).compile().memory_analysis()
       return 0 if memory is None else memory.temp_size_in_bytes + memory.output_size_in_bytes
 

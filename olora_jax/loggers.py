@@ -16,7 +16,9 @@ samples seen, the x axis of the paper's anytime-accuracy plots:
                `mlflow` package), else a local file store in WORKDIR/mlruns (MLflow 3 keeps that
                store in maintenance mode; the run sets MLFLOW_ALLOW_FILE_STORE=true for it, and
                `MLFLOW_ALLOW_FILE_STORE=true mlflow ui --backend-store-uri WORKDIR/mlruns` shows
-               it); the step is samples seen
+               it, from the full `mlflow` package in an environment of its own: the extra's
+               mlflow-skinny has no server; constraints-mlflow-ui.txt, docs/reference/outputs.md);
+               the step is samples seen
 
 Both runs are named after the method's display name, setting and seed, carry the run's
 flattened config without the other methods' blocks (W&B config, MLflow params: the common keys
@@ -29,10 +31,11 @@ lines a resume writes again (those after its checkpoint) are logged again at the
 
 When the run ends, after results.json is written, each tracker gets its results
 (`summarize`): results.json's numbers as summary values (`results_summary`: A_final,
-forgetting, A_auc, A_last, F_last, backward_transfer, n_plateaus, wall_seconds, ...; its records
-one level down as `compute/...` (the compute ledger's totals) and `plateau_detection/...`),
-the final accuracy matrix as a table (a W&B Table `acc_matrix`; MLflow: the artifact
-acc_matrix.csv), and the run's files as artifacts (`run_files`: config.json, results.json,
+forgetting, A_auc, A_last, F_last, backward_transfer, n_plateaus, wall_seconds, A_final_task_il
+and A_auc_task_il where the run has Task-IL, ...; its records one level down as `compute/...`
+(the compute ledger's totals) and `plateau_detection/...`), the final accuracy matrix as a table
+(a W&B Table `acc_matrix`; MLflow: the artifact acc_matrix.csv; the Task-IL matrix likewise as
+`acc_matrix_task_il`), and the run's files as artifacts (`run_files`: config.json, results.json,
 metrics.jsonl, stream_manifest.json, the figures in plots/, the exports in export/ and
 Online-LoRA's exported model). W&B keeps the summary values as the run's summary; MLflow as
 metrics at the run's last samples seen.
@@ -83,6 +86,15 @@ def results_summary(results: dict) -> dict[str, float]:
 # What `run_files` sends a tracker: the run's records, then its figures and exports.
 RUN_RECORDS = ("config.json", "results.json", "metrics.jsonl", "stream_manifest.json")
 RUN_FOLDERS = ("plots", "export")
+
+
+# results.json's accuracy matrices a tracker shows as tables (the Task-IL one where recorded).
+MATRICES = ("acc_matrix", "acc_matrix_task_il")
+
+
+def result_matrices(results: dict) -> dict:
+  """results.json's accuracy matrices (`MATRICES`) that it holds, by name."""
+  return {name: results[name] for name in MATRICES if results.get(name)}
 
 
 def run_files(workdir: str) -> list[str]:
@@ -160,7 +172,7 @@ class _Mirror:
     if not self.active:
       return
     try:
-      self._summarize(results_summary(results), results.get("acc_matrix"), workdir,
+      self._summarize(results_summary(results), result_matrices(results), workdir,
                       run_files(workdir), int(results.get("samples_seen", 0)))
     except Exception as e:  # the mirror must never stop the run
       self._switch_off(e)
@@ -180,8 +192,8 @@ class _Mirror:
   def _log(self, tagged: dict[str, float], samples_seen: int) -> None:
     raise NotImplementedError
 
-  def _summarize(self, summary: dict[str, float], matrix, workdir: str, files: list[str],
-                 samples_seen: int) -> None:
+  def _summarize(self, summary: dict[str, float], matrices: dict, workdir: str,
+                 files: list[str], samples_seen: int) -> None:
     raise NotImplementedError
 
   def _finish(self, failed: bool) -> None:
@@ -226,12 +238,12 @@ class WandbWriter(_Mirror):
   def _log(self, tagged, samples_seen):
     self._run.log({"samples_seen": samples_seen, **tagged})
 
-  def _summarize(self, summary, matrix, workdir, files, samples_seen):
+  def _summarize(self, summary, matrices, workdir, files, samples_seen):
     self._run.summary.update(summary)
-    if matrix:
+    for name, matrix in matrices.items():
       columns, rows = accuracy_table(matrix)
       self._run.log({"samples_seen": samples_seen,
-                     "acc_matrix": self._wandb.Table(columns=columns, data=rows)})
+                     name: self._wandb.Table(columns=columns, data=rows)})
     artifact = self._wandb.Artifact(f"run-{self._run.id}", type="run-files")
     for name in files:
       artifact.add_file(os.path.join(workdir, name), name=name)
@@ -285,16 +297,16 @@ class MlflowWriter(_Mirror):
     self._client.log_batch(self._run_id, metrics=[
         self._metric(_mlflow_key(k), v, now, samples_seen) for k, v in tagged.items()])
 
-  def _summarize(self, summary, matrix, workdir, files, samples_seen):
+  def _summarize(self, summary, matrices, workdir, files, samples_seen):
     now = int(time.time() * 1000)
     metrics_ = [self._metric(_mlflow_key(k), v, now, samples_seen) for k, v in summary.items()]
     for start in range(0, len(metrics_), 1000):  # MLflow's limit per batch
       self._client.log_batch(self._run_id, metrics=metrics_[start:start + 1000])
-    if matrix:
+    for name, matrix in matrices.items():
       columns, rows = accuracy_table(matrix)
       text = io.StringIO()
       csv.writer(text, lineterminator="\n").writerows([columns, *rows])
-      self._client.log_text(self._run_id, text.getvalue(), "acc_matrix.csv")
+      self._client.log_text(self._run_id, text.getvalue(), f"{name}.csv")
     for name in files:
       folder = os.path.dirname(name)
       self._client.log_artifact(self._run_id, os.path.join(workdir, name), folder or None)

@@ -56,6 +56,22 @@ DEFINITIONS = {
                          " n_plateaus_first_task instead)",
     "accuracies": "fractions in [0, 1]",
 }
+# Written only by runs that count Task-IL (`protocol.task_il_map`: every class in one task).
+DEFINITIONS_TASK_IL = {
+    "acc_matrix_task_il": "Task-IL (task-incremental): acc_matrix_task_il[i][j] = accuracy on"
+                          " task i's test data after training through task j, each test"
+                          " example's logits masked to the classes of its own task before the"
+                          " argmax (the task identity given at test time; eval.mask_unseen_logits"
+                          " not applied); the same predictions as acc_matrix",
+    "A_final_task_il": "Task-IL A_final: mean_i of acc_matrix_task_il[i][T], task-balanced over"
+                       " all T tasks after the last task",
+    "A_auc_task_il": "Task-IL A_AUC: mean of the anytime Task-IL accuracies"
+                     " (anytime_accuracy_task_il: sample-weighted, test data of the classes seen"
+                     " so far, each example masked to its task's classes)",
+}
+TASK_IL_PARTIAL = ("Task-IL metrics left out: the run was resumed from a checkpoint written before"
+                   " Task-IL was recorded, so its Task-IL records miss the earlier evaluations;"
+                   " rerun it in a new workdir for them")
 # Written only by runs evaluated by domain (DEFINITIONS is every run's `metric_notes`).
 FORGETTING_PER_DOMAIN = ("per earlier domain k < T (row k of acc_matrix): max_{t<T} (a_{k,t} -"
                          " a_{k,T}), unclipped; its mean is `forgetting`")

@@ -98,10 +98,28 @@ def _save(fig: Figure, path: str) -> str:
     FigureCanvasPdf(fig)
     # TrueType (Type 42) fonts, not matplotlib's default Type 3, which several venues' PDF
     # checkers refuse.
-    with matplotlib.rc_context(PDF_FONTS):
+    with matplotlib.rc_context(PDF_FONTS), _quiet_font_subsetting():
       fig.savefig(os.path.splitext(path)[0] + ".pdf")
   _warn_missing_glyphs(caught)
   return path
+
+
+# The logger of fontTools, which subsets the TrueType fonts a PDF embeds and reports each table
+# it prunes at INFO: hundreds of lines per report where the root logger is at INFO (absl's).
+FONT_SUBSET_LOGGER = "fontTools"
+
+
+class _quiet_font_subsetting:
+  """Within: fontTools logs WARNING and above only (its level restored on leaving)."""
+
+  def __enter__(self):
+    self._logger = logging.getLogger(FONT_SUBSET_LOGGER)
+    self._level = self._logger.level
+    if self._logger.getEffectiveLevel() < logging.WARNING:
+      self._logger.setLevel(logging.WARNING)
+
+  def __exit__(self, *exc):
+    self._logger.setLevel(self._level)
 
 
 GLYPH_WARNING = r"Glyph \d+ .* missing from"

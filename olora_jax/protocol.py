@@ -52,6 +52,10 @@ class EvaluationLog:
   end_correct: list[list[int]]  # per-class correct counts at each task end (T, C)
   end_total: list[list[int]]  # per-class test counts at each task end (T, C)
   end_seen: list[list[bool]]  # classes seen by each task end (T, C)
+  # Task-IL (runs that count it, `task_il_map`): its columns and anytime accuracies, beside
+  # acc_columns and anytime (empty in checkpoints written before Task-IL was recorded).
+  acc_columns_task_il: list[list[float]] = dataclasses.field(default_factory=list)
+  anytime_task_il: list[float] = dataclasses.field(default_factory=list)
 
   @classmethod
   def initial(cls, eval_every: int) -> EvaluationLog:
@@ -118,8 +122,12 @@ class EvaluationProtocol:
       log.anytime_samples.append(samples_seen)
       balanced = metrics_lib.task_balanced_accuracy(
           evaluate.group_accuracies(counts, self.groups, seen, seen_domains))
+      til = {}
+      if counts.task_il_correct is not None:
+        log.anytime_task_il.append(counts.task_il_accuracy(seen))
+        til = {"anytime_accuracy_task_il": log.anytime_task_il[-1]}
       self._write("eval", step, samples_seen, anytime_accuracy=acc,
-                  anytime_accuracy_task_balanced=balanced, n_seen_classes=len(seen))
+                  anytime_accuracy_task_balanced=balanced, n_seen_classes=len(seen), **til)
     if at_task_end:
       column = evaluate.group_accuracies(counts, self.groups)
       log.acc_columns.append(column.tolist())
@@ -128,10 +136,15 @@ class EvaluationProtocol:
       log.end_seen.append(np.isin(np.arange(self.num_classes), seen).tolist())
       log.task_end_samples.append(samples_seen)
       task = int(stream.step_task[step])
+      til = {}
+      if counts.task_il_correct is not None:
+        log.acc_columns_task_il.append(counts.task_il_accuracies(self.groups.classes).tolist())
+        til = {"task_accuracies_task_il": log.acc_columns_task_il[-1]}
       self._write("task_end", step, samples_seen, task=task, task_accuracies=column,
                   average_accuracy_seen=float(column[: task + 1].mean()),
                   accuracy_seen_sample_weighted=counts.accuracy(seen),
-                  seen_classes=seen, class_correct=counts.correct, class_total=counts.total)
+                  seen_classes=seen, class_correct=counts.correct, class_total=counts.total,
+                  **til)
 
   def results(self, plateau_steps: list[int], plateau_samples: list[int],
               nonfinite_steps: list[int], run_record: dict) -> dict:
@@ -174,12 +187,45 @@ class EvaluationProtocol:
         **run_record,
         "metric_notes": notes,
     }
+    results.update(self._task_il_results(notes))
     if self.groups.by_domain:  # rows of acc_matrix are domains: forgetting of each one
       notes["acc_matrix"] += "; task i = domain task_domains[i], its test examples of every class"
       notes["forgetting_per_domain"] = metrics_lib.FORGETTING_PER_DOMAIN
       results["task_domains"] = self.groups.domains
       results["forgetting_per_domain"] = metrics_lib.forgetting_per_task(acc_matrix)
     return {k: jsonable(v) if not isinstance(v, dict) else v for k, v in results.items()}
+
+  def _task_il_results(self, notes: dict) -> dict:
+    """results.json's Task-IL metrics, where the evaluator counts them (`task_il_map`):
+    `acc_matrix_task_il`, `A_final_task_il`, `A_auc_task_il` and `anytime_accuracy_task_il`,
+    their definitions added to `notes`. {} on other streams; and {} with a note for a run
+    resumed from a checkpoint written before Task-IL was recorded (its records are partial)."""
+    log = self.log
+    if getattr(self.evaluator, "task_of_class", None) is None:
+      return {}
+    if (len(log.acc_columns_task_il) != len(log.acc_columns)
+        or len(log.anytime_task_il) != len(log.anytime)):
+      notes["task_il"] = metrics_lib.TASK_IL_PARTIAL
+      return {}
+    matrix = np.array(log.acc_columns_task_il).T
+    notes.update({k: metrics_lib.DEFINITIONS_TASK_IL[k] for k in metrics_lib.DEFINITIONS_TASK_IL})
+    notes["A_auc_task_il"] += f" (eval_every = {self.eval_every} samples)"
+    return {"A_final_task_il": metrics_lib.a_final(matrix),
+            "A_auc_task_il": metrics_lib.a_auc(np.array(log.anytime_task_il)),
+            "acc_matrix_task_il": matrix,
+            "anytime_accuracy_task_il": np.array(log.anytime_task_il)}
+
+
+def task_il_map(stream: Stream, test_source, num_classes: int, scenario: str
+                ) -> np.ndarray | None:
+  """The class -> task map (C,) the evaluator masks Task-IL logits with (`Evaluator`'s
+  `task_of_class`), or None where Task-IL is not defined: a domain stream (its tasks share the
+  classes, or it is one shuffled task), a stream evaluated by domain, or one in which a class
+  occurs in several tasks (Si-Blurry's moved blurry samples; `Stream.task_of_class`)."""
+  if scenario == "domain" or stream.evaluation_groups(
+      sources_lib.domains_of(test_source)).by_domain:
+    return None
+  return stream.task_of_class(num_classes)
 
 
 def _anytime_due(step: int, samples_seen: int, next_eval: int, short_stream: bool,

@@ -1,6 +1,8 @@
 """Aggregation of finished runs into paper-style tables: mean ± std over seeds.
 
-Each run directory holds config.json and results.json (written by `olora_jax.trainer`). Runs are
+Each run directory holds config.json and results.json (written by `olora_jax.trainer`). Every
+table starts from one row per run (a cell of a sweep: `cell_row`, `results_rows`, the rows the
+Python API returns, a pandas DataFrame with `as_dataframe`); `table_rows` groups them. Runs are
 grouped by their whole config except `seed` and output-only keys (`IGNORED_KEYS`), so two runs
 land in one cell only when they differ in nothing but the seed. A group is shown as a row (the
 method: which Online-LoRA components are on, plus any config key that tells apart groups which
@@ -47,6 +49,8 @@ NOT_PERCENT = frozenset({"wall_seconds", *BUDGET_KEYS})  # shown as they are, no
 # launch/sweep.py --tune: the pick, beside a method's seed workdirs, and the validation runs' dir.
 TUNING_RECORD = "tuning.json"
 TUNING_DIR = "tune"
+# MLflow's record of an experiment and of a run in its file store (`find_runs` skips them).
+TRACKER_RECORD = "meta.yaml"
 
 
 def _method_names() -> dict[str, str]:
@@ -61,6 +65,7 @@ METRIC_LABELS = {
     "A_last": "A_last ↑", "F_last": "F_last ↓", "backward_transfer": "BWT ↑",
     "task_balanced_accuracy_final": "task-balanced acc ↑", "wall_seconds": "wall time (s)",
     "passes_per_step": "budget (passes/step)", "passes_per_sample": "budget (passes/sample)",
+    "A_final_task_il": "Task-IL A_final ↑", "A_auc_task_il": "Task-IL A_auc ↑",
 }
 
 
@@ -125,16 +130,6 @@ class Run:
   @property
   def seed(self):
     return self.config.get("seed")
-
-  @property
-  def manifest_sha256(self) -> str | None:
-    """The stream the run is compared on (the shuffled stream's source for the upper bound)."""
-    return self.results.get("benchmark_manifest_sha256",
-                            self.results.get("stream_manifest_sha256"))
-
-  def group_key(self) -> str:
-    """Runs of one group: the same comparable config, and tuned by --tune or not."""
-    return json.dumps([comparable_config(self.config), tuned_suffix(self.tuning)], sort_keys=True)
 
 
 REBUILD_RESULTS = ("delete it and rerun the run's launch/run.py command: it rebuilds results.json"
@@ -348,54 +343,155 @@ def setting_title(config: dict) -> str:
           + (f", {order}" if order else ""))
 
 
+FINISHED = "finished"  # a cell row's `status` when its run has a readable results.json
+# Row keys of a cell that are not results.json's (`cell_row`); its metrics follow them.
+CELL_KEYS = ("setting", "setting_title", "method", "method_key", "seed", "workdir", "status",
+             "tuning", "config")
+# Metrics some runs do not record (Task-IL: disjoint streams only, docs/metrics.md): a table
+# shows n/a for such a run instead of refusing it.
+OPTIONAL_METRICS = frozenset({"A_final_task_il", "A_auc_task_il"})
+
+
+def cell_row(run: Run) -> dict:
+  """One finished run as a row (a dict): "setting" (`setting_label`), "setting_title",
+  "method" (`method_label`, with "(tuned: ...)" for a tuned run), "method_key" (the `method`
+  config key), "seed", "workdir", "status" (FINISHED), "tuning" (sweep --tune's record, or None)
+  and "config" (the flattened config.json); "tuned/KEY" for each hyperparameter sweep --tune
+  picked; then every value of results.json but `metric_notes` under its own name, those of its
+  records one level down as "RECORD/KEY" (`compute/step_seconds`, `plateau_detection/recall`,
+  `fidelity/...`). Accuracies stay fractions, as in results.json."""
+  config = run.config
+  chosen = (run.tuning or {}).get("chosen") or {}
+  row = {"setting": setting_label(config), "setting_title": setting_title(config),
+         "method": method_label(config) + tuned_suffix(run.tuning),
+         "method_key": config.get("method", "online_lora"), "seed": run.seed,
+         "workdir": run.run_dir, "status": FINISHED, "tuning": run.tuning, "config": config,
+         **{f"tuned/{k}": v for k, v in sorted(chosen.items())}}
+  for key, value in run.results.items():
+    if key == "metric_notes":
+      continue
+    if isinstance(value, dict):
+      row.update({f"{key}/{k}": v for k, v in value.items()})
+    else:
+      row[key] = value
+  return row
+
+
+def unfinished_row(run_dir: str) -> dict:
+  """A run `find_runs` leaves out, as a row: `cell_row`'s first keys (the setting, method and
+  seed from its config.json where that reads, else None), "status" the reason it is left out
+  (`unfinished_reason`), no metric."""
+  try:
+    config = validation.flatten(_read_run_file(os.path.join(run_dir, "config.json")))
+  except (OSError, ValueError):
+    config = None
+  row = dict.fromkeys(CELL_KEYS)
+  if config is not None:
+    row.update(setting=setting_label(config), setting_title=setting_title(config),
+               method=method_label(config), method_key=config.get("method", "online_lora"),
+               seed=config.get("seed"), config=config)
+  row.update(workdir=run_dir, status=unfinished_reason(run_dir))
+  return row
+
+
+def results_rows(paths: str | os.PathLike | Sequence[str | os.PathLike],
+                 unfinished: bool = True, validation: list | None = None) -> list[dict]:
+  """The results of a sweep ROOT (or of run workdirs, or directories of runs) as rows, one per
+  run (cell), in `find_runs`' order: each finished run's `cell_row` (setting, method, seed, the
+  tuned hyperparameters, every metric of its results.json, "status" FINISHED), then, with
+  `unfinished`, a row per run left out (`unfinished_row`: "status" says why, no metric).
+  sweep --tune's validation runs (METHOD/tune/) are not read, as in the report (their
+  directories are appended to `validation` when given). `launch/report.py` builds its tables
+  from the same rows (`table_rows`, `layout_table`); `as_dataframe` makes a pandas DataFrame of
+  them. FileNotFoundError as `find_runs` (a missing path, no run under it)."""
+  if isinstance(paths, (str, os.PathLike)):
+    paths = [paths]
+  finished, left_out = find_runs([os.fspath(p) for p in paths], validation)
+  rows = [cell_row(Run(d)) for d in finished]
+  return rows + ([unfinished_row(d) for d in left_out] if unfinished else [])
+
+
+def as_dataframe(rows: Sequence[dict]):
+  """`results_rows`' rows as a pandas DataFrame (one row per run; a column per key, NaN where
+  a row lacks it). pandas is not a dependency of olora-jax: ImportError naming the install
+  where it is missing."""
+  try:
+    import pandas
+  except ImportError:
+    raise ImportError("as_dataframe needs pandas, which olora-jax does not install: pip install"
+                      " pandas (the rows themselves are a list of dicts)") from None
+  return pandas.DataFrame(list(rows))
+
+
 def aggregate(run_dirs: Sequence[str], metrics: Sequence[str] = DEFAULT_METRICS) -> list[dict]:
-  """One row per group of runs: method, setting, seeds, and mean/std/n of each metric (%)."""
+  """One row per group of runs (`table_rows` of the runs' `cell_row`s): method, setting,
+  seeds, and mean/std/n of each metric (%)."""
   if not run_dirs:
     raise ValueError("no run directories given; pass one or more RUN_DIR")
-  runs = [Run(d) for d in run_dirs]
+  return table_rows([cell_row(Run(d)) for d in run_dirs], metrics)
+
+
+def _group_key(cell: dict) -> str:
+  """Cells of one group: the same comparable config, and tuned by --tune or not."""
+  return json.dumps([comparable_config(cell["config"]), tuned_suffix(cell["tuning"])],
+                    sort_keys=True)
+
+
+def table_rows(cells: Sequence[dict], metrics: Sequence[str] = DEFAULT_METRICS) -> list[dict]:
+  """The table's rows from cell rows (`results_rows`, `cell_row`; the unfinished ones are left
+  out): one per group of runs whose configs differ only in the seed (and output-only keys),
+  with the method, setting, seeds, runs, and each metric's mean/std/n over the group (in %, but
+  NOT_PERCENT). A metric of OPTIONAL_METRICS that a run lacks counts as null (n/a); any other
+  missing metric is a ValueError naming the run and the metrics it has. Refuses runs of one
+  setting and seed made on different streams (`check_same_streams`) and one run given twice."""
+  cells = [c for c in cells if c["status"] == FINISHED]
+  if not cells:
+    raise ValueError("no finished run among the rows; a table needs runs with results.json")
   for m in metrics:
-    missing = [r.run_dir for r in runs if m not in r.results]
+    missing = [c["workdir"] for c in cells if m not in c and m not in OPTIONAL_METRICS]
     if missing:
+      first = next(c for c in cells if c["workdir"] == missing[0])
+      available = sorted(k for k, v in first.items()
+                         if k not in CELL_KEYS and "/" not in k and _is_scalar(v))
       raise ValueError(f"metric {m!r} is not in results.json of {missing[0]!r}; available:"
-                       f" {sorted(k for k, v in runs[0].results.items() if _is_scalar(v))}")
-  groups: dict[str, list[Run]] = {}
-  for r in runs:
-    groups.setdefault(r.group_key(), []).append(r)
-  check_same_streams(runs)
+                       f" {available}")
+  groups: dict[str, list[dict]] = {}
+  for c in cells:
+    groups.setdefault(_group_key(c), []).append(c)
+  check_same_streams(cells)
 
   # Config keys that differ between groups sharing a (method, setting) label join the method.
-  labels = {k: (method_label(g[0].config) + tuned_suffix(g[0].tuning), setting_label(g[0].config))
-            for k, g in groups.items()}
+  labels = {k: (g[0]["method"], g[0]["setting"]) for k, g in groups.items()}
   rows = []
   for key, group in groups.items():
     clash = [k for k in groups if k != key and labels[k] == labels[key]]
     variant = ""
     if clash:
-      mine = comparable_config(group[0].config)
-      others = [comparable_config(groups[o][0].config) for o in clash]
+      mine = comparable_config(group[0]["config"])
+      others = [comparable_config(groups[o][0]["config"]) for o in clash]
       keys = sorted({k for other in others for k in set(mine) | set(other)
                      if mine.get(k) != other.get(k)})
       variant = ", ".join(f"{k}={mine.get(k)}" for k in keys)
-    seeds = sorted(r.seed for r in group)
+    seeds = sorted(c["seed"] for c in group)
     by_seed: dict = {}
-    for r in group:
-      by_seed.setdefault(r.seed, []).append(r.run_dir)
+    for c in group:
+      by_seed.setdefault(c["seed"], []).append(c["workdir"])
     for seed, dirs in by_seed.items():
       if len(dirs) > 1:
         raise ValueError(f"runs {dirs} have the same config and the same seed ({seed}): they"
                          " are one run twice; pass each run directory once")
-    untuned = labels[key][0][:len(labels[key][0]) - len(tuned_suffix(group[0].tuning))]
+    first = group[0]
+    untuned = labels[key][0][:len(labels[key][0]) - len(tuned_suffix(first["tuning"]))]
     row = {"method": labels[key][0] + (f" [{variant}]" if variant else ""),
            "paper_name": untuned + (f" [{variant}]" if variant else ""),
-           "setting": labels[key][1], "setting_title": setting_title(group[0].config),
-           "paper_setting": paper_setting(group[0].config),
-           "scenario": group[0].config.get("data.scenario"),
-           "method_key": group[0].config.get("method", "online_lora"),
-           "backbone": group[0].config.get("model.name"),
-           "seeds": seeds, "runs": [r.run_dir for r in group], "tuning": group[0].tuning}
+           "setting": first["setting"], "setting_title": first["setting_title"],
+           "paper_setting": paper_setting(first["config"]),
+           "scenario": first["config"].get("data.scenario"), "method_key": first["method_key"],
+           "backbone": first["config"].get("model.name"),
+           "seeds": seeds, "runs": [c["workdir"] for c in group], "tuning": first["tuning"]}
     for m in metrics:
       scale = 1 if m in NOT_PERCENT else 100
-      values = [scale * r.results[m] for r in group if r.results[m] is not None]
+      values = [scale * c[m] for c in group if c.get(m) is not None]
       row[m] = {"mean": float(np.mean(values)) if values else math.nan,
                 "std": float(np.std(values, ddof=1)) if len(values) > 1 else math.nan,
                 "n": len(values)}
@@ -453,24 +549,30 @@ def _spec(method: str):
   return _OUTSIDE[method]
 
 
-def check_same_streams(runs: Sequence[Run]) -> None:
-  """Refuses runs of one setting and seed whose stream manifests differ: a table compares
-  methods only on identical streams (same data, order, batches and test set)."""
-  first: dict[tuple, Run] = {}
-  for r in runs:
-    if r.manifest_sha256 is None:  # a run written before manifests existed: nothing to check
+def check_same_streams(cells: Sequence[dict]) -> None:
+  """Refuses runs (cell rows, `cell_row`) of one setting and seed whose stream manifests
+  differ: a table compares methods only on identical streams (same data, order, batches and
+  test set)."""
+  first: dict[tuple, dict] = {}
+  for c in cells:
+    if _manifest(c) is None:  # a run written before manifests existed: nothing to check
       continue
-    key = (setting_label(r.config), r.seed)
-    other = first.setdefault(key, r)
-    if other.manifest_sha256 != r.manifest_sha256:
-      differ = stream_keys_differing(other.config, r.config)
+    key = (c["setting"], c["seed"])
+    other = first.setdefault(key, c)
+    if _manifest(other) != _manifest(c):
+      differ = stream_keys_differing(other["config"], c["config"])
       why = (f"their configs differ in {', '.join(differ)}" if differ else
              "their configs agree: the data they read differs")
       raise ValueError(
-          f"runs {other.run_dir!r} and {r.run_dir!r} ({key[0]}, seed {key[1]}) were made on"
-          f" different streams (manifest {other.manifest_sha256[:12]} !="
-          f" {r.manifest_sha256[:12]}; {why}); compare methods on the same stream: same data,"
+          f"runs {other['workdir']!r} and {c['workdir']!r} ({key[0]}, seed {key[1]}) were made"
+          f" on different streams (manifest {_manifest(other)[:12]} !="
+          f" {_manifest(c)[:12]}; {why}); compare methods on the same stream: same data,"
           " data.class_order, seed, data.scenario and learner.batch_size")
+
+
+def _manifest(cell: dict) -> str | None:
+  """The stream a cell is compared on (the shuffled stream's source for the upper bound)."""
+  return cell.get("benchmark_manifest_sha256", cell.get("stream_manifest_sha256"))
 
 
 def stream_keys_differing(a: dict, b: dict) -> list[str]:
@@ -508,7 +610,8 @@ def _paper_cell(value) -> str:
 # Which way is better for the metrics a table marks its best cell in (a cost, such as wall time or
 # the budget, is not marked).
 BETTER = {"A_final": max, "A_auc": max, "A_last": max, "backward_transfer": max,
-          "task_balanced_accuracy_final": max, "forgetting": min, "F_last": min}
+          "task_balanced_accuracy_final": max, "forgetting": min, "F_last": min,
+          "A_final_task_il": max, "A_auc_task_il": max}
 UPPER_BOUND = "iid"  # the i.i.d. upper bound's `method`: a reference, never a table's best
 
 
@@ -609,11 +712,17 @@ def markdown_table(rows: list[dict], metrics: Sequence[str] = DEFAULT_METRICS,
   cells it spans are left empty, `||` as MultiMarkdown writes a spanning cell; GitHub's Markdown
   shows them empty), then a row of the metrics, then one row per method, then the notes."""
   table = build_table(rows, metrics, paper)
-  header = "| method |" + "".join(f" {s} " + "|" * n for s, n in table.groups)
+  header = "| method |" + "".join(f" {markdown_escape(s)} " + "|" * n for s, n in table.groups)
   lines = [header, "|" + "---|" * (1 + len(table.columns)),
-           "| | " + " | ".join(_header(c) for c in table.columns) + " |"]
-  lines += ["| " + " | ".join([m, *table.cells[m]]) + " |" for m in table.methods]
+           "| | " + " | ".join(markdown_escape(_header(c)) for c in table.columns) + " |"]
+  lines += ["| " + " | ".join([markdown_escape(m), *table.cells[m]]) + " |"
+            for m in table.methods]
   return "\n".join(lines + [""] + table.notes)
+
+
+def markdown_escape(text: str) -> str:
+  """`text` as a Markdown table cell shows it: a `|` (which would end the cell) as `\\|`."""
+  return str(text).replace("|", "\\|")
 
 
 # LaTeX for what the tables print in Unicode or as a metric's name.
@@ -625,6 +734,8 @@ LATEX_METRIC_LABELS = {
     "A_final": r"$A_\mathrm{final}$ $\uparrow$", "A_auc": r"$A_\mathrm{AUC}$ $\uparrow$",
     "A_last": r"$A_\mathrm{last}$ $\uparrow$", "forgetting": r"Forgetting $\downarrow$",
     "F_last": r"$F_\mathrm{last}$ $\downarrow$", "backward_transfer": r"BWT $\uparrow$",
+    "A_final_task_il": r"Task-IL $A_\mathrm{final}$ $\uparrow$",
+    "A_auc_task_il": r"Task-IL $A_\mathrm{AUC}$ $\uparrow$",
 }
 
 
@@ -748,7 +859,10 @@ def find_runs(paths: Sequence[str], validation: list | None = None
   whose results.json is damaged, is returned as unfinished (`unfinished_reason` says which). A
   `tune` directory below a path (not itself a run) holds sweep --tune's validation runs, scored
   on held-out training data, not the test set: it is not searched, and appended to `validation`
-  when given (name it as a path to tabulate its runs).
+  when given (name it as a path to tabulate its runs). A tracker's store below a path is not
+  searched either: an MLflow file store (ROOT/mlruns of a sweep tracked with MLflow), whose
+  experiments (directories holding MLflow's `meta.yaml`, TRACKER_RECORD) keep each run's
+  config.json and results.json again as artifacts.
   FileNotFoundError for a missing path, an unfinished run given by name, or a tree with no
   run."""
   finished, unfinished = [], []
@@ -759,6 +873,9 @@ def find_runs(paths: Sequence[str], validation: list | None = None
       Run(path)  # a run given by name must be finished (a clear error otherwise)
     found = []
     for here, dirs, files in os.walk(path):
+      if TRACKER_RECORD in files:  # an MLflow store's experiment: copies of runs, not runs
+        dirs.clear()
+        continue
       if "config.json" in files:
         found.append(here)
         done = "results.json" in files and unfinished_reason(here) == "finished"
@@ -775,20 +892,23 @@ def find_runs(paths: Sequence[str], validation: list | None = None
   return finished, unfinished
 
 
-def layout_table(run_dirs: Sequence[str], layout: str, fmt: str = "markdown", **latex
-                 ) -> tuple[list[dict], str]:
-  """The paper's table `layout` ('table1' | 'table2' | 'swin', LAYOUTS) from finished runs: the
-  rows of `aggregate` for the layout's scenarios (and backbones) and metrics, and the table in
+def layout_table(runs: Sequence[str] | Sequence[dict], layout: str, fmt: str = "markdown",
+                 **latex) -> tuple[list[dict], str]:
+  """The paper's table `layout` ('table1' | 'table2' | 'swin', LAYOUTS) from finished runs
+  (their directories, or their cell rows, `results_rows`): the rows of `table_rows` for the
+  layout's scenarios (and backbones) and metrics, and the table in
   `fmt` (`render`; `latex`: `latex_table`'s setting_names, and its label, `tab:LAYOUT` unless
   given) with the paper's own numbers beside ours where a setting matches (PAPER_RESULTS)."""
   if layout not in LAYOUTS:
     raise ValueError(f"unknown layout {layout!r}; use one of {tuple(LAYOUTS)}")
   spec = LAYOUTS[layout]
-  rows = [r for r in aggregate(run_dirs, spec.metrics) if r["scenario"] in spec.scenarios
+  cells = [r if isinstance(r, dict) else cell_row(Run(r)) for r in runs]
+  rows = [r for r in table_rows(cells, spec.metrics) if r["scenario"] in spec.scenarios
           and (not spec.backbones or r["backbone"] in spec.backbones)]
   if not rows:
-    raise ValueError(f"no run with data.scenario in {spec.scenarios} among the {len(run_dirs)}"
-                     f" given; {layout} shows {spec.title}")
+    raise ValueError(f"no run with data.scenario in {spec.scenarios} among the"
+                     f" {sum(c['status'] == FINISHED for c in cells)} given; {layout} shows"
+                     f" {spec.title}")
   if fmt == "latex":
     latex = {"label": f"tab:{layout}", **latex}
   return rows, render(rows, spec.metrics, fmt, _paper_results()[layout], spec.title, **latex)

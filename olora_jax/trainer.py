@@ -73,7 +73,7 @@ from olora_jax.methods import online_lora as online_lora_method
 from olora_jax.models import build_model, spec_from_config
 from olora_jax.models.swin import SwinSpec
 from olora_jax.models.vit import ViTSpec, init_head
-from olora_jax.protocol import EvaluationProtocol
+from olora_jax.protocol import EvaluationProtocol, task_il_map
 from olora_jax.run_control import NonFinitePolicy, Saver, StopSignal, make_guarded_step
 
 RUN_FILES = ("config.json", "stream_manifest.json", "metrics.jsonl", "results.json")
@@ -519,7 +519,9 @@ def _start(setup: Setup, init: tuple, workdir: str,
   evaluator = Evaluator(setup.test_source, setup.spec.image_size, c.eval.batch_size,
                         setup.num_classes, method.predict, c.eval.mask_unseen_logits,
                         mesh=setup.mesh, input_scale=c.data.input_scale,
-                        preprocess=c.data.preprocess, predict_chunk=c.eval.predict_chunk)
+                        preprocess=c.data.preprocess, predict_chunk=c.eval.predict_chunk,
+                        task_of_class=task_il_map(stream, setup.test_source, setup.num_classes,
+                                                  c.data.scenario))
   protocol = EvaluationProtocol(p.evaluation, stream, setup.test_source, evaluator,
                                 setup.num_classes, c.eval.eval_every, method.anytime_eval,
                                 c.eval.mask_unseen_logits, log.write, ledger.timed_eval,
@@ -693,6 +695,9 @@ def format_results_table(results: dict, config: dict | ml_collections.ConfigDict
   rows = [("A_last, Si-Blurry sample-weighted (%)", pct(results["A_last"])),
           ("F_last, class-wise (%)", pct(results["F_last"])),
           ("backward transfer (%)", pct(results["backward_transfer"])),
+          *([("Task-IL A_final / A_auc (%)",
+              f"{pct(results['A_final_task_il'])} / {pct(results['A_auc_task_il'])}")]
+            if "A_final_task_il" in results else []),
           *([("plateau precision / recall",
               f"{_fmt(detection['precision'])} / {_fmt(detection['recall'])}"),
              ("plateau mean latency (samples)", _fmt(detection["mean_latency_samples"], ".0f"))]

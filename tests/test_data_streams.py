@@ -227,3 +227,28 @@ def test_pipeline_yields_the_stream_in_order(augment):
     assert tag == "placed" and np.array_equal(batch["images"], batches[step]["images"])
   with pytest.raises(ValueError, match="data.prefetch=0"):
     InputPipeline(source, stream, 8, 12, prefetch=0)
+
+
+def test_task_il_is_defined_where_every_class_is_in_one_task():
+  """Task-IL's class -> task map (`protocol.task_il_map`): a disjoint stream's classes each in
+  their task (a class without samples stays in its task); Si-Blurry with moved blurry samples
+  and domain streams have none (a class in several tasks, or shared domains)."""
+  from olora_jax import protocol
+
+  labels = np.repeat([0, 1, 3], 5)  # class 2 has no training sample
+  disjoint = streams.disjoint_class_incremental(labels, 2, 4, 0, num_classes=4)
+  test = Source("toy", "test", np.zeros((5, 2, 2, 3), np.uint8), np.arange(5), 5)
+  np.testing.assert_array_equal(disjoint.task_of_class(5), [0, 0, 1, 1, -1])  # 4: in no task
+  np.testing.assert_array_equal(protocol.task_il_map(disjoint, test, 5, "disjoint"),
+                                [0, 0, 1, 1, -1])
+  blurry = streams.si_blurry(_labels(num_classes=40, per_class=25), 5, 50.0, 10.0, 8, 0,
+                             num_classes=40)
+  assert blurry.task_of_class(40) is None
+  rng = np.random.default_rng(0)
+  sessions = np.repeat([1, 2], 10)
+  domain = streams.domain_incremental(rng.permutation(np.arange(20) % 5), sessions, [1, 2], 5, 0)
+  assert domain.task_of_class(5) is None
+  shuffled = streams.domain_incremental(np.arange(20) % 5, sessions, [1, 2], 5, 0,
+                                        order="shuffled")  # one task: defined, but not Task-IL
+  assert shuffled.task_of_class(5) is not None
+  assert protocol.task_il_map(shuffled, test, 5, "domain") is None

@@ -97,6 +97,44 @@ def test_counts_equal_numpy(setup, mask_unseen):
     assert counts.correct[[1, 4]].sum() > 0
 
 
+@pytest.mark.parametrize("mask_unseen", [False, True])
+def test_task_il_counts_equal_numpy_in_the_same_program(setup, mask_unseen):
+  """Task-IL: each example's logits masked to its task's classes (whatever the seen-class
+  mask), counted by the same compiled program as the class-incremental counts, which stay what
+  an evaluator without Task-IL counts."""
+  source, learner, state, frozen, logits = setup
+  task_of_class = np.array([0, 0, 1, 1, 2, 2])
+  seen = np.array([0, 2, 3])
+  ev = evaluate.Evaluator(source, 16, 8, C, _predict(learner), mask_unseen_logits=mask_unseen,
+                          task_of_class=task_of_class)
+  plain = evaluate.Evaluator(source, 16, 8, C, _predict(learner), mask_unseen_logits=mask_unseen)
+  traces = evaluate.TRACE_COUNTS["count"]
+  counts = ev.all_counts((state, frozen), seen)
+  anytime = ev.seen_counts((state, frozen), seen)
+  assert evaluate.TRACE_COUNTS["count"] == traces + 1  # one program serves both counts
+  want = plain.all_counts((state, frozen), seen)
+  np.testing.assert_array_equal(counts.correct, want.correct)
+  np.testing.assert_array_equal(counts.total, want.total)
+  assert want.task_il_correct is None and np.isnan(want.task_il_accuracy())
+  labels = source.labels
+  same_task = task_of_class[None, :] == task_of_class[labels][:, None]
+  hits = np.where(same_task, logits, -np.inf).argmax(-1) == labels
+  np.testing.assert_array_equal(
+      counts.task_il_correct, np.bincount(labels, weights=hits, minlength=C).astype(np.int64))
+  tasks = [np.array([0, 1]), np.array([2, 3]), np.array([4, 5])]
+  for acc, cls in zip(counts.task_il_accuracies(tasks), tasks, strict=True):
+    assert acc == pytest.approx(hits[np.isin(labels, cls)].mean())
+  keep = np.isin(labels, seen)
+  assert anytime.task_il_accuracy(seen) == pytest.approx(hits[keep].mean())
+  # The task mask alone: an unseen task is still predicted among its own classes.
+  assert counts.task_il_correct[[1, 4]].sum() > 0
+  # Task-IL is at least the class-incremental accuracy without the seen mask (fewer rivals).
+  unmasked = plain.all_counts((state, frozen), np.arange(C))
+  assert counts.task_il_correct.sum() >= unmasked.correct.sum()
+  with pytest.raises(ValueError, match="one task id per class"):
+    evaluate.Evaluator(source, 16, 8, C, _predict(learner), task_of_class=[0, 1])
+
+
 def _host_copy(x):
   if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
     x = jax.random.key_data(x)
@@ -270,3 +308,16 @@ def test_an_evaluation_batch_too_large_for_the_device_is_lowered(setup, monkeypa
   np.testing.assert_array_equal(got.total, want.total)
   ev.all_counts((state, frozen), [0, 1])
   assert evaluate.TRACE_COUNTS["count"] == traces + 2  # batches of 16 and of 8, each once
+  # With Task-IL, the programs tried carry its arguments too: the same counts in smaller batches.
+  tasks = np.array([0, 0, 1, 1, 2, 2])
+  want = evaluate.Evaluator(source, 16, 16, C, _predict(learner), task_of_class=tasks,
+                            predict_chunk=8)
+  ev = evaluate.Evaluator(source, 16, 16, C, _predict(learner), task_of_class=tasks,
+                          predict_chunk=8)
+  monkeypatch.setattr(evaluate, "free_device_bytes", lambda: None)
+  want = want.all_counts((state, frozen), [0])
+  monkeypatch.setattr(evaluate, "free_device_bytes", lambda: 1)
+  got = ev.all_counts((state, frozen), [0])
+  assert ev.batch_size == 8
+  np.testing.assert_array_equal(got.task_il_correct, want.task_il_correct)
+  np.testing.assert_array_equal(got.correct, want.correct)

@@ -532,6 +532,12 @@ def test_the_non_finite_advice_names_the_methods_own_rate_and_a_new_workdir(tmp_
 def test_the_closing_table_lists_skipped_steps(tiny_reference):
   results = json.loads((tiny_reference / "results.json").read_text())
   assert "skipped" not in trainer.format_results_table(results)
+  # The tiny stream is disjoint: its Task-IL numbers have a row; a run without them, none.
+  til = (f"| Task-IL A_final / A_auc (%) | {100 * results['A_final_task_il']:.2f} /"
+         f" {100 * results['A_auc_task_il']:.2f} |")
+  assert til in trainer.format_results_table(results)
+  assert "Task-IL" not in trainer.format_results_table(
+      {k: v for k, v in results.items() if "task_il" not in k})
   results["nonfinite_steps"] = [7, 19]
   assert "| steps skipped for a non-finite loss | 2 (7, 19) |" in (
       trainer.format_results_table(results))

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -161,6 +163,7 @@ def test_wandb_offline_run_gets_every_scalar(tmp_path, monkeypatch):
 # nested records, a figure, an export, and an export write's leftover (never sent).
 RESULTS = {"A_final": 0.5, "forgetting": 0.25, "A_auc": 0.625, "n_plateaus": 2,
            "acc_matrix": [[1.0, 0.5], [0.0, 0.75]], "samples_seen": 64, "fidelity": "paper",
+           "acc_matrix_task_il": [[1.0, 0.5], [0.5, 1.0]],
            "compute": {"step_seconds": 1.5, "device": "cpu"},
            "plateau_detection": {"recall": None, "n_plateaus": 2}}
 FILES = ["config.json", "results.json", "metrics.jsonl", "plots/accuracy_matrix.png",
@@ -247,8 +250,11 @@ def test_wandb_gets_the_results_summary_matrix_and_files(tmp_path, monkeypatch):
                if r.WhichOneof("record_type") == "artifact"}
   assert sorted(e.path for e in artifacts["run-files"].manifest.contents) == sorted(FILES)
   assert "run_table" in artifacts  # the accuracy matrix, a W&B Table
-  (table,) = (tmp_path / "wandb").glob(f"offline-run-*-{run_id}/files/media/table/acc_matrix*")
+  tables = f"offline-run-*-{run_id}/files/media/table/"
+  (table,) = (tmp_path / "wandb").glob(tables + "acc_matrix_[0-9]*")
   assert json.loads(table.read_text())["data"] == [[0, 1.0, 0.5], [1, 0.0, 0.75]]
+  (table,) = (tmp_path / "wandb").glob(tables + "acc_matrix_task_il*")
+  assert json.loads(table.read_text())["data"] == [[0, 1.0, 0.5], [1, 0.5, 1.0]]
 
 
 def test_mlflow_gets_the_results_and_a_sweep_shares_one_store(tmp_path, monkeypatch):
@@ -280,6 +286,8 @@ def test_mlflow_gets_the_results_and_a_sweep_shares_one_store(tmp_path, monkeypa
     matrix = client.download_artifacts(run.info.run_id, "acc_matrix.csv", str(tmp_path))
     assert open(matrix).read().splitlines() == [
         "evaluated on task i,after task 0,after task 1", "0,1.0,0.5", "1,0.0,0.75"]
+    matrix = client.download_artifacts(run.info.run_id, "acc_matrix_task_il.csv", str(tmp_path))
+    assert open(matrix).read().splitlines()[1:] == ["0,1.0,0.5", "1,0.5,1.0"]
 
 
 def test_a_run_sends_its_results_json_to_mlflow(tmp_path, monkeypatch, compilation_cache):
@@ -299,6 +307,41 @@ def test_a_run_sends_its_results_json_to_mlflow(tmp_path, monkeypatch, compilati
   assert run.info.status == "FINISHED"
   expected = loggers.results_summary(results)
   assert expected["A_final"] == results["A_final"] and expected["n_plateaus"] == 4
+  assert expected["A_final_task_il"] == results["A_final_task_il"]  # the tiny stream: disjoint
   assert {k: run.data.metrics[k] for k in expected} == pytest.approx(expected, rel=1e-12)
   listed = {a.path for a in client.list_artifacts(run.info.run_id)}
   assert {"results.json", "metrics.jsonl", "config.json", "acc_matrix.csv"} <= listed
+
+
+UI_ENV = Path(__file__).resolve().parents[1] / ".venv-mlflow-ui"  # the docs' UI environment
+
+
+def _pins(name: str) -> dict[str, str]:
+  lines = (Path(__file__).resolve().parents[1] / name).read_text().splitlines()
+  return dict(line.lower().split("==") for line in lines if line and not line.startswith("#"))
+
+
+def test_the_documented_mlflow_ui_install_has_the_server():
+  """`mlflow ui` is the full `mlflow` package's (the extra's mlflow-skinny has no flask): the
+  docs name its own environment, pinned at the trackers' client version; where that
+  environment is installed, its mlflow has the UI's server and page, and `mlflow ui` starts."""
+  ui, trackers = _pins("constraints-mlflow-ui.txt"), _pins("constraints-trackers.txt")
+  assert ui["mlflow"] == ui["mlflow-skinny"] == trackers["mlflow-skinny"]
+  assert "flask" in ui and "flask" not in trackers
+  command = ".venv-mlflow-ui/bin/pip install -c constraints-mlflow-ui.txt mlflow"
+  outputs = (UI_ENV.parent / "docs" / "reference" / "outputs.md").read_text()
+  assert command in outputs and ".venv-mlflow-ui/bin/mlflow ui --backend-store-uri" in outputs
+  if not (UI_ENV / "bin" / "mlflow").exists():
+    pytest.skip(f"the MLflow UI environment ({command}) is not installed")
+  check = ("import os, flask, mlflow, mlflow.server\n"
+           "from mlflow.server import app\n"  # the UI's Flask app: what `mlflow ui` serves
+           "page = os.path.join(os.path.dirname(mlflow.server.__file__), 'js', 'build')\n"
+           "assert os.path.isfile(os.path.join(page, 'index.html')), page\n"
+           "print(mlflow.__version__)")
+  done = subprocess.run([str(UI_ENV / "bin" / "python"), "-c", check], capture_output=True,
+                        text=True, timeout=300)
+  assert done.returncode == 0, done.stderr[-2000:]
+  assert done.stdout.split()[-1] == ui["mlflow"]
+  done = subprocess.run([str(UI_ENV / "bin" / "mlflow"), "ui", "--help"], capture_output=True,
+                        text=True, timeout=300)
+  assert done.returncode == 0 and "--backend-store-uri" in done.stdout, done.stderr[-2000:]

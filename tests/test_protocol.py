@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from olora_jax import metrics, protocol
+from olora_jax import checkpointing, metrics, protocol
 from olora_jax.data.sources import Source
 from olora_jax.data.streams import Stream
 from olora_jax.evaluate import ClassCounts
@@ -44,9 +44,20 @@ class Evaluator:
     return self._counts(seen)
 
 
-def run(eval_every: int, anytime_eval: bool = True):
+class TaskILEvaluator(Evaluator):
+  """Stand-in counting Task-IL too: `til_hits[c]` of class c's 10 right with its task's mask."""
+
+  task_of_class = np.array([0, 0, 1, 1])
+  til_hits = np.array([10, 7, 9, 6])
+
+  def _counts(self, classes):
+    keep = np.isin(np.arange(C), classes)
+    return super()._counts(classes)._replace(task_il_correct=self.til_hits * keep)
+
+
+def run(eval_every: int, anytime_eval: bool = True, evaluator=None):
   log = protocol.EvaluationLog.initial(eval_every)
-  lines, evaluator = [], Evaluator()
+  lines, evaluator = [], evaluator or Evaluator()
   p = protocol.EvaluationProtocol(
       log, STREAM, TEST, evaluator, C, eval_every, anytime_eval, False,
       write=lambda event, step, samples, **values: lines.append((event, step, samples, values)),
@@ -108,15 +119,59 @@ def test_task_end_records_and_the_results_they_make():
   assert "eval_every = 8 samples" in results["metric_notes"]["A_auc"]
 
 
-def test_the_log_survives_a_round_trip_through_the_checkpoint_record():
-  from olora_jax import checkpointing
+def test_task_il_records_and_results_where_the_evaluator_counts_them():
+  p, log, lines, _ = run(eval_every=8, evaluator=TaskILEvaluator())
+  # Column j: each task's Task-IL accuracy ((10 + 7) / 20, (9 + 6) / 20), beside acc_columns.
+  assert log.acc_columns_task_il == [[0.85, 0.75], [0.85, 0.75]]
+  assert log.acc_columns == [[0.75, 0.5], [0.75, 0.5]]  # the class-incremental ones unchanged
+  evals = [v for e, _, _, v in lines if e == "eval"]
+  assert [v["anytime_accuracy_task_il"] for v in evals] == pytest.approx(
+      [17 / 20, 32 / 40, 32 / 40])
+  assert log.anytime_task_il == [v["anytime_accuracy_task_il"] for v in evals]
+  ends = [v for e, _, _, v in lines if e == "task_end"]
+  assert [v["task_accuracies_task_il"] for v in ends] == log.acc_columns_task_il
+  results = p.results([], [], [], {})
+  plain = run(eval_every=8)[0].results([], [], [], {})
+  matrix = np.array(log.acc_columns_task_il).T
+  assert results["acc_matrix_task_il"] == matrix.tolist()
+  assert results["A_final_task_il"] == pytest.approx(metrics.a_final(matrix))
+  assert results["A_auc_task_il"] == pytest.approx(np.mean(log.anytime_task_il))
+  assert results["anytime_accuracy_task_il"] == pytest.approx(log.anytime_task_il)
+  til_keys = {"acc_matrix_task_il", "A_final_task_il", "A_auc_task_il",
+              "anytime_accuracy_task_il"}
+  assert set(results) - set(plain) == til_keys  # every other value as without Task-IL
+  assert {k: v for k, v in results.items() if k not in til_keys | {"metric_notes"}} == {
+      k: v for k, v in plain.items() if k != "metric_notes"}
+  notes = results["metric_notes"]
+  assert "masked to the classes of its own task" in notes["acc_matrix_task_il"]
+  assert {k: v for k, v in notes.items() if "task_il" not in k} == plain["metric_notes"]
+  # A checkpoint written before Task-IL was recorded: its records are partial, so left out.
+  restored = checkpointing.Progress.from_json(
+      {k: v for k, v in _record(log).items() if k not in checkpointing.TASK_IL_JSON_KEYS})
+  assert restored.evaluation.acc_columns_task_il == []
+  assert restored.evaluation.anytime == log.anytime
+  restored.evaluation.acc_columns_task_il = log.acc_columns_task_il[1:]
+  p.log = restored.evaluation
+  partial = p.results([], [], [], {})
+  assert not til_keys & set(partial) and "resumed from a checkpoint" in partial["metric_notes"][
+      "task_il"]
 
-  _, log, _, _ = run(eval_every=8)
+
+def _record(log) -> dict:
   progress = checkpointing.Progress.initial(8)
   progress.evaluation = log
-  restored = checkpointing.Progress.from_json(progress.to_json())
+  return progress.to_json()
+
+
+def test_the_log_survives_a_round_trip_through_the_checkpoint_record():
+  _, log, _, _ = run(eval_every=8)
+  restored = checkpointing.Progress.from_json(_record(log))
   assert restored.evaluation == log
-  assert list(progress.to_json()) == list(checkpointing.PROGRESS_JSON_KEYS)
+  assert list(_record(log)) == list(checkpointing.PROGRESS_JSON_KEYS)
+  _, log, _, _ = run(eval_every=8, evaluator=TaskILEvaluator())  # Task-IL's keys after them
+  assert checkpointing.Progress.from_json(_record(log)).evaluation == log
+  assert list(_record(log)) == [*checkpointing.PROGRESS_JSON_KEYS,
+                                *checkpointing.TASK_IL_JSON_KEYS]
 
 
 def test_a_stream_shorter_than_eval_every_warns_and_takes_a_auc_from_the_final_evaluation(

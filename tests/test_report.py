@@ -8,9 +8,11 @@ from __future__ import annotations
 import csv
 import importlib.util
 import json
+import math
 import os
 import pathlib
 import re
+import runpy
 import shutil
 import subprocess
 import sys
@@ -99,8 +101,17 @@ def test_results_agree_with_the_evaluation_log(runs):
   got = results["plateau_detection"]
   for key in ("n_detected", "latency_samples", "plateaus_per_task", "boundary_samples"):
     assert got[key] == expected[key]
-  for key in ("A_last", "F_last", "backward_transfer", "plateau_detection", "A_auc"):
+  for key in ("A_last", "F_last", "backward_transfer", "plateau_detection", "A_auc",
+              "acc_matrix_task_il", "A_final_task_il", "A_auc_task_il"):
     assert key in results["metric_notes"]
+  # Task-IL (a disjoint stream): the matrix from the task-end lines, its summaries; each task's
+  # Task-IL accuracy at least its class-incremental one (the same logits, fewer rivals).
+  til = np.array([e["task_accuracies_task_il"] for e in ends]).T
+  np.testing.assert_allclose(results["acc_matrix_task_il"], til)
+  assert results["A_final_task_il"] == pytest.approx(til[:, -1].mean())
+  til_anytime = [e["anytime_accuracy_task_il"] for e in events["eval"]]
+  assert results["A_auc_task_il"] == pytest.approx(np.mean(til_anytime))
+  assert np.all(til >= acc) and np.all(np.asarray(til_anytime) >= np.asarray(anytime))
   for event in (e for group in events.values() for e in group):
     assert {"step", "samples_seen", "event"} <= set(event)
 
@@ -194,6 +205,84 @@ def test_grouping_methods_settings_and_variants(tmp_path):
   assert "| Online-LoRA | " in table
 
 
+def mlflow_run(store, workdir):
+  """An MLflow file store's layout (as MlflowClient writes it: STORE/.trash, STORE/EXPERIMENT/
+  meta.yaml, STORE/EXPERIMENT/RUN/meta.yaml and artifacts/) holding `workdir`'s files as one
+  run's artifacts, as olora_jax/loggers.py sends them."""
+  run = store / "731" / "4f2c9d"
+  (store / ".trash").mkdir(parents=True, exist_ok=True)
+  (run / "artifacts").mkdir(parents=True)
+  (run / "metrics").mkdir()
+  (store / "731" / "meta.yaml").write_text("name: olora-jax\n")
+  (run / "meta.yaml").write_text("run_id: 4f2c9d\n")
+  for name in ("config.json", "results.json"):
+    shutil.copy(os.path.join(workdir, name), run / "artifacts" / name)
+
+
+def test_results_rows_one_per_run_with_every_metric_and_its_status(tmp_path, capsys):
+  """`results_rows`: a sweep tree (an MLflow store beside its cells, a tuned method, an
+  unfinished cell) as one row per run; the table is built from the same rows; a DataFrame of
+  them where pandas is installed."""
+  root = tmp_path / "sweep"
+  metrics_ = {"A_final": 0.5, "forgetting": 0.1, "A_auc": 0.5, "acc_matrix": [[0.5]],
+              "compute": {"passes_per_step": 3.0}, "metric_notes": {"A_final": "..."}}
+  setting = root / "cifar100"
+  dirs = [write_run(setting / "online_lora" / f"seed{s}", s, {**metrics_, "A_final": 0.5 + s / 10})
+          for s in (0, 1)]
+  tuned = write_run(setting / "er" / "seed0", 0, {**metrics_, "A_final_task_il": 0.9})
+  config = json.loads((setting / "er" / "seed0" / "config.json").read_text())
+  config.update(method="er", er={"learning_rate": 0.003})
+  (setting / "er" / "seed0" / "config.json").write_text(json.dumps(config))
+  (setting / "er" / reporting.TUNING_RECORD).write_text(json.dumps(
+      {"method": "er", "block": "er", "chosen": {"learning_rate": 0.003}, "metric": "A_final",
+       "validation_fraction": 0.1, "seed": 0}))
+  unfinished = setting / "er" / "seed1"
+  unfinished.mkdir()
+  (unfinished / "config.json").write_text(json.dumps({"seed": 1, "method": "er"}))
+  mlflow_run(root / "mlruns", dirs[0])
+  rows = reporting.results_rows(str(root))  # one path, or a list of paths
+  assert rows == reporting.results_rows([root])
+  assert [(r["method"], r["seed"], r["status"]) for r in rows] == [
+      ("ER (tuned: learning_rate=0.003)", 0, "finished"), ("Online-LoRA", 0, "finished"),
+      ("Online-LoRA", 1, "finished"), ("ER", 1, "not finished (no results.json)")]
+  er, first = rows[0], rows[1]
+  assert er["tuned/learning_rate"] == 0.003 and "tuned/learning_rate" not in first
+  assert first["setting"] == "cifar100 disjoint/10 vit_b16" and first["workdir"] == dirs[0]
+  assert first["A_final"] == 0.5 and first["acc_matrix"] == [[0.5]]
+  assert first["compute/passes_per_step"] == 3.0 and "metric_notes" not in first
+  assert er["A_final_task_il"] == 0.9 and "A_final_task_il" not in first
+  assert "A_final" not in rows[3] and rows[3]["workdir"] == str(unfinished)
+  # The report's table from the same rows: the same numbers as from the run directories; a
+  # metric only some runs record (Task-IL) is n/a for the others.
+  table = reporting.table_rows(rows, ["A_final", "A_final_task_il"])
+  assert table == reporting.aggregate([str(tuned), *dirs], ["A_final", "A_final_task_il"])
+  assert [(r["method"], r["A_final"]["mean"], r["A_final_task_il"]["n"]) for r in table] == [
+      ("ER (tuned: learning_rate=0.003)", 50.0, 1), ("Online-LoRA", pytest.approx(55.0), 0)]
+  assert "| ER (tuned: learning_rate=0.003) | 50.00 | 90.00 |" in reporting.render(
+      table, ["A_final", "A_final_task_il"])
+  # examples/sweep_results.py (the docs' example) on this tree: rows, table, LaTeX.
+  example = runpy.run_path(str(ROOT / "examples" / "sweep_results.py"))
+  example["main"](str(root))
+  printed = capsys.readouterr().out
+  assert " ER 1 not finished (no results.json) None\n" in printed
+  assert r"ER (tuned: learning\_rate=0.003) & $50.00$ & {\boldmath$10.00$} \\" in printed
+  pandas = pytest.importorskip("pandas")
+  frame = reporting.as_dataframe(rows)
+  assert isinstance(frame, pandas.DataFrame) and len(frame) == 4
+  assert frame.groupby("method")["A_final"].mean()["Online-LoRA"] == pytest.approx(0.55)
+
+
+def test_a_markdown_row_escapes_a_pipe_in_a_method_name(tmp_path):
+  """A method's report name (one's own method's) holding `|` stays one cell of its row."""
+  stats = {"mean": 50.0, "std": math.nan, "n": 1}
+  rows = [{"method": "ER | big buffer", "setting": "a|b", "seeds": [0], "A_final": stats}]
+  table = reporting.markdown_table(rows, ["A_final"])
+  lines = table.splitlines()
+  assert lines[0] == "| method | a\\|b |" and lines[3] == "| ER \\| big buffer | 50.00 |"
+  cells = [len(re.findall(r"(?<!\\)\|", line)) for line in lines[1:4]]
+  assert cells == [3, 3, 3]  # every row: two cells
+
+
 def test_report_errors(tmp_path):
   with pytest.raises(FileNotFoundError, match="not a finished run"):
     reporting.aggregate([str(tmp_path)])
@@ -218,6 +307,9 @@ def test_a_damaged_results_json_is_named_and_left_out(tmp_path):
   path = os.path.join(cut, "results.json")
   with open(path, "r+") as f:
     f.truncate(10)
+  # A sweep tracked with MLflow keeps its store beside the cells (ROOT/mlruns), where each run's
+  # config.json and results.json are artifacts again: a store, not runs (once, "one run twice").
+  mlflow_run(tmp_path / "root" / "mlruns", good)
   finished, unfinished = reporting.find_runs([str(tmp_path / "root")])
   assert (finished, unfinished) == ([good], [cut])
   assert reporting.unfinished_reason(cut).startswith(f"{path} is damaged (JSONDecodeError: ")
@@ -258,8 +350,10 @@ def test_report_groups_seeds_and_methods_and_draws_the_overlay(tmp_path):
   proc = subprocess.run([sys.executable, str(ROOT / "launch" / "report.py"), *dirs,
                          f"--plots={tmp_path / 'figs'}"], cwd=cwd,
                         capture_output=True, text=True, check=True, timeout=120)
-  # stdout holds the table alone; what was written is said on stderr.
+  # stdout holds the table alone; what was written is said on stderr, in one line: the PDFs'
+  # font subsetting (fontTools, at INFO under absl's root logger) adds nothing.
   assert "figures written" in proc.stderr and "CSV" not in proc.stderr + proc.stdout
+  assert proc.stderr.splitlines() == [proc.stderr.strip()], proc.stderr[:2000]
   assert proc.stdout.startswith("| method |") and "written" not in proc.stdout
   assert list(cwd.iterdir()) == []
   matrices = "accuracy_matrices_cifar100_disjoint_10_vit_b16"

@@ -204,6 +204,8 @@ class MetricNotes(SphinxDirective):
     rows = [[name, text] for name, text in metrics.DEFINITIONS.items()]
     rows.append(["forgetting_per_domain", metrics.FORGETTING_PER_DOMAIN + " (runs evaluated by"
                  " domain only)"])
+    rows += [[name, text + " (runs with Task-IL only: docs/metrics.md)"]
+             for name, text in metrics.DEFINITIONS_TASK_IL.items()]
     return [table(["field", "definition (olora_jax/metrics.py)"], rows, literal_columns=(0,))]
 
 

@@ -88,6 +88,19 @@ class Stream:
       return EvaluationGroups(self.task_classes, None)
     return EvaluationGroups(self.task_classes, self.task_domains)
 
+  def task_of_class(self, num_classes: int) -> np.ndarray | None:
+    """(num_classes,) int64: the one task whose samples carry each class (-1 for a class in no
+    task), or None when a class occurs in several tasks (Si-Blurry's blurry classes, a domain
+    stream's shared classes): an example's task then names no single class set, and Task-IL
+    accuracy is not defined (docs/metrics.md)."""
+    out = np.full(num_classes, -1, np.int64)
+    for task, classes in enumerate(self.task_classes):
+      classes = np.asarray(classes, np.int64)
+      if np.any(out[classes] >= 0):
+        return None
+      out[classes] = task
+    return out
+
   def sha256(self) -> str:
     """Content hash of the step order and the task structure (identical streams, identical hash)."""
     h = hashlib.sha256()
