@@ -26,6 +26,8 @@ names its cells' group after the sweep and puts their W&B files and MLflow store
 `logger_dir`, so the tracker's own comparison view shows the sweep). Their ids are kept in
 WORKDIR/loggers.json, so a resumed run goes on logging into the same W&B and MLflow runs; the
 lines a resume writes again (those after its checkpoint) are logged again at their samples seen.
+A tracker's run is ended as the run ends: FINISHED, KILLED when a signal stopped it (a resume
+marks it RUNNING again), FAILED when it failed (W&B: exit code 0 or 1).
 
 When the run ends, after results.json is written, each tracker gets its results
 (`summarize`): results.json's numbers as summary values (`results_summary`: A_final,
@@ -214,15 +216,21 @@ class _Mirror:
       self._switch_off(e)
 
   def close(self) -> None:
+    """Ends the tracker's run: FINISHED, or, when the run's files are closed because it stopped
+    (the exception being handled: `errors.Preempted`, a signal) KILLED, because it failed
+    FAILED (a resume marks it RUNNING again)."""
     if not self.active:
       return
+    stopped = sys.exc_info()[1]
+    status = ("FINISHED" if stopped is None else "KILLED"
+              if isinstance(stopped, (errors.Preempted, KeyboardInterrupt)) else "FAILED")
     try:
-      self._finish("FINISHED")
+      self._finish(status)
       self.active = False
     except Exception as e:  # the mirror must never stop the run
       self._switch_off(e)
       return
-    if self.summarized:
+    if self.summarized and status == "FINISHED":
       self.sent = True
       _mark_unsent(self.workdir, self.name, False)
 

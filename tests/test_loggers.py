@@ -368,6 +368,26 @@ def test_a_second_signal_during_the_mlflow_upload_stops_it_cleanly_and_a_rerun_s
   assert loggers.send_unsent(str(tmp_path), config) == []  # nothing more to send
 
 
+@pytest.mark.parametrize("error, status", [
+    (ValueError("a bug"), "FAILED"), (None, "KILLED")], ids=["failed", "stopped"])
+def test_a_run_that_fails_or_stops_is_not_marked_finished(tmp_path, monkeypatch, error, status):
+  """The trackers' runs were marked FINISHED however the run ended (its files are closed as the
+  error goes up): a failed run is FAILED, a stopped one KILLED, until a resume."""
+  pytest.importorskip("mlflow")
+  import contextlib
+
+  from olora_jax import errors
+
+  monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+  error = error or errors.Preempted(15, "stopped by signal 15")
+  log = runlog.RunLog(str(tmp_path / "metrics.jsonl"),
+                      loggers.make_mirrors(str(tmp_path), {**CONFIG, "loggers": "mlflow"}))
+  with pytest.raises(type(error)), contextlib.closing(log):  # as trainer.py closes it
+    log.write("train", 0, 16, loss=2.0)
+    raise error
+  assert _mlflow_run(tmp_path)[1].info.status == status
+
+
 def test_a_store_that_cannot_be_written_is_said_truthfully(tmp_path, monkeypatch, caplog):
   """A read-only MLflow store mid-run gave one warning and left its run RUNNING unsaid."""
   pytest.importorskip("mlflow")
