@@ -419,6 +419,8 @@ def test_a_run_sends_its_results_json_to_mlflow(tmp_path, monkeypatch, compilati
   from mlflow.tracking import MlflowClient
 
   monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+  # The reading client below opens the file store too (alone, no other test has allowed it).
+  monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
   workdir = tmp_path / "run"
   done = tiny_run.run(workdir, compilation_cache, "--config.loggers=mlflow")
   assert done.returncode == 0, done.stderr[-2000:]
