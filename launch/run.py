@@ -8,7 +8,8 @@ is locked, so a misspelt key is an error. Writes config.json, metrics.jsonl, res
 plots/ (plus tensorboard/ when tensorboardX is installed) and checkpoints/ into DIR and prints a
 table of the results at the end. Running the same command again resumes from DIR's newest good
 checkpoint (a different config is refused); on a finished DIR it says so and runs nothing. One
-process at a time holds DIR (an OS lock on DIR/.lock, released when the process ends).
+process at a time holds DIR (OS locks on DIR/.lock and DIR, released when the process ends;
+the .lock file is removed when the run ends).
 Aggregate several runs with launch/report.py.
 
 Compiled programs are kept in JAX's persistent compilation cache (`--compilation_cache`, by

@@ -28,6 +28,8 @@ names its cells' group after the sweep and puts their W&B files and MLflow store
 `logger_dir`, so the tracker's own comparison view shows the sweep). Their ids are kept in
 WORKDIR/loggers.json, so a resumed run goes on logging into the same W&B and MLflow runs; the
 lines a resume writes again (those after its checkpoint) are logged again at their samples seen.
+A tracker's run is ended as the run ends: FINISHED, KILLED when a signal stopped it (a resume
+marks it RUNNING again), FAILED when it failed (W&B: exit code 0 or 1).
 
 When the run ends, after results.json is written, each tracker gets its results
 (`summarize`): results.json's numbers as summary values (`results_summary`: A_final,
@@ -40,14 +42,22 @@ metrics.jsonl, stream_manifest.json, the figures in plots/, the exports in expor
 Online-LoRA's exported model). W&B keeps the summary values as the run's summary; MLflow as
 metrics at the run's last samples seen.
 
+Until a tracker's run is ended FINISHED after that upload, loggers.json lists it as `unsent`: a
+second signal during the upload (a first lets it go on: the run has finished) stops it from the
+main thread, MLflow removing its staged copy, and the tracker's run is marked KILLED
+(`errors.Preempted` says so); a rerun of the finished run sends the results again
+(`send_unsent`, from launch/run.py), removing a staged copy a SIGKILL left.
+
 Like the TensorBoard mirror, no logger can stop or fail a run once it has started: the first
-error of any kind switches that logger off with one warning (metrics.jsonl has every value). A
-logger the config names whose package is not installed is bad input, refused before any compute
-(`check_loggers`).
+error of any kind switches that logger off with one warning (metrics.jsonl has every value),
+which says what became of its run (marked FAILED, or left RUNNING in a store that cannot be
+written). A logger the config names whose package is not installed is bad input, refused
+before any compute (`check_loggers`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import json
@@ -55,15 +65,34 @@ import logging
 import math
 import numbers
 import os
+import signal
+import sys
+import threading
 import time
 import uuid
 
 # The `loggers` key's vocabulary lives with the config checks (validation imports no logger).
-from olora_jax import plots, tb_writer, validation
+from olora_jax import errors, plots, tb_writer, validation
 from olora_jax import workdir as workdir_lib
 from olora_jax.validation import LOGGERS, PACKAGES, check_loggers, parse_loggers  # noqa: F401
 
 IDS_FILE = "loggers.json"  # the W&B and MLflow run ids, for a resume to log into the same runs
+UNSENT = "unsent"  # loggers.json: the trackers that have not received the finished run's results
+# True while the trackers receive a finished run's results (`Mirrors.summarize`): a second
+# signal then stops the upload from the main thread (olora_jax/signal_watch.py leaves it to it).
+UPLOADING = [False]
+# Where MLflow's local artifact store stages a file it copies (renamed into place when whole).
+MLFLOW_STAGING_PREFIX = ".artifact.uploading."
+
+
+class UploadStopped(BaseException):
+  """A second signal during the trackers' upload (`Mirrors.summarize`): a BaseException, so that
+  no library's `except Exception` takes it, and each library's own clean-up (`finally`: MLflow's
+  staged file) runs."""
+
+  def __init__(self, signum: int):
+    super().__init__(signum)
+    self.signum = signum
 
 
 def scalars(values: dict) -> dict[str, float]:
@@ -136,24 +165,36 @@ class _Mirror:
   starting with `_start` (the run's workdir, project, display name and flattened config)."""
 
   label = ""
+  name = ""  # its key in loggers.json
 
   def __init__(self, workdir: str, project: str, name: str, config: dict):
     self.active = True
+    self.workdir = workdir
+    self.summarized = False  # the finished run's results sent (`summarize`)
+    self.sent = False  # ... and its run ended FINISHED (`close`)
     try:
       self._start(workdir, project, name, config)
     except Exception as e:  # the mirror must never stop the run
       self._switch_off(e)
 
+  def _end(self, status: str) -> str:
+    """Ends the tracker's run with `status` ('FINISHED', 'FAILED', 'KILLED'); the clause saying
+    what became of it ('' when no run was made)."""
+    if not self._has_run():
+      return ""
+    try:
+      self._finish(status)
+    except Exception as e:  # the store cannot be written (read-only, unreachable)
+      return (f"the {self.label} run could not be marked {status} ({_first(e)}): it stays"
+              " RUNNING in its store")
+    return f"the {self.label} run is marked {status}"
+
   def _switch_off(self, error: BaseException) -> None:
     if self.active:
       self.active = False
-      logging.warning("%s mirror switched off (%s: %s); metrics.jsonl still has every scalar",
-                      self.label, type(error).__name__,
-                      str(error).splitlines()[0] if str(error) else "")
-      try:
-        self._finish(failed=True)
-      except Exception:  # what it could not send is in metrics.jsonl
-        pass
+      ended = self._end("FAILED")
+      logging.warning("%s mirror switched off (%s); metrics.jsonl still has every scalar%s",
+                      self.label, _first(error), f"; {ended}" if ended else "")
 
   def write(self, event: str, samples_seen: int, values: dict) -> None:
     if not self.active:
@@ -168,23 +209,45 @@ class _Mirror:
       self._switch_off(e)
 
   def summarize(self, results: dict, workdir: str) -> None:
-    """The run's results (module docstring): summary values, the accuracy matrix, the files."""
+    """The run's results (module docstring): summary values, the accuracy matrix, the files.
+    Until its run is ended FINISHED (`close`), loggers.json lists the tracker as unsent, so that
+    a stop or a kill in between leaves a rerun of the finished run to send them
+    (`send_unsent`). `UploadStopped` (a second signal) ends its run KILLED and goes on up."""
     if not self.active:
       return
+    _mark_unsent(workdir, self.name, True)
     try:
       self._summarize(results_summary(results), result_matrices(results), workdir,
                       run_files(workdir), int(results.get("samples_seen", 0)))
+      self.summarized = True
+    except UploadStopped as stop:
+      self.active = False
+      stop.ended = self._end("KILLED")
+      raise
     except Exception as e:  # the mirror must never stop the run
       self._switch_off(e)
 
   def close(self) -> None:
+    """Ends the tracker's run: FINISHED, or, when the run's files are closed because it stopped
+    (the exception being handled: `errors.Preempted`, a signal) KILLED, because it failed
+    FAILED (a resume marks it RUNNING again)."""
     if not self.active:
       return
+    stopped = sys.exc_info()[1]
+    status = ("FINISHED" if stopped is None else "KILLED"
+              if isinstance(stopped, (errors.Preempted, KeyboardInterrupt)) else "FAILED")
     try:
-      self._finish(failed=False)
+      self._finish(status)
       self.active = False
     except Exception as e:  # the mirror must never stop the run
       self._switch_off(e)
+      return
+    if self.summarized and status == "FINISHED":
+      self.sent = True
+      _mark_unsent(self.workdir, self.name, False)
+
+  def _has_run(self) -> bool:
+    raise NotImplementedError
 
   def _start(self, workdir: str, project: str, name: str, config: dict) -> None:
     raise NotImplementedError
@@ -196,8 +259,21 @@ class _Mirror:
                  files: list[str], samples_seen: int) -> None:
     raise NotImplementedError
 
-  def _finish(self, failed: bool) -> None:
+  def _finish(self, status: str) -> None:
     raise NotImplementedError
+
+
+def _first(error: BaseException) -> str:
+  """`Type: first line` of an error."""
+  return f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+
+
+def _mark_unsent(workdir: str, name: str, unsent: bool) -> None:
+  """Lists `name` in loggers.json's unsent trackers (or takes it off)."""
+  ids = _ids(workdir)
+  names = [n for n in ids.get(UNSENT, []) if n != name] + ([name] if unsent else [])
+  with contextlib.suppress(OSError):  # a workdir that cannot be written failed the run already
+    workdir_lib.write_json(os.path.join(workdir, IDS_FILE), {**ids, UNSENT: names})
 
 
 def _ids(workdir: str) -> dict:
@@ -217,7 +293,11 @@ class WandbWriter(_Mirror):
   axis the `samples_seen` metric (W&B's own step only ever grows, and a resume logs again)."""
 
   label = "Weights & Biases"
+  name = "wandb"
   _run = None
+
+  def _has_run(self):
+    return self._run is not None
 
   def _start(self, workdir, project, name, config):
     import wandb
@@ -249,9 +329,9 @@ class WandbWriter(_Mirror):
       artifact.add_file(os.path.join(workdir, name), name=name)
     self._run.log_artifact(artifact)
 
-  def _finish(self, failed):
-    if self._run is not None:
-      self._run.finish(exit_code=1 if failed else 0)
+  def _finish(self, status):
+    if self._run is not None:  # W&B has no KILLED: a non-zero exit code marks the run failed
+      self._run.finish(exit_code=0 if status == "FINISHED" else 1)
 
 
 class MlflowWriter(_Mirror):
@@ -259,8 +339,12 @@ class MlflowWriter(_Mirror):
   metrics.jsonl line, step = samples seen."""
 
   label = "MLflow"
+  name = "mlflow"
   _client = None
   _run_id = None
+
+  def _has_run(self):
+    return self._run_id is not None
 
   def _start(self, workdir, project, name, config):
     from mlflow.entities import Metric, Param
@@ -298,6 +382,7 @@ class MlflowWriter(_Mirror):
         self._metric(_mlflow_key(k), v, now, samples_seen) for k, v in tagged.items()])
 
   def _summarize(self, summary, matrices, workdir, files, samples_seen):
+    self._remove_staged()
     now = int(time.time() * 1000)
     metrics_ = [self._metric(_mlflow_key(k), v, now, samples_seen) for k, v in summary.items()]
     for start in range(0, len(metrics_), 1000):  # MLflow's limit per batch
@@ -311,9 +396,22 @@ class MlflowWriter(_Mirror):
       folder = os.path.dirname(name)
       self._client.log_artifact(self._run_id, os.path.join(workdir, name), folder or None)
 
-  def _finish(self, failed):
+  def _finish(self, status):
     if self._run_id is not None:
-      self._client.set_terminated(self._run_id, status="FAILED" if failed else "FINISHED")
+      self._client.set_terminated(self._run_id, status=status)
+
+  def _remove_staged(self) -> None:
+    """Removes what an upload killed outright (SIGKILL, a second signal before this version)
+    left in a local artifact store: MLflow's staged copies, `.artifact.uploading.*`."""
+    uri = self._client.get_run(self._run_id).info.artifact_uri
+    if not uri.startswith("file:"):
+      return
+    from mlflow.utils.file_utils import local_file_uri_to_path
+    for here, _, names in os.walk(local_file_uri_to_path(uri)):
+      for n in names:
+        if n.startswith(MLFLOW_STAGING_PREFIX):
+          with contextlib.suppress(OSError):
+            os.remove(os.path.join(here, n))
 
 
 def _mlflow_key(tag: str) -> str:
@@ -338,13 +436,86 @@ class Mirrors:
       w.write(event, samples_seen, values)
 
   def summarize(self, results: dict, workdir: str) -> None:
-    for w in self.writers:
-      if hasattr(w, "summarize"):  # the trackers; TensorBoard's event files have the scalars
-        w.summarize(results, workdir)
+    """The finished run's results to each tracker (TensorBoard's event files have the scalars).
+    A first signal meanwhile lets the upload go on (the run has finished); a second one stops
+    it: each tracker's run it reached is ended KILLED, MLflow's staged copy removed, and
+    `errors.Preempted` says so (a rerun sends the results again: `send_unsent`)."""
+    trackers = [w for w in self.writers if hasattr(w, "summarize") and w.active]
+    if not trackers:
+      return
+    for w in trackers:  # before any upload: a kill in between leaves each to a rerun
+      _mark_unsent(workdir, w.name, True)
+    with _stoppable_upload():
+      try:
+        for w in trackers:
+          w.summarize(results, workdir)
+      except UploadStopped as stop:
+        ended = "; ".join(filter(None, [getattr(stop, "ended", "")] + [
+            w._end("KILLED") for w in trackers if w.active]))  # those not reached yet
+        for w in trackers:
+          w.active = False
+        raise errors.Preempted(stop.signum, (
+            f"stopped by a second signal {stop.signum} while the finished run's results were"
+            f" sent to {', '.join(w.label for w in trackers)}; results.json and the run's own"
+            f" files in {workdir} are whole" + (f"; {ended}" if ended else "")
+            + ": run the same command to send them")) from None
 
   def close(self) -> None:
     for w in self.writers:
       w.close()
+
+
+@contextlib.contextmanager
+def _stoppable_upload():
+  """While the trackers get the results: the main thread's handler of SIGTERM and SIGINT lets a
+  first signal be (counting one that came after the run's loop, `run_control.PENDING_SIGNALS`)
+  and raises `UploadStopped` at a second (one within `errors.SAME_STOP_SECONDS` of the first is
+  that one again); `UPLOADING` tells launch/run.py's signal watcher to leave it so."""
+  if threading.current_thread() is not threading.main_thread():
+    yield
+    return
+  run_control = sys.modules.get("olora_jax.run_control")
+  first = [-math.inf if run_control is not None and run_control.PENDING_SIGNALS else None]
+
+  def handle(signum, frame):
+    now = time.monotonic()
+    if first[0] is None:
+      first[0] = now
+      return
+    if now - first[0] >= errors.SAME_STOP_SECONDS:
+      raise UploadStopped(signum)
+
+  previous = {s: signal.signal(s, handle) for s in (signal.SIGTERM, signal.SIGINT)}
+  UPLOADING[0] = True
+  try:
+    yield
+  finally:
+    UPLOADING[0] = False
+    for s, handler in previous.items():
+      signal.signal(s, handler)
+
+
+def send_unsent(workdir: str, config) -> list[str]:
+  """For a finished run found again (launch/run.py on its workdir): the trackers loggers.json
+  lists as unsent (a stop or a kill cut their upload short, or their run was not ended) get the
+  results now and are ended FINISHED; returns their labels (those it could send: one that fails
+  switches off with its warning, as in a run). [] when none is unsent."""
+  unsent = _ids(workdir).get(UNSENT) or []
+  if not unsent:
+    return []
+  flat = validation.flatten(config or {})
+  project = flat.get("logger_project") or "olora-jax"
+  writers = [(WandbWriter if name == "wandb" else MlflowWriter)(
+      workdir, project, plots.run_name(flat), flat)
+      for name in parse_loggers(flat.get("loggers", "tensorboard")) if name in unsent]
+  with open(os.path.join(workdir, "results.json")) as f:
+    results = json.load(f)
+  mirrors = Mirrors(writers)
+  try:
+    mirrors.summarize(results, workdir)
+  finally:
+    mirrors.close()
+  return [w.label for w in writers if w.sent]
 
 
 def make_mirrors(workdir: str, config: dict | None = None) -> Mirrors | None:

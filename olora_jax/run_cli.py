@@ -29,6 +29,7 @@ from olora_jax import (
     compute,
     distributed,
     errors,
+    loggers,
     methods,
     models,
     run_control,
@@ -291,16 +292,25 @@ def main(argv):
     # The traceback of an earlier failure of this run, which has now finished: not left behind.
     with contextlib.suppress(OSError):
       os.remove(os.path.join(workdir, "error.log"))
-    _print_results(results, config, workdir)
+    sent = []
+    if results.get("already_finished"):  # an upload a stop or a kill cut short: finished now
+      try:
+        sent = loggers.send_unsent(workdir, config)
+      except errors.Preempted as e:
+        _fail(str(e), e.exit_code)
+    _print_results(results, config, workdir, sent)
   distributed.finish()  # with the other processes, if any, before the runtime is left behind
   _exit_now(0)
 
 
-def _print_results(results: dict, config, workdir: str) -> None:
+def _print_results(results: dict, config, workdir: str, sent: list[str] = ()) -> None:
   print(trainer.format_results_table(results, config))
   if results.get("already_finished"):
     print(f"\nnothing ran: {workdir} already holds this finished run (results.json written"
           f" {results['already_finished']}); pass a new --workdir to run it again")
+    if sent:
+      print(f"the results its {' and '.join(sent)} run had not received (an upload cut short)"
+            " were sent to it now, and that run is marked finished")
   else:
     print(f"\nresults written to {workdir}/results.json")
 

@@ -22,7 +22,9 @@ from olora_jax import errors
 # each signal's number to a pipe at once (`watch`), and a thread that waits on it ends the process
 # (128 + signal, one error line) on a signal during the imports or while the processes of a
 # multi-process run join (`distributed.JOINING`), where nothing is written yet, and on a second
-# signal later on, but never inside a checkpoint's save (the save ends first).
+# signal later on, but never inside a checkpoint's save (the save ends first), nor at the second
+# signal during the trackers' upload of a finished run (`loggers.UPLOADING`: the main thread
+# stops it there, ending the tracker's run KILLED; a third signal ends the process at once).
 STARTED = [False]  # main() has begun: a first signal is the loop's to act on
 
 
@@ -44,6 +46,9 @@ def _watch_signals(fd: int) -> None:
       run_control = sys.modules.get("olora_jax.run_control")
       if run_control is not None and run_control.SAVING[0]:
         continue  # the save ends, then the loop stops
+      loggers = sys.modules.get("olora_jax.loggers")
+      if loggers is not None and loggers.UPLOADING[0] and count == 2:
+        continue  # the trackers' upload stops itself, cleanly (a third signal: at once)
       distributed = sys.modules.get("olora_jax.distributed")
       if not STARTED[0] or (distributed is not None and distributed.JOINING[0]):
         message = errors.start_up_stop(signum)

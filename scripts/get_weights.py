@@ -16,6 +16,10 @@ killed job) leaves its `.part` file and the server's validator of the file it wa
 strong ETag, else its Last-Modified date, in `.<name>.part.source`), and the next call resumes
 it where it stopped: an HTTP range request that holds only while the server's file is still that
 one (If-Range); a changed file, or a `.part` without a validator, is downloaded from the start.
+A server that ignores If-Range and sends the rest of a changed file anyway is caught too: the
+range it sends (206) must carry the recorded validator, start where the `.part` ends and, where
+it says, have the recorded file size; otherwise the download says so in one line and starts
+again from zero rather than join two files.
 One call at a time fetches a destination (a lock on `.<name>.lock`, removed at the end). The
 path is the config's
 `pretrained.path` (`checkpoints/<timm name>.safetensors`, below the current directory) or
@@ -202,13 +206,44 @@ def _validator(headers) -> str | None:
   return headers.get("Last-Modified")
 
 
-def _recorded_validator(part: pathlib.Path, url: str) -> str | None:
-  """The validator recorded with `part` when it came from `url`, else None."""
+def _recorded(part: pathlib.Path, url: str) -> dict:
+  """What was recorded with `part` when it came from `url` (its "validator" and the file's
+  "size"), else {}."""
   try:
     record = json.loads(source_file(part).read_text())
   except (OSError, ValueError):
-    return None
-  return record.get("validator") if record.get("url") == url else None
+    return {}
+  return record if isinstance(record, dict) and record.get("url") == url else {}
+
+
+def _total(headers) -> int | None:
+  """The whole file's size a response states: Content-Range's total of a 206, else the
+  Content-Length of a 200; None when it does not say."""
+  content_range = headers.get("Content-Range") or ""
+  total = content_range.rpartition("/")[2]
+  if content_range and total.isdigit():
+    return int(total)
+  length = headers.get("Content-Length")
+  return int(length) if length and length.isdigit() and not content_range else None
+
+
+def _range_changed(headers, have: int, recorded: dict) -> str | None:
+  """Why a 206 answer to a range request from byte `have` is not the rest of the file `part`'s
+  bytes came from (a server that ignores If-Range sends the rest of whatever it has now), else
+  None: its validator (ETag or Last-Modified) is not the recorded one, its Content-Range does not
+  start at `have`, or its total is not the recorded size."""
+  validator = _validator(headers)
+  if validator != recorded.get("validator"):
+    return (f"its validator is {validator}, not the {recorded.get('validator')} of the file"
+            " the partial download came from")
+  content_range = headers.get("Content-Range") or ""
+  start = content_range.removeprefix("bytes ").partition("-")[0]
+  if content_range and start != str(have):
+    return f"it sent {content_range!r}, not the bytes from {have}"
+  total, size = _total(headers), recorded.get("size")
+  if total is not None and size is not None and total != size:
+    return f"its file is {_size(total)}, not the {_size(size)} of the partial download's"
+  return None
 
 
 def download(url: str, part: pathlib.Path) -> None:
@@ -218,7 +253,8 @@ def download(url: str, part: pathlib.Path) -> None:
   and the download starts again). OSError (`ConnectionError` for a body cut short) on failure;
   `part` keeps what arrived."""
   have = part.stat().st_size if part.exists() else 0
-  validator = _recorded_validator(part, url) if have else None
+  recorded = _recorded(part, url) if have else {}
+  validator = recorded.get("validator")
   if have and validator is None:  # of unknown origin: bytes of another file cannot be told
     print(f"  {part} does not record which file it holds: downloading from the start",
           flush=True)
@@ -236,6 +272,14 @@ def download(url: str, part: pathlib.Path) -> None:
       raise
     part.unlink()
     return download(url, part)
+  if have and response.status == 206:
+    changed = _range_changed(response.headers, have, recorded)
+    if changed:  # the server ignored If-Range: its bytes would splice two files
+      response.close()
+      print(f"  the server's file changed since {part} was fetched ({changed}):"
+            " downloading it from the start", flush=True)
+      _discard(part)
+      return download(url, part)
   with response:
     resumed = have and response.status == 206
     length = response.headers.get("Content-Length")
@@ -247,7 +291,8 @@ def download(url: str, part: pathlib.Path) -> None:
       print(f"  resuming after {_size(have)}", flush=True)
     if not resumed:  # the source of the bytes to come, before the first of them
       source_file(part).write_text(json.dumps({"url": url,
-                                               "validator": _validator(response.headers)}))
+                                               "validator": _validator(response.headers),
+                                               "size": _total(response.headers)}))
     with open(part, "ab" if resumed else "wb") as f:
       try:  # each piece as it arrives: a stop keeps every byte received
         for piece in iter(lambda: response.read1(1 << 20), b""):

@@ -118,12 +118,13 @@ def test_a_second_process_on_a_held_workdir_is_refused_at_once(tmp_path, compila
   workdir = tmp_path / "run"
   with workdir_lib.WorkdirLock(str(workdir)):  # this test process holds it
     done = tiny_run.run(workdir, compilation_cache)
+    assert sorted(p.name for p in workdir.iterdir()) == [".lock"]  # nothing else was written
   assert done.returncode == errors.EXIT_ENVIRONMENT, done.stderr[-3000:]
   line = last_line(done.stderr)
   assert line.startswith(f"error: workdir '{workdir}' is in use by pid {os.getpid()} on host"
                          f" {socket.gethostname()} (since "), line
   assert "wait for that run to end" in line
-  assert sorted(p.name for p in workdir.iterdir()) == [".lock"]  # nothing else was written
+  assert list(workdir.iterdir()) == []  # the lock released, its file goes with it
 
 
 def test_a_killed_holder_releases_the_lock(tmp_path):
@@ -149,6 +150,82 @@ def test_a_killed_holder_releases_the_lock(tmp_path):
     with pytest.raises(BlockingIOError):  # held now by this process
       fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     os.close(fd)
+
+
+def test_a_released_lock_leaves_no_lock_file(tmp_path):
+  """Every finished workdir kept a `.lock` naming a dead pid; the run now removes it while it
+  still holds it."""
+  workdir = tmp_path / "run"
+  with workdir_lib.WorkdirLock(str(workdir)):
+    (workdir / "results.json").write_text("{}")
+    assert (workdir / ".lock").read_text().startswith(f"pid {os.getpid()} on host")
+  assert sorted(p.name for p in workdir.iterdir()) == ["results.json"]
+  with workdir_lib.WorkdirLock(str(workdir)):  # and the next run takes the workdir as before
+    pass
+
+
+def test_a_removed_lock_neither_lets_a_second_run_in_nor_goes_unsaid(tmp_path, caplog):
+  """`.lock` removed mid-run let a second run take the workdir and finish, after which the first
+  failed naming an error.log that no longer existed. The directory's own lock now refuses the
+  second run, and the holder says at the end what became of its `.lock`."""
+  workdir = tmp_path / "run"
+  lock = workdir / ".lock"
+  with workdir_lib.WorkdirLock(str(workdir)):
+    lock.unlink()
+    with pytest.raises(errors.WorkdirBusy, match=re.escape(
+        f"workdir '{workdir}' is in use by another run, whose {lock} was removed while it ran;"
+        " wait for that run to end")):
+      with workdir_lib.WorkdirLock(str(workdir)):
+        pass
+    assert not lock.exists()  # the refused run's own lock file went with it
+  assert f"{lock} was removed while this run held it; the workdir's own lock kept other runs out" \
+      in caplog.text
+  caplog.clear()
+  with workdir_lib.WorkdirLock(str(workdir)):
+    lock.unlink()
+    lock.write_text("someone else's\n")
+  assert f"{lock} was replaced by another file while this run held it" in caplog.text
+  assert lock.read_text() == "someone else's\n"  # not this run's file: left as it is
+
+
+def test_a_removed_lock_without_a_directory_lock_fails_the_run(tmp_path, monkeypatch):
+  """Where the directory cannot be locked (some network file systems), a removed `.lock` may have
+  let another run in: the run that held it ends with exit 4 saying so."""
+  monkeypatch.setattr(workdir_lib.WorkdirLock, "_lock_directory", lambda self, fd: None)
+  workdir = tmp_path / "run"
+  with pytest.raises(errors.EnvironmentFailure, match=re.escape(
+      f"{workdir / '.lock'} was removed while this run held it, and this file system cannot lock"
+      f" the directory itself, so another run may have written '{workdir}' meanwhile")):
+    with workdir_lib.WorkdirLock(str(workdir)):
+      (workdir / ".lock").unlink()
+
+
+def test_a_lock_file_that_is_a_directory_or_immutable_is_named(tmp_path):
+  """`.lock` made a directory said "check the disk", made immutable "the workdir cannot be
+  written" (while error.log was written there): neither named `.lock`."""
+  workdir = tmp_path / "run"
+  (workdir / ".lock").mkdir(parents=True)
+  with pytest.raises(errors.BadInput, match=re.escape(
+      f"{workdir / '.lock'} is a directory, where the workdir's lock file goes; remove it")):
+    with workdir_lib.WorkdirLock(str(workdir)):
+      pass
+  (workdir / ".lock").rmdir()
+  (workdir / ".lock").write_text("")
+  if os.geteuid() == 0:  # root writes through permission bits, not through the immutable flag
+    if subprocess.run(["chattr", "+i", str(workdir / ".lock")], capture_output=True).returncode:
+      pytest.skip("chattr +i is not supported here")
+  else:
+    (workdir / ".lock").chmod(0o444)
+  try:
+    with pytest.raises(errors.EnvironmentFailure, match=re.escape(
+        f"the workdir's lock file {workdir / '.lock'} cannot be written (")) as e:
+      with workdir_lib.WorkdirLock(str(workdir)):
+        pass
+    assert "make it writable (chmod u+w" in str(e.value) and not e.value.write_log
+  finally:
+    if os.geteuid() == 0:
+      subprocess.run(["chattr", "-i", str(workdir / ".lock")], check=True)
+  assert sorted(p.name for p in workdir.iterdir()) == [".lock"]
 
 
 # --- the run log against the checkpoint ----------------------------------------------------------

@@ -63,6 +63,7 @@ class _Ranged(http.server.SimpleHTTPRequestHandler):
   STALL_AFTER: list[int | None] = [None]  # after that many bytes, wait for STALLED
   STALLED = threading.Event()
   RANGES: list[str | None] = []  # the Range header of each request
+  IGNORE_IF_RANGE: list[bool] = [False]  # a server that honours Range but not If-Range
 
   def do_GET(self):
     path = Path(self.translate_path(self.path))
@@ -73,7 +74,7 @@ class _Ranged(http.server.SimpleHTTPRequestHandler):
     etag = f'"{hashlib.sha256(data).hexdigest()}"'
     asked = self.headers.get("Range")
     self.RANGES.append(asked)
-    if asked and self.headers.get("If-Range") not in (None, etag):
+    if asked and self.headers.get("If-Range") not in (None, etag) and not self.IGNORE_IF_RANGE[0]:
       asked = None  # the file changed since the part was fetched: all of it
     start = int(asked.removeprefix("bytes=").rstrip("-")) if asked else 0
     self.send_response(206 if asked else 200)
@@ -181,27 +182,34 @@ def _serve(root: Path, preset: str, data: bytes) -> None:
       data)
 
 
+def _cut_then_changed(endpoint: str, tmp_path: Path, drop_after: int, seed: int):
+  """A download into tmp_path/dest cut after `drop_after` bytes of the served file A, and
+  another ViT-S/16 file B (from `seed`) of the same size written beside: (B's path, dest)."""
+  config = benchmark.benchmark_config("vit_s16", dataset="cifar100", scenario="disjoint",
+                                      n_tasks=10, mean_threshold=0.0, var_threshold=0.0)
+  other = tmp_path / "b.safetensors"
+  pretrained.save_timm_safetensors(
+      _random(pretrained.param_shapes(models.spec_from_config(config.model), 1000),
+              np.random.default_rng(seed)), str(other))
+  dest = tmp_path / "dest"
+  _Ranged.RANGES.clear()
+  _Ranged.DROP_AFTER[0] = drop_after
+  try:
+    with pytest.raises(SystemExit, match="the connection dropped after"):
+      get_weights.main(["vit_s16", f"--dest={dest}", f"--endpoint={endpoint}"])
+  finally:
+    _Ranged.DROP_AFTER[0] = None
+  return other, dest
+
+
 def test_a_resume_never_splices_two_files(hub, tmp_path):
   """Killed at 1,000 bytes of file A, rerun while the server holds file B: the range request's
   If-Range named A's ETag, so B came whole. Before, the rerun appended B's tail to A's head and
   accepted the splice (exit 0). A .part that records no validator is fetched from the start."""
   endpoint, served = hub
   root = served.parent
-  config = benchmark.benchmark_config("vit_s16", dataset="cifar100", scenario="disjoint",
-                                      n_tasks=10, mean_threshold=0.0, var_threshold=0.0)
-  other = tmp_path / "b.safetensors"  # B: another ViT-S/16 of the same size
-  pretrained.save_timm_safetensors(
-      _random(pretrained.param_shapes(models.spec_from_config(config.model), 1000),
-              np.random.default_rng(1)), str(other))
-  dest = tmp_path / "dest"
+  other, dest = _cut_then_changed(endpoint, tmp_path, 1000, seed=1)
   target = get_weights.destination("vit_s16", str(dest))
-  _Ranged.RANGES.clear()
-  _Ranged.DROP_AFTER[0] = 1000
-  try:
-    with pytest.raises(SystemExit, match="the connection dropped after"):
-      get_weights.main(["vit_s16", f"--dest={dest}", f"--endpoint={endpoint}"])
-  finally:
-    _Ranged.DROP_AFTER[0] = None
   _serve(root, "vit_s16", other.read_bytes())
   try:
     get_weights.main(["vit_s16", f"--dest={dest}", f"--endpoint={endpoint}"])
@@ -217,6 +225,49 @@ def test_a_resume_never_splices_two_files(hub, tmp_path):
   _Ranged.RANGES.clear()
   get_weights.main(["vit_s16", f"--dest={dest}", f"--endpoint={endpoint}"])
   assert _Ranged.RANGES == [None] and target.read_bytes() == served.read_bytes()
+
+
+def test_a_server_that_ignores_if_range_cannot_splice_two_files(hub, tmp_path, capsys):
+  """Killed at 5 MB of file A, rerun while a server that honours Range but ignores If-Range holds
+  file B: it answers 206 with B's tail. Before, that tail was appended to A's head ("resuming
+  after 5.0 MB", exit 0, a file equal to neither); now the 206's ETag is compared with A's, the
+  download restarts from zero in one line, and the file is B."""
+  endpoint, served = hub
+  root = served.parent
+  # Cut past the header: the tensors' bytes differ there.
+  other, dest = _cut_then_changed(endpoint, tmp_path, 5_000_000, seed=2)
+  target = get_weights.destination("vit_s16", str(dest))
+  _serve(root, "vit_s16", other.read_bytes())
+  _Ranged.IGNORE_IF_RANGE[0] = True
+  capsys.readouterr()
+  try:
+    get_weights.main(["vit_s16", f"--dest={dest}", f"--endpoint={endpoint}"])
+  finally:
+    _Ranged.IGNORE_IF_RANGE[0] = False
+    _serve(root, "vit_s16", served.read_bytes())
+  out = capsys.readouterr().out
+  assert _Ranged.RANGES == [None, "bytes=5000000-", None]  # the 206 refused, then all of B
+  assert "resuming" not in out
+  assert [line for line in out.splitlines() if "changed since" in line] == [
+      f"  the server's file changed since {get_weights.partial_file(target)} was fetched (its"
+      f" validator is \"{hashlib.sha256(other.read_bytes()).hexdigest()}\", not the"
+      f" \"{hashlib.sha256(served.read_bytes()).hexdigest()}\" of the file the partial download"
+      " came from): downloading it from the start"]
+  assert target.read_bytes() == other.read_bytes()
+  assert sorted(p.name for p in dest.iterdir()) == [target.name]
+
+
+def test_a_range_is_checked_against_the_recorded_size_and_start():
+  """Without a changed validator, a 206 whose total or start is not the partial file's is no
+  continuation either."""
+  recorded = {"validator": '"a"', "size": 100}
+  headers = {"ETag": '"a"', "Content-Range": "bytes 40-99/100"}
+  assert get_weights._range_changed(headers, 40, recorded) is None
+  assert "not the bytes from 40" in get_weights._range_changed(
+      {**headers, "Content-Range": "bytes 0-99/100"}, 40, recorded)
+  assert "not the 100 bytes" in get_weights._range_changed(
+      {**headers, "Content-Range": "bytes 40-119/120"}, 40, recorded)
+  assert "not the \"a\"" in get_weights._range_changed({"ETag": 'W/"a"'}, 40, recorded)
 
 
 def test_two_calls_on_one_destination_do_not_share_it(hub, tmp_path):

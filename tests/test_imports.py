@@ -250,8 +250,8 @@ def test_sweep_status_and_the_package_import_none_of_jax(tmp_path):
   from olora_jax.sweep import cells
 
   root = tmp_path / "sweep"
-  cells.write_plan(str(root), [{"workdir": str(root / "tiny" / "er" / "seed0"), "command": [],
-                                "tuning": None}])
+  cells.write_plan(str(root), [{"workdir": str(root / "tiny" / "er" / "seed0"),
+                                "command": ["python"], "tuning": None}])
   code = ("import sys\n"
           "from olora_jax.sweep import cli\n"
           f"assert cli.main(['--status', {str(root)!r}]) == 0\n"

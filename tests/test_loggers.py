@@ -69,11 +69,14 @@ def test_every_logger_gets_each_line_and_a_failing_one_is_switched_off(tmp_path,
     def _start(self, *args):
       self.finished = None
 
+    def _has_run(self):
+      return hasattr(self, "finished")
+
     def _log(self, tagged, samples_seen):
       raise OSError("disk full")
 
-    def _finish(self, failed):
-      self.finished = "failed" if failed else "ok"
+    def _finish(self, status):
+      self.finished = status
 
   good, bad = Recorder(), Failing(str(tmp_path), "p", "name", {})
   log = runlog.RunLog(str(tmp_path / "metrics.jsonl"), loggers.Mirrors([good, None, bad]))
@@ -86,8 +89,8 @@ def test_every_logger_gets_each_line_and_a_failing_one_is_switched_off(tmp_path,
   assert good.closed
   warnings = [r.getMessage() for r in caplog.records]
   assert warnings == ["Failing mirror switched off (OSError: disk full); metrics.jsonl still has"
-                      " every scalar"]
-  assert not bad.active and bad.finished == "failed"
+                      " every scalar; the Failing run is marked FAILED"]
+  assert not bad.active and bad.finished == "FAILED"
   # One that fails to start is off from the start, with the same one warning.
   caplog.clear()
   with caplog.at_level("WARNING"):
@@ -290,6 +293,132 @@ def test_mlflow_gets_the_results_and_a_sweep_shares_one_store(tmp_path, monkeypa
     assert open(matrix).read().splitlines()[1:] == ["0,1.0,0.5", "1,0.5,1.0"]
 
 
+def _mlflow_run(workdir):
+  from mlflow.tracking import MlflowClient
+
+  client = MlflowClient(tracking_uri=(workdir / "mlruns").as_uri())
+  return client, client.get_run(json.loads((workdir / loggers.IDS_FILE).read_text())["mlflow"])
+
+
+def test_a_second_signal_during_the_mlflow_upload_stops_it_cleanly_and_a_rerun_sends_it(
+    tmp_path, monkeypatch):
+  """A second SIGTERM during the final artifact upload once ended the process at once (exit 143
+  "run the same command to resume"): the store kept a staged `.artifact.uploading.*` file and
+  no exports, the MLflow run stayed RUNNING, and the rerun said "nothing ran". Now the upload
+  stops from the main thread: MLflow removes its staged copy, the run is marked KILLED, the
+  workdir's files are untouched, and the rerun's `send_unsent` completes the upload (FINISHED)."""
+  pytest.importorskip("mlflow")
+  import os
+  import signal
+
+  from mlflow.store.artifact import local_artifact_repo
+
+  from olora_jax import errors
+
+  monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+  monkeypatch.setattr(errors, "SAME_STOP_SECONDS", 0.0)
+  config = {**CONFIG, "loggers": "mlflow"}
+  for name in FILES:
+    (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+    (tmp_path / name).write_text(json.dumps(RESULTS) if name == "results.json" else name * 1000)
+  log = runlog.RunLog(str(tmp_path / "metrics.jsonl"), loggers.make_mirrors(str(tmp_path), config))
+  log.write("train", 0, 16, loss=2.0)
+  log.close_file()
+  before = {name: (tmp_path / name).read_bytes() for name in FILES}
+  real_copy = local_artifact_repo.shutil.copyfileobj
+
+  def signalled_copy(source, target, length=0):  # two signals half way through the export
+    target.write(source.read(10))
+    if source.name.endswith("task_1.npz"):
+      os.kill(os.getpid(), signal.SIGTERM)
+      os.kill(os.getpid(), signal.SIGTERM)
+    real_copy(source, target)
+
+  monkeypatch.setattr(local_artifact_repo.shutil, "copyfileobj", signalled_copy)
+  heard = []
+
+  def recorder(signum, frame):  # the handler outside the upload (launch/run.py's records them)
+    heard.append(signum)
+
+  outside = signal.signal(signal.SIGTERM, recorder)
+  try:
+    with pytest.raises(errors.Preempted) as stop:
+      log.summarize(RESULTS, str(tmp_path))
+    log.close()
+    assert signal.getsignal(signal.SIGTERM) is recorder  # given back
+  finally:
+    signal.signal(signal.SIGTERM, outside)
+  assert stop.value.exit_code == 143
+  assert str(stop.value) == (
+      f"stopped by a second signal 15 while the finished run's results were sent to MLflow;"
+      f" results.json and the run's own files in {tmp_path} are whole; the MLflow run is marked"
+      " KILLED: run the same command to send them")
+  assert heard == [] and not loggers.UPLOADING[0]
+  client, run = _mlflow_run(tmp_path)
+  assert run.info.status == "KILLED"
+  assert not list((tmp_path / "mlruns").rglob(loggers.MLFLOW_STAGING_PREFIX + "*"))
+  assert client.list_artifacts(run.info.run_id, "export") == []  # the export cut: not there
+  assert {name: (tmp_path / name).read_bytes() for name in FILES} == before
+  assert json.loads((tmp_path / loggers.IDS_FILE).read_text())[loggers.UNSENT] == ["mlflow"]
+  # The rerun of the finished run: a staged file a SIGKILL would have left goes too.
+  monkeypatch.setattr(local_artifact_repo.shutil, "copyfileobj", real_copy)
+  staged = tmp_path / "mlruns" / run.info.experiment_id / run.info.run_id / "artifacts" / (
+      loggers.MLFLOW_STAGING_PREFIX + "x")
+  staged.parent.mkdir(parents=True, exist_ok=True)
+  staged.write_text("cut")
+  assert loggers.send_unsent(str(tmp_path), config) == ["MLflow"]
+  client, run = _mlflow_run(tmp_path)
+  assert run.info.status == "FINISHED" and not staged.exists()
+  listed = {a.path for folder in ("", "export") for a in client.list_artifacts(run.info.run_id,
+                                                                              folder or None)}
+  assert "export/task_1.npz" in listed and "results.json" in listed
+  assert json.loads((tmp_path / loggers.IDS_FILE).read_text())[loggers.UNSENT] == []
+  assert loggers.send_unsent(str(tmp_path), config) == []  # nothing more to send
+
+
+@pytest.mark.parametrize("error, status", [
+    (ValueError("a bug"), "FAILED"), (None, "KILLED")], ids=["failed", "stopped"])
+def test_a_run_that_fails_or_stops_is_not_marked_finished(tmp_path, monkeypatch, error, status):
+  """The trackers' runs were marked FINISHED however the run ended (its files are closed as the
+  error goes up): a failed run is FAILED, a stopped one KILLED, until a resume."""
+  pytest.importorskip("mlflow")
+  import contextlib
+
+  from olora_jax import errors
+
+  monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+  error = error or errors.Preempted(15, "stopped by signal 15")
+  log = runlog.RunLog(str(tmp_path / "metrics.jsonl"),
+                      loggers.make_mirrors(str(tmp_path), {**CONFIG, "loggers": "mlflow"}))
+  with pytest.raises(type(error)), contextlib.closing(log):  # as trainer.py closes it
+    log.write("train", 0, 16, loss=2.0)
+    raise error
+  assert _mlflow_run(tmp_path)[1].info.status == status
+
+
+def test_a_store_that_cannot_be_written_is_said_truthfully(tmp_path, monkeypatch, caplog):
+  """A read-only MLflow store mid-run gave one warning and left its run RUNNING unsaid."""
+  pytest.importorskip("mlflow")
+  from mlflow.tracking import MlflowClient
+
+  monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+  mirrors = loggers.make_mirrors(str(tmp_path), {**CONFIG, "loggers": "mlflow"})
+
+  def read_only(*args, **kwargs):
+    raise PermissionError(13, "Permission denied")
+
+  monkeypatch.setattr(MlflowClient, "log_batch", read_only)
+  monkeypatch.setattr(MlflowClient, "set_terminated", read_only)
+  with caplog.at_level("WARNING"):
+    mirrors.write("train", 16, {"loss": 2.0})
+  (writer,) = mirrors.writers
+  assert [r.getMessage() for r in caplog.records] == [
+      "MLflow mirror switched off (PermissionError: [Errno 13] Permission denied); metrics.jsonl"
+      " still has every scalar; the MLflow run could not be marked FAILED (PermissionError:"
+      " [Errno 13] Permission denied): it stays RUNNING in its store"]
+  assert not writer.active
+
+
 def test_a_run_sends_its_results_json_to_mlflow(tmp_path, monkeypatch, compilation_cache):
   """Through the command line: the trainer sends results.json's numbers and files once the run
   has written them (the tiny stream; its programs come from the session's compilation cache)."""
@@ -298,6 +427,8 @@ def test_a_run_sends_its_results_json_to_mlflow(tmp_path, monkeypatch, compilati
   from mlflow.tracking import MlflowClient
 
   monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+  # The reading client below opens the file store too (alone, no other test has allowed it).
+  monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
   workdir = tmp_path / "run"
   done = tiny_run.run(workdir, compilation_cache, "--config.loggers=mlflow")
   assert done.returncode == 0, done.stderr[-2000:]

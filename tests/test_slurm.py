@@ -213,7 +213,17 @@ def test_cancel_stops_a_running_sweep_without_a_requeue_and_the_same_command_res
   workdir = root / "tiny" / "online_lora" / "seed0"
   submit = ("--methods=online_lora", "--seeds=0,1", "--throttle=1", "--", *TINY)
   job = _submit(root, *submit, cache=compilation_cache)
+  # The same command again while the cells are queued or running: nothing is queued twice (a
+  # duplicate once ran, was refused, and --status then called the running cell lost).
+  proc = subprocess.run(_sweep(root, *submit, cache=compilation_cache), capture_output=True,
+                        text=True, timeout=120, cwd=ROOT)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  assert f"{workdir}: already queued or running (SLURM task {job}_0, " in proc.stdout
+  assert f"(SLURM task {job}_1, PENDING): not submitted again" in proc.stdout
+  assert "2 cells, 0 finished, 2 queued or running, 0 to submit" in proc.stdout
+  assert "submitted job array" not in proc.stdout
   _running(workdir, f"{job}_0", after=3)
+  assert f"{workdir}: running" in _status(root)
   proc = subprocess.run([*SWEEP, "--cancel", str(root)], capture_output=True, text=True,
                         timeout=60)
   assert proc.returncode == 0, proc.stderr

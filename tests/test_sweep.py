@@ -11,6 +11,7 @@ import datetime
 import errno
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -67,6 +68,112 @@ def test_the_api_plans_a_grid_and_reads_its_state_as_data(tmp_path):
     api.submit(root, [tiny], ["er"], dry_run=True, cpus=0)
 
 
+def test_the_api_refuses_what_would_plan_a_wrong_grid_in_one_line(tmp_path):
+  """A string for `settings` or `methods` was read letter by letter ("config file(s) ['c', 'o',
+  ...] do not exist", "unknown method='f'"), seeds=[0, 0] planned two cells of one workdir, an
+  empty grid said "every grid point failed" and an unknown override was planned unchecked."""
+  root, tiny = str(tmp_path / "sw"), str(ROOT / "configs" / "tiny.py")
+  with pytest.raises(TypeError, match=re.escape(
+      f"settings={tiny!r}: give a list of config files, e.g. settings=[{tiny!r}]")):
+    api.plan_cells(root, tiny, ["er"])
+  with pytest.raises(TypeError, match=re.escape(
+      "methods='er': give a list of method names, e.g. methods=['er']")):
+    api.run_local(root, [tiny], "er", dry_run=True)
+  with pytest.raises(TypeError, match=re.escape("seeds=['0']: '0' is not one of the integer")):
+    api.plan_cells(root, [tiny], ["er"], seeds=["0"])
+  with pytest.raises(ValueError, match=re.escape(
+      "seeds [0, 0] name 0 more than once: each cell has one workdir and runs once")):
+    api.plan_cells(root, [tiny], ["er"], seeds=[0, 0])
+  with pytest.raises(ValueError, match=re.escape(
+      "methods is empty: the sweep has no cells; give at least one")):
+    api.plan_cells(root, [tiny], [])
+  with pytest.raises(ValueError, match=re.escape(
+      "grid key 'learning_rate' has the values []: give a non-empty list of numbers")):
+    api.run_local(root, [tiny], ["er"], tune=True, grid={"learning_rate": []})
+  with pytest.raises(ValueError, match=re.escape(
+      "unknown config key(s) learner.rnak in the overrides: no code reads them; fix the spelling"
+      " (did you mean learner.rank?)")):
+    api.plan_cells(root, [tiny], ["er"], overrides=["--config.learner.rnak=4"])
+  # Keys of any of the sweep's methods' blocks pass (each run warns of another method's block).
+  overrides = ["--config.learner.rank=4", "--config.er.replay_batch=8"]
+  assert len(api.plan_cells(root, [tiny], ["er", "online_lora"], seeds=[0],
+                            overrides=overrides)) == 2
+  (tmp_path / "file").write_text("")
+  with pytest.raises(ValueError, match=re.escape(
+      f"--root {tmp_path / 'file'} is a file, not a directory")):
+    api.plan_cells(str(tmp_path / "file"), [tiny], ["er"], write=True)
+  assert not os.path.exists(root)  # nothing was written
+
+
+def test_a_root_that_is_a_file_is_one_line_for_every_command(tmp_path):
+  """`--root FILE` ended in a FileExistsError traceback."""
+  path = tmp_path / "file"
+  path.write_text("")
+  for args in ([f"--root={path}", "--settings=configs/tiny.py", "--methods=er", "--seeds=0"],
+               ["--status", str(path)], ["--cancel", str(path)]):
+    proc = subprocess.run([sys.executable, str(ROOT / "launch" / "sweep.py"), *args],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert f"{path} is a file, not a directory: a sweep's root holds its cells' workdirs" in (
+        proc.stderr.splitlines()[-1]), proc.stderr
+
+
+def test_a_cell_whose_interpreter_is_missing_ends_in_one_line_and_blocks_nothing(tmp_path):
+  """A missing interpreter in command[0] ended in a FileNotFoundError traceback and left a
+  "running, pid None" record that refused the next --run_cell for 120 s."""
+  root = tmp_path / "sw"
+  workdir = root / "a"
+  cells.write_plan(str(root), [{"workdir": str(workdir), "command": ["/no/such/python", "x.py"],
+                                "tuning": None}])
+  sweep = [sys.executable, str(ROOT / "launch" / "sweep.py"), "--run_cell", str(root), "0"]
+  for _ in range(2):  # the second is not blocked by the first
+    proc = subprocess.run(sweep, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.splitlines()[-1] == (
+        f"error: cannot start {workdir}'s run: /no/such/python: No such file or directory (the"
+        " first word of its command in the sweep's plan); if that Python moved or is gone, run"
+        " the same sweep command again with the Python to use: it rewrites the cells' commands")
+    record = cells.read_record(str(workdir))
+    assert record["state"] == "exited" and record["code"] == 2, record
+  assert cell_status(str(workdir))[0] == "failed"
+
+
+def test_a_runner_that_died_before_its_run_started_blocks_nothing(tmp_path):
+  """A running record without its run's pid (the runner died before starting it) is judged by
+  the runner's own pid on its host, not held for the heartbeat's 120 s."""
+  dead = subprocess.Popen([sys.executable, "-c", "pass"])
+  dead.wait()
+  record = {"state": "running", "pid": None, "runner": dead.pid, "host": socket.gethostname(),
+            "since": cells.now(), "heartbeat": cells.now()}
+  assert not cells._live_elsewhere(record, None)
+  assert cells._live_elsewhere({**record, "runner": os.getpid()}, None)
+
+
+def test_a_resubmission_does_not_queue_a_cell_still_queued_or_running(tmp_path, monkeypatch,
+                                                                     capsys):
+  """The same --launcher slurm command again while a cell ran queued a duplicate, whose refusal
+  made --status call the running cell lost. A cell whose task the scheduler still holds is not
+  submitted again."""
+  root, tiny = str(tmp_path / "sw"), str(ROOT / "configs" / "tiny.py")
+  planned = api.plan_cells(root, [tiny], ["er"], seeds=[0, 1, 2], write=True)
+  with cells.plan_lock(root):
+    merged = cells.load_plan(root)
+    for i in range(3):
+      merged[i]["slurm"] = {"task": f"7_{i}", "jobs": ["7"], "max_requeues": 1,
+                            "requeue_on": [], "fail_fast": False, "ntasks": 1, "cpus": 1}
+    cells.write_plan(root, merged)
+  states = {"7_0": "RUNNING", "7_1": "PENDING", "7_2": "COMPLETED"}
+  monkeypatch.setattr(slurm, "tasks", lambda ids: {
+      i: {"state": states[i], "reason": "", "exit": "0", "restarts": 0} for i in ids})
+  assert api.submit(root, [tiny], ["er"], seeds=[0, 1, 2], dry_run=True) == 0
+  out = capsys.readouterr().out
+  assert f"{planned[0]['workdir']}: already queued or running (SLURM task 7_0, RUNNING): not" \
+      " submitted again" in out
+  assert "(SLURM task 7_1, PENDING)" in out and "7_2" not in out
+  assert "3 cells, 0 finished, 2 queued or running, 1 to submit" in out
+  assert "--array=2 " in out  # only the cell whose task ended
+
+
 def test_a_failed_run_is_recorded_reported_and_run_again(tmp_path, capsys):
   ok, late, bad, never = (str(tmp_path / n) for n in ("ok", "late", "bad", "never"))
   runs = [(ok, _fake_run(0, results=True) + [ok]),
@@ -116,7 +223,8 @@ def test_status_reads_every_state_from_the_workdirs(tmp_path):
   heartbeat elsewhere; the plan's workdirs are relative, so a moved root shows its own paths."""
   old_root, root = tmp_path / "before", tmp_path / "sweep"
   names = ["done", "failed", "stopped", "running", "gone", "silent", "waiting"]
-  cells.write_plan(str(old_root), [{"workdir": str(old_root / n), "command": [], "tuning": None}
+  cells.write_plan(str(old_root), [{"workdir": str(old_root / n), "command": ["python"],
+                                    "tuning": None}
                                    for n in names])
   assert json.loads((old_root / "sweep.json").read_text())["cells"][0]["workdir"] == "done"
   old_root.rename(root)
@@ -177,7 +285,9 @@ def test_status_reads_every_state_from_the_workdirs(tmp_path):
     ('{"cells": [{"workdir": "a"', "Expecting ',' delimiter"),
     ("[]", "a JSON list, not the object of a plan"),
     ('{"cells": 5}', "'cells' is not a list"),
-    ('{"cells": [{"command": []}]}', "cell 0 has no workdir")])
+    ('{"cells": [{"command": []}]}', "cell 0 has no workdir"),
+    ('{"cells": [{"workdir": "a", "command": ["python"], "slurm": 7}]}',
+     "cell 0's 'slurm' is 7, not an object (or null)")])
 def test_a_damaged_plan_is_one_line_wherever_it_is_read(tmp_path, damage, says):
   """ROOT/sweep.json cut short or edited: --status, a resubmission and an array task each end
   with exit 2 and one line naming the file, what is wrong and how to go on; the file is kept."""

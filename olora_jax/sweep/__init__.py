@@ -38,13 +38,31 @@ __all__ = ["STATES", "TUNING_GRIDS", "PlanDamaged", "cancel", "plan_cells", "rea
 
 def _sweep(root: str, settings: list[str], methods: list[str], seeds: list[int],
            overrides: list[str], **options) -> plan.Sweep:
-  """A checked plan.Sweep; ValueError with the command line's one line when it is not one."""
-  sweep = plan.Sweep(root=root, settings=list(settings), methods=list(methods),
-                     seeds=[int(s) for s in seeds], overrides=list(overrides), **options)
-  problem = plan.input_problem(sweep.settings, sweep.overrides) or plan.method_problem(sweep)
+  """A checked plan.Sweep; TypeError for an argument that is not a list of its items (a string
+  for `settings`, say, which would be read letter by letter), ValueError with the command line's
+  one line for a sweep it would refuse."""
+  sweep = plan.Sweep(root=os.fspath(root), settings=_items("settings", settings, "config files"),
+                     methods=_items("methods", methods, "method names"),
+                     seeds=_items("seeds", seeds, "integer seeds"),
+                     overrides=_items("overrides", overrides, "'--config.KEY=VALUE' strings"),
+                     **options)
+  problem = plan.input_problem(sweep) or plan.method_problem(sweep)
   if problem:
     raise ValueError(problem)
   return sweep
+
+
+def _items(name: str, value, what: str) -> list:
+  """`value` as a list of `what` (paths given as os.PathLike become strings); TypeError for a
+  single string or number, or an item of another type."""
+  if isinstance(value, (str, bytes, os.PathLike)) or not hasattr(value, "__iter__"):
+    raise TypeError(f"{name}={value!r}: give a list of {what}, e.g. {name}=[{value!r}]")
+  items = [os.fspath(x) if isinstance(x, os.PathLike) else x for x in value]
+  want = int if name == "seeds" else str
+  bad = [x for x in items if not isinstance(x, want) or isinstance(x, bool)]
+  if bad:
+    raise TypeError(f"{name}={items!r}: {bad[0]!r} is not one of the {what} it lists")
+  return items
 
 
 def plan_cells(root: str, settings: list[str], methods: list[str], seeds: list[int] = (0, 1, 2),
@@ -59,8 +77,13 @@ def plan_cells(root: str, settings: list[str], methods: list[str], seeds: list[i
   `--config.KEY=VALUE` passed to every run; `tune` and its arguments: `launch/sweep.py --tune`
   (`grid`: {key of the method's config block: [values]}, for every method; None: each method's
   TUNING_GRIDS entry). With `write`, the cells are added to ROOT/sweep.json (as a sweep does
-  before it runs them), where a cell keeps its index. Runs nothing. ValueError for a setting,
-  override, method or grid key the command line would refuse (the same one line)."""
+  before it runs them), where a cell keeps its index. Runs nothing. TypeError for a `settings`,
+  `methods`, `seeds` or `overrides` that is not a list of its items (a single string, which
+  would be read letter by letter); ValueError, with the command line's one line, for what it
+  would refuse: an empty list (no cells), an item given twice (`seeds=[0, 0]`: two cells of one
+  workdir), a ROOT that is a file, a setting that does not exist, an unknown method, an
+  override whose key no config of the sweep's methods has (checked against configs/common.py
+  as launch/run.py checks it), a grid key the method does not read or with no values."""
   sweep = _sweep(root, settings, methods, seeds, overrides, tune=tune, grid=grid,
                  tune_seed=tune_seed, tune_metric=tune_metric,
                  validation_fraction=validation_fraction)

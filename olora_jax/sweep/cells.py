@@ -32,7 +32,21 @@ The sweep's plan, ROOT/sweep.json, lists every cell any invocation on ROOT asked
 order first asked (a cell keeps its index: it is the SLURM array index), with its workdir
 relative to ROOT (a moved root keeps working) and, for a SLURM sweep, the array task that runs
 it. It is read and changed under ROOT/sweep.json.lock and written whole, so submissions into one
-root at once, the tuning seeds and `--status` never lose or corrupt a cell.
+root at once, the tuning seeds and `--status` never lose or corrupt a cell. Its fields:
+
+    {"cells": [{"workdir": str,                 relative to ROOT, or absolute
+                "command": [str, ...],          the run's argv (its --workdir added on reading)
+                "tuning": null | {"method_dir": str, "workdirs": [str], "points": [{...}],
+                                  "method": str, "metric": str, ...},   a tuned seed's pick
+                "slurm": null | {"task": "JOB_INDEX", "jobs": [job id], "max_requeues": int,
+                                 "requeue_on": [int], "fail_fast": bool, "ntasks": int >= 1,
+                                 "cpus": int >= 1}},   the array task that runs it
+               ...],
+     "submissions": [{"jobs": [job id], "submitted": str, "cells": [int]}, ...]}
+
+`plan_problem` is its one validator: every reader goes through it (`load_plan`) before anything
+runs, and a plan that is not that shape is refused in one line naming the field (PlanDamaged,
+exit 2).
 """
 
 from __future__ import annotations
@@ -203,7 +217,8 @@ def run_cell(workdir: str, command: list[str], *, forward=None) -> tuple[int, st
       return None
     earlier = current or {}
     before = float(earlier.get("seconds", 0.0) or 0.0) + _unrecorded_seconds(workdir, earlier)
-    return {"state": "running", "run": me, "pid": None, "host": socket.gethostname(),
+    return {"state": "running", "run": me, "pid": None, "runner": os.getpid(),
+            "host": socket.gethostname(),
             "since": since, "heartbeat": since, "slurm_task": task,
             "slurm_job": os.environ.get("SLURM_JOB_ID"), "command": command,
             "seconds_before": round(before, 1), "seconds": round(before, 1),
@@ -219,7 +234,18 @@ def run_cell(workdir: str, command: list[str], *, forward=None) -> tuple[int, st
             + "; not started again, its run and record are left to it")
     print(f"error: {line}", file=sys.stderr, flush=True)
     return EXIT_ENVIRONMENT, line, False
-  proc = subprocess.Popen(command, start_new_session=True, stderr=subprocess.PIPE)
+  try:
+    proc = subprocess.Popen(command, start_new_session=True, stderr=subprocess.PIPE)
+  except OSError as e:  # the plan's command names a program that is not there (or not one)
+    line = (f"cannot start {workdir}'s run: {command[0]}: {e.strerror or e} (the first word of"
+            " its command in the sweep's plan); if that Python moved or is gone, run the same"
+            " sweep command again with the Python to use: it rewrites the cells' commands")
+    print(f"error: {line}", file=sys.stderr, flush=True)
+    if running is not None:
+      update_record(workdir, lambda current: {
+          **running, "state": "exited", "code": EXIT_BAD_INPUT, "line": line, "ended": now(),
+          "heartbeat": None} if _mine(current, me) else None)
+    return EXIT_BAD_INPUT, line, False
   memory = memory_cgroup(proc.pid)  # its out-of-memory kills are counted there
   kills_before = oom_kills(memory)
   if running is not None:
@@ -355,7 +381,8 @@ def _live_elsewhere(record: dict | None, task: str | None) -> bool:
   allocation of this SLURM array task `task` (SLURM runs one allocation of a task at a time)."""
   if not record or record.get("state") != "running":
     return False
-  pid, host = record.get("pid"), record.get("host")
+  # Before its run has a pid, the runner's own (a runner that died there leaves it behind).
+  pid, host = record.get("pid") or record.get("runner"), record.get("host")
   if host == socket.gethostname() and pid:
     return _pid_alive(int(pid))
   if task is not None and record.get("slurm_task") == task:
@@ -411,16 +438,75 @@ def _load(root: str) -> dict:
     return {"cells": []}
   except (json.JSONDecodeError, UnicodeDecodeError) as e:
     raise _damaged(path, str(e).splitlines()[0]) from None
-  if not isinstance(plan, dict):
-    raise _damaged(path, f"a JSON {type(plan).__name__}, not the object of a plan")
-  plan.setdefault("cells", [])
-  bad = ("'cells' is not a list" if not isinstance(plan["cells"], list) else
-         "'submissions' is not a list" if not isinstance(plan.get("submissions", []), list) else
-         next((f"cell {i} has no workdir" for i, c in enumerate(plan["cells"])
-               if not isinstance(c, dict) or not isinstance(c.get("workdir"), str)), ""))
+  bad = plan_problem(plan)
   if bad:
     raise _damaged(path, bad)
+  plan.setdefault("cells", [])
   return plan
+
+
+def _is(value, kind, *, empty: bool = True) -> bool:
+  """`value` is a `kind` (bool is no int here), non-empty unless `empty`."""
+  if isinstance(value, bool) and kind in (int, (int, float)):
+    return False
+  return isinstance(value, kind) and (empty or bool(value))
+
+
+def _list_of(value, kind, *, empty: bool = True) -> bool:
+  return _is(value, list, empty=empty) and all(_is(x, kind) for x in value)
+
+
+# A plan's fields that this code reads, each with its check: (what it must be, check).
+_CELL = {
+    "workdir": ("a non-empty string", lambda v: _is(v, str, empty=False)),
+    "command": ("a non-empty list of strings", lambda v: _list_of(v, str, empty=False)),
+}
+_TUNING = {
+    "method_dir": ("a string", lambda v: _is(v, str, empty=False)),
+    "workdirs": ("a list of strings", lambda v: _list_of(v, str)),
+    "points": ("a list of objects", lambda v: _list_of(v, dict)),
+    "method": ("a string", lambda v: _is(v, str, empty=False)),
+    "metric": ("a string", lambda v: _is(v, str, empty=False)),
+}
+_SLURM = {
+    "task": ("a string JOB_INDEX", lambda v: _is(v, str, empty=False)),
+    "jobs": ("a list of job ids", lambda v: _list_of(v, (str, int))),
+    "max_requeues": ("an integer >= 0", lambda v: _is(v, int) and v >= 0),
+    "requeue_on": ("a list of exit codes", lambda v: _list_of(v, int)),
+    "fail_fast": ("true or false", lambda v: isinstance(v, bool)),
+    "ntasks": ("an integer >= 1", lambda v: _is(v, int) and v >= 1),
+    "cpus": ("an integer >= 1", lambda v: _is(v, int) and v >= 1),
+}
+_OPTIONAL = {"slurm": _SLURM, "tuning": _TUNING}  # null (or left out) for a cell without one
+
+
+def plan_problem(plan) -> str | None:
+  """What in a loaded ROOT/sweep.json is not the plan this module writes (the module's
+  docstring lists its fields), else None: the one check every reader of the plan goes through,
+  before anything runs."""
+  if not isinstance(plan, dict):
+    return f"a JSON {type(plan).__name__}, not the object of a plan"
+  if not isinstance(plan.get("cells", []), list):
+    return "'cells' is not a list"
+  submissions = plan.get("submissions", [])
+  if not isinstance(submissions, list) or not all(
+      isinstance(s, dict) and _list_of(s.get("jobs", []), (str, int)) for s in submissions):
+    return "'submissions' is not a list of objects whose 'jobs' are job ids"
+  for i, cell in enumerate(plan.get("cells", [])):
+    if not isinstance(cell, dict):
+      return f"cell {i} is a JSON {type(cell).__name__}, not an object"
+    if "workdir" not in cell:
+      return f"cell {i} has no workdir"
+    for fields, where, part in ([(_CELL, f"cell {i}", cell)]
+                                + [(fields, f"cell {i}'s {key!r}", cell[key])
+                                   for key, fields in _OPTIONAL.items()
+                                   if cell.get(key) is not None]):
+      if not isinstance(part, dict):
+        return f"{where} is {json.dumps(part)}, not an object (or null)"
+      for key, (what, ok) in fields.items():
+        if not ok(part.get(key)):
+          return f"{where}'s {key!r} is {json.dumps(part.get(key))}, not {what}"
+  return None
 
 
 def _damaged(path: str, what: str) -> PlanDamaged:
@@ -477,6 +563,15 @@ def merged_plan(root: str, new: list[dict]) -> list[dict]:
       index[key] = len(merged)
       merged.append(cell)
   return merged
+
+
+def root_problem(root: str, flag: str) -> str | None:
+  """One line when `root` exists but is not a directory (a sweep's ROOT holds its workdirs),
+  else None."""
+  if os.path.exists(root) and not os.path.isdir(root):
+    return (f"{flag} {root} is a file, not a directory: a sweep's root holds its cells'"
+            " workdirs; give a directory (it is created if missing)")
+  return None
 
 
 def plan_lock(root: str):

@@ -191,7 +191,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
   args.ntasks = args.ntasks or 1
   args.gpus_per_task = args.gpus_per_task or 0
   problem = (slurm.options_problem(slurm.Options(**_fields(args, slurm.Options)))
-             or plan.input_problem(args.settings, overrides))
+             or plan.input_problem(plan.Sweep(**_fields(args, plan.Sweep))))
   if problem:
     parser.error(problem)
   if args.launcher == "slurm" and not args.dry_run and slurm.check_available():

@@ -76,28 +76,57 @@ class Sweep:
   fail_fast: bool = False
 
 
-def input_problem(settings: list[str], overrides: list[str]) -> str | None:
-  """One line naming the first override that is not `--config.KEY=VALUE` or the first setting
-  whose config file does not exist, else None (no JAX imported)."""
-  bad = [o for o in overrides if not o.startswith("--config.")]
+def input_problem(sweep: Sweep) -> str | None:
+  """One line naming the first problem of the sweep's grid that needs no JAX to see, else None:
+  an empty list of settings, methods or seeds (no cells), an item given twice (two cells of one
+  workdir), a ROOT that is a file, an override that is not `--config.KEY=VALUE`, a setting whose
+  config file does not exist."""
+  for name in ("settings", "methods", "seeds"):
+    items = list(getattr(sweep, name))
+    if not items:
+      return (f"{name} is empty: the sweep has no cells; give at least one (settings x methods x"
+              " seeds make the cells)")
+    twice = sorted({repr(x) for x in items if items.count(x) > 1})
+    if twice:
+      return (f"{name} {items} name {', '.join(twice)} more than once: each cell has one"
+              " workdir and runs once; give each once")
+  problem = cells.root_problem(sweep.root, "--root")
+  if problem:
+    return problem
+  bad = [o for o in sweep.overrides if not o.startswith("--config.")]
   if bad:
     return f"after '--' only --config.KEY=VALUE overrides are passed on, got {bad}"
-  missing = [s for s in settings if not os.path.isfile(s.partition(":")[0])]
+  missing = [s for s in sweep.settings if not os.path.isfile(s.partition(":")[0])]
   if missing:
     return f"config file(s) {missing} do not exist; settings are in configs/"
   return None
 
 
+
 def method_problem(sweep: Sweep) -> str | None:
-  """One line naming the first method that does not resolve, or (with --tune) the first grid key
-  its method does not read (`grid_problem`), else None. Imports JAX."""
+  """One line naming the first method that does not resolve, an override key no run of the
+  sweep's methods would know (`override_problem`), or (with --tune) the first grid key its
+  method does not read (`grid_problem`), else None. Imports JAX."""
   from olora_jax import methods  # the names only (imports JAX, after the cheap checks)
   for method in sweep.methods:
     try:
       methods.resolve(method)
     except ValueError as e:
       return str(e)
-  return grid_problem(sweep) if sweep.tune else None
+  return override_problem(sweep) or (grid_problem(sweep) if sweep.tune else None)
+
+
+def override_problem(sweep: Sweep) -> str | None:
+  """The line `launch/run.py` would refuse every cell with when an override's key is not a
+  config key (configs/common.py, with the block of each of the sweep's methods), else None: the
+  sweep refuses it before any cell runs."""
+  from configs import common
+  from olora_jax import validation
+  known = set().union(*(validation.flat_keys(common.get_config(m)) for m in sweep.methods))
+  given = [o[len("--config."):].partition("=")[0] for o in sweep.overrides]
+  unknown = [k for k in given if k not in known
+             and not any(x.startswith(k + ".") or k.startswith(x + ".") for x in known)]
+  return validation.unknown_keys_message(unknown, known, "in the overrides") if unknown else None
 
 
 def setting_name(config: str) -> str:
@@ -184,6 +213,14 @@ def grid_problem(sweep: Sweep) -> str | None:
   block (`--config.<block>.<key>` would fail every tuning run), else None."""
   from configs import common
   from olora_jax import methods
+  if sweep.grid is not None and not isinstance(sweep.grid, dict):
+    return (f"grid={sweep.grid!r}: give a dict of a method block's keys to lists of numbers,"
+            " e.g. {'learning_rate': [1e-3, 1e-2]}")
+  for key, values in (sweep.grid or {}).items():
+    if (isinstance(values, (str, bytes)) or not isinstance(values, (list, tuple)) or not values
+        or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)):
+      return (f"grid key {key!r} has the values {values!r}: give a non-empty list of numbers,"
+              f" e.g. {{{key!r}: [1e-3, 1e-2]}} (an empty one has no point to tune)")
   for method in sweep.methods:
     grid = method_grid(sweep, method)
     if not grid:

@@ -370,9 +370,7 @@ def submit_sweep(sweep: Sweep, options: Options, launcher: str = LAUNCHER,
   path = os.path.join(root, "slurm", SCRIPT)
   if sweep.dry_run:
     merged = cells.merged_plan(sweep.root, grid)
-    first, second = _arrays(grid, merged)
-    print(f"{len(grid)} cells, {len(grid) - len(first) - len(second)} finished,"
-          f" {len(first) + len(second)} to submit")
+    first, second = _arrays(grid, merged, _say_active(merged, _active(grid, merged)))
     print(f"--- {path}\n{script}---")
     if first:
       print(sbatch_command(path, first, options.throttle, None))
@@ -382,9 +380,7 @@ def submit_sweep(sweep: Sweep, options: Options, launcher: str = LAUNCHER,
     return 0
   with cells.plan_lock(sweep.root):
     merged = cells.merged_plan(sweep.root, grid)
-    first, second = _arrays(grid, merged)
-    print(f"{len(grid)} cells, {len(grid) - len(first) - len(second)} finished,"
-          f" {len(first) + len(second)} to submit")
+    first, second = _arrays(grid, merged, _say_active(merged, _active(grid, merged)))
     if not first and not second:
       return 0
     refused = test_only(script, first or second, options.throttle)
@@ -423,12 +419,46 @@ def submit_sweep(sweep: Sweep, options: Options, launcher: str = LAUNCHER,
   return 0
 
 
-def _arrays(grid: list[dict], merged: list[dict]) -> tuple[list[int], list[int]]:
-  """The plan indices of the cells to submit: (the first array, the tuned seeds after it)."""
+def _arrays(grid: list[dict], merged: list[dict], active: dict[int, str]
+            ) -> tuple[list[int], list[int]]:
+  """The plan indices of the cells to submit: (the first array, the tuned seeds after it); not
+  the finished cells, nor those `active` (queued or running), and says how many of each."""
   index = {os.path.abspath(c["workdir"]): i for i, c in enumerate(merged)}
   todo = [c for c in grid if not cells.is_finished(c["workdir"])]
-  return ([index[os.path.abspath(c["workdir"])] for c in todo if not c["tuning"]],
-          [index[os.path.abspath(c["workdir"])] for c in todo if c["tuning"]])
+  first = [index[os.path.abspath(c["workdir"])] for c in todo if not c["tuning"]]
+  second = [index[os.path.abspath(c["workdir"])] for c in todo if c["tuning"]]
+  first, second = ([i for i in first if i not in active], [i for i in second if i not in active])
+  print(f"{len(grid)} cells, {len(grid) - len(todo)} finished,"
+        + (f" {len(todo) - len(first) - len(second)} queued or running," if active else "")
+        + f" {len(first) + len(second)} to submit")
+  return first, second
+
+
+def _active(grid: list[dict], merged: list[dict]) -> dict[int, str]:
+  """The plan indices of the grid's cells that an earlier submission's array task still holds
+  (queued or running: submitting them again would queue a duplicate, which its run would refuse
+  once it found the cell busy), each with what holds it. The scheduler says; where it cannot be
+  asked, a cell whose record says running with a live runner (`cells._live_elsewhere`)."""
+  index = {os.path.abspath(c["workdir"]): i for i, c in enumerate(merged)}
+  wanted = [index[os.path.abspath(c["workdir"])] for c in grid
+            if not cells.is_finished(c["workdir"])]
+  held = {i: merged[i]["slurm"]["task"] for i in wanted if merged[i].get("slurm")}
+  answers = tasks(sorted(set(held.values()))) if held else None
+  active = {}
+  for i in wanted:
+    task = held.get(i)
+    if answers is not None and task in answers:
+      if answers[task]["state"] in ACTIVE:
+        active[i] = f"SLURM task {task}, {answers[task]['state']}"
+    elif cells._live_elsewhere(cells.read_record(merged[i]["workdir"]), None):
+      active[i] = "its record says running, with a live runner"
+  return active
+
+
+def _say_active(merged: list[dict], active: dict[int, str]) -> dict[int, str]:
+  for i, what in sorted(active.items()):
+    print(f"{merged[i]['workdir']}: already queued or running ({what}): not submitted again")
+  return active
 
 
 def run_task(root: str, index: str) -> int:
@@ -437,7 +467,12 @@ def run_task(root: str, index: str) -> int:
   the codes of --requeue_on, up to --max_requeues), or, with --fail_fast, the sweep's pending
   tasks cancelled."""
   with cells.plan_lock(root):  # waits for a submission still writing it
-    cell = cells.load_plan(root)[int(index)]
+    plan = cells.load_plan(root)
+  if not index.isdigit() or int(index) >= len(plan):
+    print(f"error: --run_cell {root} {index}: its {cells.PLAN} has cells 0 to {len(plan) - 1};"
+          " give one of those (the SLURM array index)", file=sys.stderr)
+    return errors.EXIT_BAD_INPUT
+  cell = plan[int(index)]
   workdir, command = cell["workdir"], cell["command"]
   job = cell.get("slurm") or {}
   if cells.is_finished(workdir):
@@ -507,7 +542,8 @@ def cancel_sweep(root: str, prog: str = "launch/sweep.py") -> int:
   submitted: the running tasks get SLURM's SIGTERM, their runs checkpoint and exit 143 and are
   not requeued; the pending ones never start."""
   if not os.path.isdir(root):
-    print(f"error: --cancel {root}: no such directory; give a sweep's --root", file=sys.stderr)
+    print(f"error: {cells.root_problem(root, '--cancel') or f'--cancel {root}: no such directory'};"
+          " give a sweep's --root", file=sys.stderr)
     return errors.EXIT_BAD_INPUT
   with cells.plan_lock(root):
     _, submissions = cells.load_plan(root, with_submissions=True)

@@ -28,6 +28,7 @@ from olora_jax.sweep.cells import (
     newest_checkpoint,
     plan_lock,
     read_record,
+    root_problem,
 )
 
 STATES = ("finished", "running", "queued", "stopped", "lost", "failed", "not started")
@@ -93,7 +94,7 @@ def cell_status(workdir: str, task: dict | None = None, log: str | None = None,
               if sched else "the scheduler no longer runs its task")
       return _lost(f"its record says running ({where}) but {said}", workdir)
     if task is None:
-      pid, host = record.get("pid"), record.get("host")
+      pid, host = record.get("pid") or record.get("runner"), record.get("host")
       if host == socket.gethostname() and pid and not _pid_alive(int(pid)):
         return _lost(f"{where} is gone without an exit record", workdir)
       age = _age(record.get("heartbeat") or record.get("since"))
@@ -216,7 +217,8 @@ def print_status(root: str, scheduler=None) -> int:
   """`launch/sweep.py --status ROOT`: `status_lines` printed with the count of each state; exit
   2 for a ROOT that holds no sweep."""
   if not os.path.isdir(root):
-    print(f"error: --status {root}: no such directory; give a sweep's --root", file=sys.stderr)
+    print(f"error: {root_problem(root, '--status') or f'--status {root}: no such directory'};"
+          " give a sweep's --root", file=sys.stderr)
     return errors.EXIT_BAD_INPUT
   with plan_lock(root):
     lines, counts = status_lines(root, scheduler=scheduler)
