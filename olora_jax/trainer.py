@@ -119,6 +119,10 @@ class Setup:
         batch_size=c.learner.batch_size,
         image_shape=(self.spec.image_size, self.spec.image_size, 3),
         stream_samples=self.stream.n_samples, stream_steps=len(self.stream.steps)))
+    # What the method's hooks return is checked before the loop uses it (its first host record
+    # here, before any compute), so a mistake there is named in its own file.
+    self.hook_check = methods_base.HookCheck(self.method)
+    self.hook_check.init_host()
     # (A replayed manifest lists its own steps; the batch size only pads them.)
     if c.learner.batch_size > self.stream.n_samples and not c.data.stream_manifest:
       raise validation.InputError(
@@ -514,7 +518,8 @@ def _start(setup: Setup, init: tuple, workdir: str,
   trace = trace_lib.make_trace(c.trace.enabled and primary, workdir, stream,
                                manifest_lib.record_ids(setup.train_source), c.learner.buffer_unit,
                                c.learner.buffer_size, c.learner.batch_size, p.cursor)
-  saver = Saver(checkpointer, meta, log, ledger, trace, c.checkpoint_every, p.wall_seconds)
+  saver = Saver(checkpointer, meta, log, ledger, trace, c.checkpoint_every, p.wall_seconds,
+                setup.hook_check.host_failed)
   # The evaluator reads the state through the method's pure `predict` and never changes it.
   evaluator = Evaluator(setup.test_source, setup.spec.image_size, c.eval.batch_size,
                         setup.num_classes, method.predict, c.eval.mask_unseen_logits,
@@ -551,13 +556,17 @@ def _after_step(setup: Setup, switch: BoundarySwitch, shardings, state, p, step:
   boundary switch's decision (`boundaries.rule`); returns the state, the step's `StepReport`
   and whether a boundary was passed (the method is told by `_tell_boundary`, after the step's
   evaluations)."""
-  method, report = setup.method, methods_base.StepReport()
+  method, report, check = setup.method, methods_base.StepReport(), setup.hook_check
+  if check.first:  # the train step's scalars keep their names: checked once
+    check.scalars(scalars)
   if method.after_step is not None:
-    state, p.method_host, report = method.after_step(state, p.method_host, step, batch, scalars,
-                                                     extras, finite, trace)
+    state, p.method_host, report = check.after_step(method.after_step(
+        state, p.method_host, step, batch, scalars, extras, finite, trace), scalars)
+  check.first = False
   crossed, events, values = switch.after_step(p.boundary, step, scalars, finite)
   if events or values:
-    report = methods_base.StepReport(report.events + events, {**report.train_values, **values})
+    report = methods_base.StepReport(tuple(report.events) + events,
+                                     {**report.train_values, **values})
   if setup.mesh.devices.size > 1:  # the hook's programs may leave leaves elsewhere: put back
     state = sharding.place_state(state, shardings)
   return state, report, crossed
@@ -567,7 +576,7 @@ def _tell_boundary(setup: Setup, switch: BoundarySwitch, shardings, state, p):
   """The method's `at_boundary` for a boundary passed at this step: called after the step's
   task-end and anytime evaluations, so they see the model that finished the task; the state it
   returns is what the step's checkpoint holds and the next step trains."""
-  state, p.method_host = switch.tell(state, p.method_host)
+  state, p.method_host = switch.tell(state, p.method_host, setup.hook_check)
   if setup.mesh.devices.size > 1:
     state = sharding.place_state(state, shardings)
   return state
