@@ -118,7 +118,8 @@ class Setup:
         config=c, model=self.model, spec=self.spec, num_classes=self.num_classes,
         batch_size=c.learner.batch_size,
         image_shape=(self.spec.image_size, self.spec.image_size, 3),
-        stream_samples=self.stream.n_samples, stream_steps=len(self.stream.steps)))
+        stream_samples=self.stream.n_samples, stream_steps=len(self.stream.steps),
+        stream_step_items=tuple(len(ids) for ids in self.stream.steps)))
     # What the method's hooks return is checked before the loop uses it (its first host record
     # here, before any compute), so a mistake there is named in its own file.
     self.hook_check = methods_base.HookCheck(self.method)

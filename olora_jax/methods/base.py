@@ -300,6 +300,8 @@ class Context:
   image_shape: tuple[int, int, int]  # (H, W, 3) of a model input
   stream_samples: int = 0  # training samples in the run's stream (0: not known, e.g. in tests)
   stream_steps: int = 0  # training steps of the run's stream (0: not known)
+  # The items of each stream step's batch (a short step is padded and masked); () not known.
+  stream_step_items: tuple[int, ...] = ()
 
 
 def check_batch(batch: dict) -> None:
