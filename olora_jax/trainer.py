@@ -360,7 +360,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
 
 def _finished_read_only(workdir: str, config: ml_collections.ConfigDict, results: dict) -> dict:
   """A finished run in a workdir that cannot be written (a read-only mount of results): its
-  stored results, with no lock to take and nothing to repair; what would be redrawn is named."""
+  stored results, with no lock to take and nothing to repair; a damaged run log and what would be
+  redrawn are named."""
+  damage = _finished_log_damage(workdir) if sharding.is_primary() else None
+  if damage:  # what a writable workdir would rebuild (`_restore_finished_log`), said
+    logging.warning("the finished run's %s; %s cannot be written, so it stays so: %s", *damage)
   missing = workdir_lib.missing_plots(workdir, plots_lib.plot_files(config))
   if config.eval.write_plots and missing and sharding.is_primary():
     logging.warning("the finished run in %s lacks the plot(s) %s, which cannot be redrawn there"
@@ -368,13 +372,45 @@ def _finished_read_only(workdir: str, config: ml_collections.ConfigDict, results
   return {**results, "already_finished": workdir_lib.finished_at(workdir)}
 
 
+def _final_record(workdir: str) -> tuple[int, dict] | None:
+  """(step, host record) of a finished run's final checkpoint, or None when it has none."""
+  step = checkpointing.latest_step(workdir)
+  host = None if step is None else checkpointing.read_host(workdir, step)
+  return None if host is None else (step, host)
+
+
+def _finished_log_damage(workdir: str) -> tuple[str, str, str] | None:
+  """(what differs, `workdir`, the fix) between a finished run's metrics.jsonl and what its final
+  checkpoint recorded (missing, cut, edited, or lines after the end), read without changing
+  anything; None when the log is intact (or there is no checkpoint to compare with)."""
+  record = _final_record(workdir)
+  if record is None:
+    return None
+  step, host = record
+  p = host["progress"]
+  try:
+    workdir_lib.verify_run_log(workdir, p["metrics_bytes"], p.get("metrics_sha256", ""), step)
+  except errors.BadInput as damage:
+    found = str(damage).split(";")[0]
+  else:
+    path = os.path.join(workdir, "metrics.jsonl")
+    extra = os.path.getsize(path) - p["metrics_bytes"] if os.path.exists(path) else 0
+    if extra <= 0:
+      return None
+    found = f"{path} has {extra} bytes after the end of the finished run (edited?)"
+  if host.get("run_log") is None:  # a checkpoint older than the log's copy
+    return found, workdir, f"restore the log as it was (checkpoint {step} keeps no copy of it)"
+  return found, workdir, ("make it writable and run the same command: it rebuilds the log from"
+                          f" the copy checkpoint {step} keeps")
+
+
 def _restore_finished_log(workdir: str) -> None:
   """A finished run's metrics.jsonl is what its final checkpoint recorded: a damaged or deleted
   log is rebuilt from the copy the checkpoint keeps, and the run says so."""
-  step = checkpointing.latest_step(workdir)
-  host = None if step is None else checkpointing.read_host(workdir, step)
-  if host is None:
+  record = _final_record(workdir)
+  if record is None:
     return
+  step, host = record
   p = host["progress"]
   repaired = workdir_lib.restore_run_log(workdir, p["metrics_bytes"], p.get("metrics_sha256", ""),
                                          host.get("run_log"), p["cursor"], finished=True)

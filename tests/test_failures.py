@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import logging
 import os
 import re
 import resource
@@ -269,6 +270,25 @@ def test_a_finished_run_on_a_read_only_mount_reprints_its_results(tmp_path, tiny
     assert snapshot(workdir) == before
   assert results.pop("already_finished")
   assert results == json.loads((tiny_reference / "results.json").read_text())
+
+
+def test_a_finished_run_on_a_read_only_mount_says_its_log_is_cut(tmp_path, tiny_reference,
+                                                                 caplog):
+  """A cut metrics.jsonl of a finished run on a read-only mount: reprinted with exit 0 as before,
+  but no longer in silence (writable, it is rebuilt with a warning)."""
+  workdir = tmp_path / "run"
+  shutil.copytree(tiny_reference, workdir)
+  _cut_at_a_line(workdir / "metrics.jsonl")
+  with _read_only(workdir), caplog.at_level(logging.WARNING):
+    before = snapshot(workdir)
+    results = trainer.train_and_evaluate(tiny_run.config(), str(workdir), progress=False)
+    assert snapshot(workdir) == before
+  assert results.pop("already_finished")
+  said = [r.getMessage() for r in caplog.records if "the finished run's" in r.getMessage()]
+  assert len(said) == 1 and "(truncated?)" in said[0], caplog.text
+  assert said[0].endswith(f"{workdir} cannot be written, so it stays so: make it writable and"
+                          f" run the same command: it rebuilds the log from the copy checkpoint"
+                          f" {tiny_run.N_STEPS} keeps")
 
 
 def test_a_key_added_since_the_run_was_made_is_told_as_such(tmp_path):
