@@ -299,9 +299,12 @@ def _check_workdir(workdir: str, config: ml_collections.ConfigDict) -> dict | No
   config_path = os.path.join(workdir, "config.json")
   if os.path.exists(config_path):
     saved = runlog.read_json(config_path, "restore it, or pass a new --workdir")
-    checkpointing.check_same_config(saved, config, workdir)
     results_path = os.path.join(workdir, "results.json")
-    if os.path.exists(results_path):
+    finished = os.path.exists(results_path)
+    # A finished run is reprinted, not run: keys that came or went with a version since it
+    # was made are no difference (checkpointing.check_same_config).
+    checkpointing.check_same_config(saved, config, workdir, finished=finished)
+    if finished:
       return runlog.read_json(results_path, "delete it and rerun to rebuild it from the final"
                               " checkpoint")
   elif any(os.path.exists(os.path.join(workdir, f)) for f in RUN_FILES) or (

@@ -307,6 +307,53 @@ def test_a_key_added_since_the_run_was_made_is_told_as_such(tmp_path):
     checkpointing.check_same_config(saved, tiny.get_config(), str(tmp_path))
 
 
+def test_keys_of_blocks_the_run_never_reads_are_no_difference(tmp_path):
+  """A partial run made before `der_pp.optimizer` existed was refused on resume as "a different
+  config" though an Online-LoRA run never reads der_pp's block; a key of its own block still is."""
+  saved = checkpointing.config_to_dict(tiny.get_config())
+  del saved["der_pp"]["optimizer"]
+  checkpointing.check_same_config(saved, tiny.get_config(), str(tmp_path))
+  del saved["learner"]["allow_dead_lora"]
+  with pytest.raises(checkpointing.WorkdirError, match=re.escape(
+      "(learner.allow_dead_lora: '<absent>' -> False); learner.allow_dead_lora is newer")):
+    checkpointing.check_same_config(saved, tiny.get_config(), str(tmp_path))
+
+
+def test_an_older_versions_finished_run_is_reprinted(tmp_path, tiny_reference):
+  """A finished run whose config.json lacks keys added since (an older olora-jax made it) was
+  refused with exit 2; nothing runs, so it is reprinted. A value of its own still refuses."""
+  workdir = tmp_path / "run"
+  shutil.copytree(tiny_reference, workdir)
+  saved = json.loads((workdir / "config.json").read_text())
+  del saved["learner"]["allow_dead_lora"], saved["der_pp"]["optimizer"]
+  (workdir / "config.json").write_text(json.dumps(saved))
+  results = trainer.train_and_evaluate(tiny_run.config(), str(workdir), progress=False)
+  assert results.pop("already_finished")
+  assert results == json.loads((tiny_reference / "results.json").read_text())
+  config = tiny_run.config()
+  config.seed = 7
+  with pytest.raises(checkpointing.WorkdirError, match=re.escape("(seed: 0 -> 7)")):
+    trainer.train_and_evaluate(config, str(workdir), progress=False)
+
+
+def test_a_key_added_to_the_users_own_method_file_is_told_as_theirs(tmp_path):
+  """A key added to the config block of a method of the user's own file was called "added to
+  olora-jax", with the advice to resume with the olora-jax that made the run."""
+  method = "examples/custom_method/class_balanced_er.py:build"
+  config = tiny.get_config(method)
+  saved = checkpointing.config_to_dict(config)
+  del saved["cb_er"]["replay_batch"], saved["learner"]["allow_dead_lora"]
+  with pytest.raises(checkpointing.WorkdirError) as raised:
+    checkpointing.check_same_config(saved, config, str(tmp_path))
+  assert str(raised.value).endswith(
+      "learner.allow_dead_lora is newer than the run (added to olora-jax since it was made): pass"
+      " a new --workdir to run it with this version, or resume it with the version of olora-jax"
+      " that made it; cb_er.replay_batch is newer than the run (added to the config block of your"
+      " method in examples/custom_method/class_balanced_er.py since the run was made): pass a new"
+      " --workdir to run it with the file as it is now, or resume it with"
+      " examples/custom_method/class_balanced_er.py as it was when the run was made")
+
+
 @pytest.mark.parametrize("damage", [_cut_at_a_line, Path.unlink, lambda log: log.open("a").write(
     '{"step": 0}\n')], ids=["cut", "deleted", "appended"])
 def test_a_finished_run_with_a_damaged_log_says_so_and_rebuilds_it(tmp_path, tiny_reference,
