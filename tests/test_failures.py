@@ -862,6 +862,10 @@ def flat():
   return np.zeros((20, 64), np.uint8), np.arange(20) % 2
 def three_classes():
   return np.zeros((30, 8, 8, 1), np.uint8), np.arange(30) % 3
+def five_channels():
+  return np.zeros((20, 8, 8, 5), np.uint8), np.arange(20) % 2
+def floats():
+  return np.zeros((20, 8, 8, 1)), np.arange(20) % 2
 '''
 
 
@@ -873,6 +877,11 @@ def three_classes():
     ("empty", r"returned no examples \(0 images, 0 labels\)"),
     ("flat", r"images must be one array \(N, H, W, 1\|3\), got shape \(20, 64\)"),
     ("three_classes", r"data.n_tasks=5 must be >= 1 and divide the 3 classes evenly"),
+    # The shape the function returned (20 images), not its training split's 16 after the run
+    # split it (the line said "(train split) ... got shape (16, 8, 8, 5)").
+    ("five_channels", r"five_channels': images must be \(N, H, W, 1\|3\), got shape"
+                      r" \(20, 8, 8, 5\); convert them"),
+    ("floats", r"floats': images must be uint8, got float64 \(shape \(20, 8, 8, 1\)\)"),
 ])
 def test_each_user_dataset_defect_is_one_line_naming_the_function(tmp_path, function, says):
   (tmp_path / "mine.py").write_text(USER_DATASET)
@@ -881,7 +890,7 @@ def test_each_user_dataset_defect_is_one_line_naming_the_function(tmp_path, func
   with pytest.raises(ValueError, match=says) as info:
     trainer.train_and_evaluate(config, str(tmp_path / "run"), progress=False)
   assert "\n" not in str(info.value) and not (tmp_path / "run").exists()
-  if function in ("strings", "mixed", "empty", "flat"):
+  if function in ("strings", "mixed", "empty", "flat", "five_channels", "floats"):
     assert f"mine.py:{function}" in str(info.value)
 
 
