@@ -160,7 +160,7 @@ def hook_error(method: Method, hook: str, problem: str, fix: str) -> errors.RunE
   if where and os.path.realpath(where.rpartition(":")[0]).startswith(_PACKAGE_DIR):
     return errors.InternalError(f"unexpected: {line}; please report it with the error log")
   return MethodError(f"{line}; {fix} (the method interface: docs/methods/interface.md), then run"
-                     " the same command: it resumes from the newest checkpoint")
+                     " the same command: it resumes from the newest checkpoint, if there is one")
 
 
 def json_problem(value: Any, path: str = "host") -> str:
