@@ -83,13 +83,15 @@ class BoundarySwitch:
                                       told=self.method.at_boundary is not None)))
     return crossed, tuple(events), train_values
 
-  def tell(self, state, method_host: dict):
+  def tell(self, state, method_host: dict, check=None):
     """-> (state, method_host) as the method's `at_boundary` leaves them (unchanged for a
     method without the hook): called for a step whose `after_step` said crossed, after that
-    step's evaluations and before its checkpoint."""
+    step's evaluations and before its checkpoint. `check` (`methods.base.HookCheck`) refuses a
+    return the loop cannot take, naming the hook."""
     if self.method.at_boundary is None:
       return state, method_host
-    return self.method.at_boundary(state, method_host)
+    result = self.method.at_boundary(state, method_host)
+    return result if check is None else check.at_boundary(result)
 
   def results(self, record: dict) -> dict:
     """results.json's `boundaries` (absent with `none`, so a task-free run's results stay as

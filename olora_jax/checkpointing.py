@@ -188,36 +188,71 @@ def config_to_dict(config: ml_collections.ConfigDict) -> dict:
   return json.loads(config.to_json_best_effort(sort_keys=True))
 
 
-def config_differences(saved: dict, current: dict, recorded: bool = False) -> list[str]:
+def config_differences(saved: dict, current: dict, recorded: bool = False,
+                       ignore=frozenset()) -> list[str]:
   """`key: saved -> current` for every non-operational key whose value differs (`recorded`: for
-  every key of `RECORDED_CHANGES` instead)."""
+  every key of `RECORDED_CHANGES` instead), but those of `ignore`."""
   a, b = validation.flatten(saved), validation.flatten(current)
   keys = set(a) | set(b)
   keys = sorted(keys & set(RECORDED_CHANGES) if recorded else keys - set(OPERATIONAL_KEYS))
   return [f"{k}: {a.get(k, '<absent>')!r} -> {b.get(k, '<absent>')!r}"
-          for k in keys if a.get(k, "<absent>") != b.get(k, "<absent>")]
+          for k in keys if k not in ignore and a.get(k, "<absent>") != b.get(k, "<absent>")]
 
 
-def check_same_config(saved: dict, config: ml_collections.ConfigDict, workdir: str) -> None:
-  """Refuses a workdir whose run was made with another config, naming the differences. Keys
-  that the saved config lacks were added to olora-jax after the run was made: no config given to
-  this version leaves them out, so the way to resume is the version that made the run."""
+def check_same_config(saved: dict, config: ml_collections.ConfigDict, workdir: str,
+                      finished: bool = False) -> None:
+  """Refuses a workdir whose run was made with another config, naming the differences.
+
+  Keys that one side lacks came or went with a version (of olora-jax, or of the file of a method
+  of the user's own): those of other methods' blocks, which the run never reads, are no
+  difference (`methods.unread_overrides`), nor, for a `finished` run (nothing runs: its results
+  are reprinted), any other. A key the saved config lacks in the run's own blocks refuses a
+  resume: no config given to this version leaves it out, so the line says where it was added
+  (olora-jax, or the user's method file) and that the way to resume is the version (or the file)
+  that made the run."""
+  from olora_jax import methods  # the method registry imports the methods (and this module)
+
   current = config_to_dict(config)
-  diffs = config_differences(saved, current)
-  if diffs:
-    shown = "; ".join(diffs[:4]) + (f"; and {len(diffs) - 4} more" if len(diffs) > 4 else "")
-    flat_saved = validation.flatten(saved)
-    added = sorted(k for k in set(validation.flatten(current)) - set(flat_saved)
-                   if k not in OPERATIONAL_KEYS)
-    if not added:
-      advice = "pass a new --workdir, or the run's original config to resume it"
-    else:
-      advice = (f"{', '.join(added)} {'is' if len(added) == 1 else 'are'} newer than the run"
-                " (added to olora-jax since it was made): pass a new --workdir to run it with"
-                " this version, or resume it with the version of olora-jax that made it"
-                + (" and the run's original config" if len(added) < len(diffs) else ""))
-    raise WorkdirError(
-        f"workdir {workdir!r} holds a run made with a different config ({shown}); {advice}")
+  flat_saved, flat_current = validation.flatten(saved), validation.flatten(current)
+  one_sided = sorted((set(flat_saved) ^ set(flat_current)) - set(OPERATIONAL_KEYS))
+  ignore = set(methods.unread_overrides(config.method, one_sided))
+  if finished:
+    ignore = set(one_sided)
+  diffs = config_differences(saved, current, ignore=ignore)
+  if not diffs:
+    return
+  shown = "; ".join(diffs[:4]) + (f"; and {len(diffs) - 4} more" if len(diffs) > 4 else "")
+  added = [k for k in one_sided if k in flat_current and k not in ignore]
+  own = _own_block_keys(config.method, added)
+  ours = [k for k in added if k not in own]
+  advice = []
+  if ours:
+    advice.append(f"{', '.join(ours)} {'is' if len(ours) == 1 else 'are'} newer than the run"
+                  " (added to olora-jax since it was made): pass a new --workdir to run it with"
+                  " this version, or resume it with the version of olora-jax that made it")
+  if own:
+    where = config.method.rpartition(":")[0]
+    advice.append(f"{', '.join(own)} {'is' if len(own) == 1 else 'are'} newer than the run"
+                  f" (added to the config block of your method in {where} since the run was"
+                  " made): pass a new --workdir to run it with the file as it is now, or resume"
+                  f" it with {where} as it was when the run was made")
+  if not advice:
+    advice = ["pass a new --workdir, or the run's original config to resume it"]
+  elif len(added) < len(diffs):
+    advice[-1] += " and the run's original config"
+  raise WorkdirError(f"workdir {workdir!r} holds a run made with a different config ({shown});"
+                     f" {'; '.join(advice)}")
+
+
+def _own_block_keys(method: str, keys: list[str]) -> list[str]:
+  """The keys of `keys` in the config block of `method` when it is a method outside the package
+  (the user's file or module), whose keys come from that file, not from olora-jax."""
+  from olora_jax import methods
+
+  if not methods.is_outside(method):
+    return []
+  block = methods.resolve(method).name
+  return [k for k in keys if k.split(".")[0] == block]
 
 
 # --------------------------------------------------------------------------------------------

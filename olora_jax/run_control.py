@@ -157,9 +157,12 @@ class Saver:
   `after_step` applies the cadence (`checkpoint_every`) and the stop signal."""
 
   def __init__(self, checkpointer, meta: dict, log, ledger, trace, checkpoint_every: int,
-               wall_before: float):
+               wall_before: float, host_failed=None):
     self.checkpointer, self.meta, self.log, self.ledger, self.trace = (
         checkpointer, meta, log, ledger, trace)
+    # `host_failed(method_host)`: names the method's hook when its host record is why a
+    # checkpoint could not be written (`methods.base.HookCheck.host_failed`).
+    self.host_failed = host_failed
     self.checkpoint_every = checkpoint_every
     self.wall_before = wall_before  # compute time of earlier processes of this run
     self.start = time.time()
@@ -179,6 +182,10 @@ class Saver:
     try:
       self.checkpointer.save(state, p, {**self.meta, "run_log": run_log})
       self.trace.save()
+    except (TypeError, ValueError):  # e.g. a record JSON cannot store: the method's own?
+      if self.host_failed is not None:
+        self.host_failed(p.method_host)
+      raise
     finally:
       SAVING[0] = False
     self.ledger.timed_checkpoint(time.perf_counter() - start)

@@ -118,7 +118,12 @@ class Setup:
         config=c, model=self.model, spec=self.spec, num_classes=self.num_classes,
         batch_size=c.learner.batch_size,
         image_shape=(self.spec.image_size, self.spec.image_size, 3),
-        stream_samples=self.stream.n_samples, stream_steps=len(self.stream.steps)))
+        stream_samples=self.stream.n_samples, stream_steps=len(self.stream.steps),
+        stream_step_items=tuple(len(ids) for ids in self.stream.steps)))
+    # What the method's hooks return is checked before the loop uses it (its first host record
+    # here, before any compute), so a mistake there is named in its own file.
+    self.hook_check = methods_base.HookCheck(self.method)
+    self.hook_check.init_host()
     # (A replayed manifest lists its own steps; the batch size only pads them.)
     if c.learner.batch_size > self.stream.n_samples and not c.data.stream_manifest:
       raise validation.InputError(
@@ -294,9 +299,12 @@ def _check_workdir(workdir: str, config: ml_collections.ConfigDict) -> dict | No
   config_path = os.path.join(workdir, "config.json")
   if os.path.exists(config_path):
     saved = runlog.read_json(config_path, "restore it, or pass a new --workdir")
-    checkpointing.check_same_config(saved, config, workdir)
     results_path = os.path.join(workdir, "results.json")
-    if os.path.exists(results_path):
+    finished = os.path.exists(results_path)
+    # A finished run is reprinted, not run: keys that came or went with a version since it
+    # was made are no difference (checkpointing.check_same_config).
+    checkpointing.check_same_config(saved, config, workdir, finished=finished)
+    if finished:
       return runlog.read_json(results_path, "delete it and rerun to rebuild it from the final"
                               " checkpoint")
   elif any(os.path.exists(os.path.join(workdir, f)) for f in RUN_FILES) or (
@@ -355,7 +363,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
 
 def _finished_read_only(workdir: str, config: ml_collections.ConfigDict, results: dict) -> dict:
   """A finished run in a workdir that cannot be written (a read-only mount of results): its
-  stored results, with no lock to take and nothing to repair; what would be redrawn is named."""
+  stored results, with no lock to take and nothing to repair; a damaged run log and what would be
+  redrawn are named."""
+  damage = _finished_log_damage(workdir) if sharding.is_primary() else None
+  if damage:  # what a writable workdir would rebuild (`_restore_finished_log`), said
+    logging.warning("the finished run's %s; %s cannot be written, so it stays so: %s", *damage)
   missing = workdir_lib.missing_plots(workdir, plots_lib.plot_files(config))
   if config.eval.write_plots and missing and sharding.is_primary():
     logging.warning("the finished run in %s lacks the plot(s) %s, which cannot be redrawn there"
@@ -363,13 +375,45 @@ def _finished_read_only(workdir: str, config: ml_collections.ConfigDict, results
   return {**results, "already_finished": workdir_lib.finished_at(workdir)}
 
 
+def _final_record(workdir: str) -> tuple[int, dict] | None:
+  """(step, host record) of a finished run's final checkpoint, or None when it has none."""
+  step = checkpointing.latest_step(workdir)
+  host = None if step is None else checkpointing.read_host(workdir, step)
+  return None if host is None else (step, host)
+
+
+def _finished_log_damage(workdir: str) -> tuple[str, str, str] | None:
+  """(what differs, `workdir`, the fix) between a finished run's metrics.jsonl and what its final
+  checkpoint recorded (missing, cut, edited, or lines after the end), read without changing
+  anything; None when the log is intact (or there is no checkpoint to compare with)."""
+  record = _final_record(workdir)
+  if record is None:
+    return None
+  step, host = record
+  p = host["progress"]
+  try:
+    workdir_lib.verify_run_log(workdir, p["metrics_bytes"], p.get("metrics_sha256", ""), step)
+  except errors.BadInput as damage:
+    found = str(damage).split(";")[0]
+  else:
+    path = os.path.join(workdir, "metrics.jsonl")
+    extra = os.path.getsize(path) - p["metrics_bytes"] if os.path.exists(path) else 0
+    if extra <= 0:
+      return None
+    found = f"{path} has {extra} bytes after the end of the finished run (edited?)"
+  if host.get("run_log") is None:  # a checkpoint older than the log's copy
+    return found, workdir, f"restore the log as it was (checkpoint {step} keeps no copy of it)"
+  return found, workdir, ("make it writable and run the same command: it rebuilds the log from"
+                          f" the copy checkpoint {step} keeps")
+
+
 def _restore_finished_log(workdir: str) -> None:
   """A finished run's metrics.jsonl is what its final checkpoint recorded: a damaged or deleted
   log is rebuilt from the copy the checkpoint keeps, and the run says so."""
-  step = checkpointing.latest_step(workdir)
-  host = None if step is None else checkpointing.read_host(workdir, step)
-  if host is None:
+  record = _final_record(workdir)
+  if record is None:
     return
+  step, host = record
   p = host["progress"]
   repaired = workdir_lib.restore_run_log(workdir, p["metrics_bytes"], p.get("metrics_sha256", ""),
                                          host.get("run_log"), p["cursor"], finished=True)
@@ -514,7 +558,8 @@ def _start(setup: Setup, init: tuple, workdir: str,
   trace = trace_lib.make_trace(c.trace.enabled and primary, workdir, stream,
                                manifest_lib.record_ids(setup.train_source), c.learner.buffer_unit,
                                c.learner.buffer_size, c.learner.batch_size, p.cursor)
-  saver = Saver(checkpointer, meta, log, ledger, trace, c.checkpoint_every, p.wall_seconds)
+  saver = Saver(checkpointer, meta, log, ledger, trace, c.checkpoint_every, p.wall_seconds,
+                setup.hook_check.host_failed)
   # The evaluator reads the state through the method's pure `predict` and never changes it.
   evaluator = Evaluator(setup.test_source, setup.spec.image_size, c.eval.batch_size,
                         setup.num_classes, method.predict, c.eval.mask_unseen_logits,
@@ -553,13 +598,17 @@ def _after_step(setup: Setup, switch: BoundarySwitch, shardings, state, p, step:
   boundary switch's decision (`boundaries.rule`); returns the state, the step's `StepReport`
   and whether a boundary was passed (the method is told by `_tell_boundary`, after the step's
   evaluations)."""
-  method, report = setup.method, methods_base.StepReport()
+  method, report, check = setup.method, methods_base.StepReport(), setup.hook_check
+  if check.first:  # the train step's scalars keep their names: checked once
+    check.scalars(scalars)
   if method.after_step is not None:
-    state, p.method_host, report = method.after_step(state, p.method_host, step, batch, scalars,
-                                                     extras, finite, trace)
+    state, p.method_host, report = check.after_step(method.after_step(
+        state, p.method_host, step, batch, scalars, extras, finite, trace), scalars)
+  check.first = False
   crossed, events, values = switch.after_step(p.boundary, step, scalars, finite)
   if events or values:
-    report = methods_base.StepReport(report.events + events, {**report.train_values, **values})
+    report = methods_base.StepReport(tuple(report.events) + events,
+                                     {**report.train_values, **values})
   if setup.mesh.devices.size > 1:  # the hook's programs may leave leaves elsewhere: put back
     state = sharding.place_state(state, shardings)
   return state, report, crossed
@@ -569,7 +618,7 @@ def _tell_boundary(setup: Setup, switch: BoundarySwitch, shardings, state, p):
   """The method's `at_boundary` for a boundary passed at this step: called after the step's
   task-end and anytime evaluations, so they see the model that finished the task; the state it
   returns is what the step's checkpoint holds and the next step trains."""
-  state, p.method_host = switch.tell(state, p.method_host)
+  state, p.method_host = switch.tell(state, p.method_host, setup.hook_check)
   if setup.mesh.devices.size > 1:
     state = sharding.place_state(state, shardings)
   return state

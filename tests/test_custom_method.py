@@ -19,7 +19,7 @@ import tiny_run
 from tiny_run import ROOT
 
 from configs import tiny
-from olora_jax import methods, trainer, validation
+from olora_jax import errors, methods, trainer, validation
 from olora_jax.methods import base
 from olora_jax.models.vit import VisionTransformer, ViTSpec
 
@@ -131,6 +131,97 @@ def test_a_hook_of_the_wrong_signature_is_refused_naming_the_hook(tmp_path):
       " docs/methods/interface.md)")):
     trainer.train_and_evaluate(config, str(tmp_path / "run"), progress=False)
   assert not (tmp_path / "run").exists()
+
+
+def _hooked_file(tmp_path, body: str) -> str:
+  """A file declaring cb_er (the example's method) with `body` as its after_step's."""
+  source = ROOT / FILE
+  path = tmp_path / "hooked.py"
+  path.write_text(
+      f"import dataclasses\nimport importlib.util\n\nimport numpy as np\n\n"
+      "from olora_jax.methods import base\n\n"
+      f"spec = importlib.util.spec_from_file_location('cb_er_file', {str(source)!r})\n"
+      "cb_er = importlib.util.module_from_spec(spec)\nspec.loader.exec_module(cb_er)\n\n\n"
+      "def build(ctx):\n"
+      "  def after_step(state, host, step, batch, scalars, extras, finite, trace):\n"
+      f"{body}\n"
+      "  return dataclasses.replace(cb_er.build(ctx), after_step=after_step)\n\n\n"
+      "METHODS = (base.MethodSpec(name='cb_er', build=build, config=cb_er.config,"
+      " report_name='hooked'),)\n")
+  return f"{path}:build"
+
+
+@pytest.mark.parametrize("body, says", [
+    # (state, host) for three values: "unexpected ValueError ... (raised at trainer.py)".
+    ("    return state, host", "returned 2 values; return three values: state, host,"
+     " StepReport(...)"),
+    # An array in the host record from step 1 on: the first return passes, the checkpoint at
+    # step 4 could not store it: "unexpected TypeError ... (raised at checkpointing.py)".
+    ("    host = dict(host, arr=np.zeros(3)) if step else host\n"
+     "    return state, host, base.StepReport()",
+     "returned a host record that a checkpoint cannot store: host['arr'] is a numpy.ndarray;"
+     " keep arrays in the state"),
+    # A reserved name in an event at step 2: "unexpected TypeError: RunLog.write() got multiple
+    # values for argument 'step' ... please report it".
+    ("    events = (('mine', {'step': 1}),) if step == 2 else ()\n"
+     "    return state, host, base.StepReport(events=events)",
+     "returned the event 'mine' with the value(s) 'step', which every metrics.jsonl line sets"
+     " itself"),
+])
+def test_a_hooks_bad_return_is_named_in_its_own_file(tmp_path, body, says):
+  """A mistake in a method's after_step is the user's: exit 2 naming their file and line (the
+  hook's), never olora_jax's file with "please report it"."""
+  target = _hooked_file(tmp_path, body)
+  config = tiny.get_config(target)
+  config.checkpoint_every, config.eval.write_plots = 4, False
+  config.cb_er.update(buffer_size=20, replay_batch=4)
+  with pytest.raises(base.MethodError) as raised:
+    trainer.train_and_evaluate(config, str(tmp_path / "run"), progress=False)
+  assert raised.value.exit_code == 2
+  message = str(raised.value)
+  assert message.startswith(f"method='cb_er': its after_step ({tmp_path / 'hooked.py'}:14) ")
+  assert says in message and "report" not in message, message
+
+
+def test_hook_check_names_each_bad_return():
+  """Each shape of a bad hook return, checked without a run."""
+  def after_step(state, host, step, batch, scalars, extras, finite, trace):
+    return state, host, base.StepReport()
+  def train_step(state, batch):
+    return state, {"loss": 0.0}, {}
+  line = after_step.__code__.co_firstlineno
+  method = base.Method(name="mine", init=None, train_step=train_step, predict=None,
+                       after_step=after_step)
+  scalars = {"loss": 1.0}
+  cases = [
+      ((1, {}), "returned 2 values; return three values"),
+      ((1, [], base.StepReport()), "returned a host record of type list"),
+      ((1, {"a": np.float32(1)}, base.StepReport()), "host['a'] is a numpy.float32"),
+      ((1, {"a": [{3: 1}]}, base.StepReport()), "host['a'][0] has the key 3 of type int"),
+      ((1, {}, ({}, {})), "returned a third value of type tuple"),
+      ((1, {}, base.StepReport(events=(("e", {"event": 1}),))), "the value(s) 'event'"),
+      ((1, {}, base.StepReport(events=(("e", 1),))), "returned the event ('e', 1)"),
+      ((1, {}, base.StepReport(train_values={"loss": 2.0})),
+       "returned the train value(s) 'loss', which the step's train line already has"),
+      ((1, {}, base.StepReport(train_values={"samples_seen": 2.0})), "value(s) 'samples_seen'"),
+  ]
+  for result, says in cases:
+    with pytest.raises(base.MethodError, match=re.escape(says)) as raised:
+      base.HookCheck(method).after_step(result, scalars)
+    assert f"its after_step ({__file__}:{line}) " in str(raised.value)
+  good = (1, {"window": [1.0, None], "n": 2}, base.StepReport((("e", {"x": 1}),), {"w": 1.0}))
+  assert base.HookCheck(method).after_step(good, scalars) is good
+  with pytest.raises(base.MethodError, match=re.escape(
+      f"its train_step ({__file__}:{train_step.__code__.co_firstlineno}) returned the scalar(s)"
+      " 'step'")):
+    base.HookCheck(method).scalars({"loss": 1.0, "step": 2})
+  with pytest.raises(base.MethodError, match=re.escape("returned 3 values; return two values")):
+    base.HookCheck(method).at_boundary((1, {}, 2))
+  # A hook of olora_jax's own is a bug to report (exit 1), not the user's to fix.
+  own = base.Method(name="x", init=None, train_step=None, predict=None,
+                    after_step=trainer.format_results_table)
+  with pytest.raises(errors.InternalError, match="please report it"):
+    base.HookCheck(own).after_step((1, {}), scalars)
 
 
 def test_a_config_names_it_in_code():

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import logging
 import os
 import re
 import resource
@@ -348,6 +349,25 @@ def test_a_finished_run_on_a_read_only_mount_reprints_its_results(tmp_path, tiny
   assert results == json.loads((tiny_reference / "results.json").read_text())
 
 
+def test_a_finished_run_on_a_read_only_mount_says_its_log_is_cut(tmp_path, tiny_reference,
+                                                                 caplog):
+  """A cut metrics.jsonl of a finished run on a read-only mount: reprinted with exit 0 as before,
+  but no longer in silence (writable, it is rebuilt with a warning)."""
+  workdir = tmp_path / "run"
+  shutil.copytree(tiny_reference, workdir)
+  _cut_at_a_line(workdir / "metrics.jsonl")
+  with _read_only(workdir), caplog.at_level(logging.WARNING):
+    before = snapshot(workdir)
+    results = trainer.train_and_evaluate(tiny_run.config(), str(workdir), progress=False)
+    assert snapshot(workdir) == before
+  assert results.pop("already_finished")
+  said = [r.getMessage() for r in caplog.records if "the finished run's" in r.getMessage()]
+  assert len(said) == 1 and "(truncated?)" in said[0], caplog.text
+  assert said[0].endswith(f"{workdir} cannot be written, so it stays so: make it writable and"
+                          f" run the same command: it rebuilds the log from the copy checkpoint"
+                          f" {tiny_run.N_STEPS} keeps")
+
+
 def test_a_key_added_since_the_run_was_made_is_told_as_such(tmp_path):
   """A resume after an upgrade that added a key was told to pass "the run's original config",
   which no config given to the new version can be (it has the key)."""
@@ -362,6 +382,53 @@ def test_a_key_added_since_the_run_was_made_is_told_as_such(tmp_path):
   with pytest.raises(checkpointing.WorkdirError, match=r"that made it and the run's original"
                      r" config$"):
     checkpointing.check_same_config(saved, tiny.get_config(), str(tmp_path))
+
+
+def test_keys_of_blocks_the_run_never_reads_are_no_difference(tmp_path):
+  """A partial run made before `der_pp.optimizer` existed was refused on resume as "a different
+  config" though an Online-LoRA run never reads der_pp's block; a key of its own block still is."""
+  saved = checkpointing.config_to_dict(tiny.get_config())
+  del saved["der_pp"]["optimizer"]
+  checkpointing.check_same_config(saved, tiny.get_config(), str(tmp_path))
+  del saved["learner"]["allow_dead_lora"]
+  with pytest.raises(checkpointing.WorkdirError, match=re.escape(
+      "(learner.allow_dead_lora: '<absent>' -> False); learner.allow_dead_lora is newer")):
+    checkpointing.check_same_config(saved, tiny.get_config(), str(tmp_path))
+
+
+def test_an_older_versions_finished_run_is_reprinted(tmp_path, tiny_reference):
+  """A finished run whose config.json lacks keys added since (an older olora-jax made it) was
+  refused with exit 2; nothing runs, so it is reprinted. A value of its own still refuses."""
+  workdir = tmp_path / "run"
+  shutil.copytree(tiny_reference, workdir)
+  saved = json.loads((workdir / "config.json").read_text())
+  del saved["learner"]["allow_dead_lora"], saved["der_pp"]["optimizer"]
+  (workdir / "config.json").write_text(json.dumps(saved))
+  results = trainer.train_and_evaluate(tiny_run.config(), str(workdir), progress=False)
+  assert results.pop("already_finished")
+  assert results == json.loads((tiny_reference / "results.json").read_text())
+  config = tiny_run.config()
+  config.seed = 7
+  with pytest.raises(checkpointing.WorkdirError, match=re.escape("(seed: 0 -> 7)")):
+    trainer.train_and_evaluate(config, str(workdir), progress=False)
+
+
+def test_a_key_added_to_the_users_own_method_file_is_told_as_theirs(tmp_path):
+  """A key added to the config block of a method of the user's own file was called "added to
+  olora-jax", with the advice to resume with the olora-jax that made the run."""
+  method = "examples/custom_method/class_balanced_er.py:build"
+  config = tiny.get_config(method)
+  saved = checkpointing.config_to_dict(config)
+  del saved["cb_er"]["replay_batch"], saved["learner"]["allow_dead_lora"]
+  with pytest.raises(checkpointing.WorkdirError) as raised:
+    checkpointing.check_same_config(saved, config, str(tmp_path))
+  assert str(raised.value).endswith(
+      "learner.allow_dead_lora is newer than the run (added to olora-jax since it was made): pass"
+      " a new --workdir to run it with this version, or resume it with the version of olora-jax"
+      " that made it; cb_er.replay_batch is newer than the run (added to the config block of your"
+      " method in examples/custom_method/class_balanced_er.py since the run was made): pass a new"
+      " --workdir to run it with the file as it is now, or resume it with"
+      " examples/custom_method/class_balanced_er.py as it was when the run was made")
 
 
 @pytest.mark.parametrize("damage", [_cut_at_a_line, Path.unlink, lambda log: log.open("a").write(
@@ -878,6 +945,10 @@ def flat():
   return np.zeros((20, 64), np.uint8), np.arange(20) % 2
 def three_classes():
   return np.zeros((30, 8, 8, 1), np.uint8), np.arange(30) % 3
+def five_channels():
+  return np.zeros((20, 8, 8, 5), np.uint8), np.arange(20) % 2
+def floats():
+  return np.zeros((20, 8, 8, 1)), np.arange(20) % 2
 '''
 
 
@@ -889,6 +960,11 @@ def three_classes():
     ("empty", r"returned no examples \(0 images, 0 labels\)"),
     ("flat", r"images must be one array \(N, H, W, 1\|3\), got shape \(20, 64\)"),
     ("three_classes", r"data.n_tasks=5 must be >= 1 and divide the 3 classes evenly"),
+    # The shape the function returned (20 images), not its training split's 16 after the run
+    # split it (the line said "(train split) ... got shape (16, 8, 8, 5)").
+    ("five_channels", r"five_channels': images must be \(N, H, W, 1\|3\), got shape"
+                      r" \(20, 8, 8, 5\); convert them"),
+    ("floats", r"floats': images must be uint8, got float64 \(shape \(20, 8, 8, 1\)\)"),
 ])
 def test_each_user_dataset_defect_is_one_line_naming_the_function(tmp_path, function, says):
   (tmp_path / "mine.py").write_text(USER_DATASET)
@@ -897,7 +973,7 @@ def test_each_user_dataset_defect_is_one_line_naming_the_function(tmp_path, func
   with pytest.raises(ValueError, match=says) as info:
     trainer.train_and_evaluate(config, str(tmp_path / "run"), progress=False)
   assert "\n" not in str(info.value) and not (tmp_path / "run").exists()
-  if function in ("strings", "mixed", "empty", "flat"):
+  if function in ("strings", "mixed", "empty", "flat", "five_channels", "floats"):
     assert f"mine.py:{function}" in str(info.value)
 
 

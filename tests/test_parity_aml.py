@@ -35,6 +35,7 @@ replayed samples' BatchNorm pass) moves the losses by 1e-2 to 1 from the step it
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -44,6 +45,8 @@ import numpy as np
 import pytest
 import tiny_run
 
+from configs import tiny
+from olora_jax import trainer
 from olora_jax.methods import replay
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -114,6 +117,49 @@ def test_a_draws_file_that_does_not_fit_the_run_is_refused(tmp_path):
     replay.read_draws(str(path), 4, 2, 2, 2)
   with pytest.raises(replay.DrawsError, match="has 2 steps, the run's stream 3"):
     replay.read_draws(str(path), 4, 2, 2, 3)
+
+
+@pytest.mark.parametrize("edit,says", [
+    # A short row and a JSON true were accepted (exit 0), or failed steps later as "unexpected
+    # IndexError ... please report it": docs/replay.md says one slot per item of the batch.
+    (lambda d: d["stored_slot"].__setitem__(1, [0]),
+     "stored_slot[1] has 1 entries but stream step 1 has 2 items; give one slot (or -1) per"
+     " item of each step's batch"),
+    (lambda d: d["stored_slot"][0].__setitem__(1, True),
+     "stored_slot[0][1] is true, not an integer; give a buffer slot in [-1, 4)"),
+    (lambda d: d["replayed_slots"][1].append(1.0),
+     "replayed_slots[1][1] is 1.0, not an integer; give buffer slots in [0, 4)"),
+    (lambda d: d["stored_slot"][1].__setitem__(0, 4), "stored_slot[1][0] is 4, outside [-1, 4)"),
+])
+def test_a_draws_row_off_the_schema_is_refused_naming_file_row_and_value(tmp_path, edit, says):
+  draws = {"format": replay.DRAWS_FORMAT, "stored_slot": [[0, 1], [2, -1], [3]],
+           "replayed_slots": [[], [0], [1, 2]]}
+  path = tmp_path / "draws.json"
+  path.write_text(json.dumps(draws))
+  read = replay.read_draws(str(path), 4, 2, 2, 3, step_items=(2, 2, 1))
+  assert read["stored_slot"].tolist() == [[0, 1], [2, -1], [3, -1]]
+  edit(draws)
+  path.write_text(json.dumps(draws))
+  with pytest.raises(replay.DrawsError,
+                     match=re.escape(f"data.replay_draws={str(path)!r}: {says}")):
+    replay.read_draws(str(path), 4, 2, 2, 3, step_items=(2, 2, 1))
+
+
+def test_a_runs_draws_are_checked_against_its_stream_steps_before_any_compute(tmp_path):
+  """The run's set-up hands the method each stream step's item count: a row one entry short of
+  its step is refused there (it ran to exit 0 before)."""
+  config = tiny.get_config("er")
+  config.er.update(buffer_size=20, replay_batch=4)
+  steps = trainer.Setup(config).stream.steps
+  stored = [[-1] * len(ids) for ids in steps]
+  stored[3] = stored[3][:3]
+  path = tmp_path / "draws.json"
+  path.write_text(json.dumps({"format": replay.DRAWS_FORMAT, "stored_slot": stored,
+                              "replayed_slots": [[] for _ in steps]}))
+  config.data.replay_draws = str(path)
+  with pytest.raises(replay.DrawsError, match=re.escape(
+      f"stored_slot[3] has 3 entries but stream step 3 has {len(steps[3])} items")):
+    trainer.Setup(config)
 
 
 @pytest.mark.parametrize("method", METHODS)

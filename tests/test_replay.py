@@ -9,12 +9,15 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shutil
+import subprocess
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import tiny_run
 from numerics import assert_close
 from safetensors.numpy import load_file, save_file
 from test_pretrained import FIX, SPEC, np_vit_timm
@@ -211,6 +214,55 @@ def test_tampered_or_foreign_manifest_is_refused(digits, edit, match):
   edit(manifest)
   with pytest.raises(manifest_lib.ManifestError, match=match):
     manifest_lib.replay_stream(manifest, train, test, 64, "m.json")
+
+
+@pytest.mark.parametrize("edit,says", [
+    # An id past 64 bits: was "unexpected OverflowError ... (raised at manifest.py) ... please
+    # report it" with an error log left in the temp directory.
+    (lambda m: m["steps"][1].__setitem__(2, 10**30),
+     "steps[1][2] is 1000000000000000000000000000000, outside the 64-bit integers"),
+    (lambda m: m["step_task"].__setitem__(3, True), "step_task[3] is true, not an integer"),
+    (lambda m: m["task_classes"][1].append(1.5), "task_classes[1][1] is 1.5, not an integer"),
+    (lambda m: m.__setitem__("test", [1, 2]), "test is [1, 2], not an object"),
+    (lambda m: m.__setitem__("test", {"ids": [1]}), "test lacks its field 'labels'"),
+    (lambda m: m.__setitem__("step_paths", [["a.png"], [3]]), "step_paths[1][0] is 3, not a"
+                                                               " string"),
+    (lambda m: m.__setitem__("params", {"epochs": "2"}), "params.epochs is \"2\", not an"),
+    (lambda m: m.__setitem__("step_labels", [[8]]), "step_labels must have one list per step"),
+    (lambda m: m.__setitem__("task_domains", [0]), "task_domains has 1 entries for 2 tasks"),
+    (lambda m: m.pop("task_classes"), "the required field 'task_classes' is missing"),
+])
+def test_a_manifest_off_its_schema_is_refused_naming_the_entry(digits, tmp_path, edit, says):
+  """The one schema check of a manifest (`check_manifest`, docs/replay.md's table), on reading
+  the file, before anything is computed from it: the file, the entry and its value."""
+  train, test = digits
+  manifest = _hand_manifest(train)
+  edit(manifest)
+  path = tmp_path / "m.json"
+  path.write_text(json.dumps(manifest))
+  with pytest.raises(manifest_lib.ManifestError) as raised:
+    manifest_lib.read_manifest(str(path))
+  assert str(raised.value).startswith(f"{path}: ") and says in str(raised.value)
+  with pytest.raises(manifest_lib.ManifestError, match=re.escape(says)):  # given as a dict
+    manifest_lib.replay_stream(manifest, train, test, 64, "m.json")
+
+
+def test_a_manifest_id_past_64_bits_exits_2_leaving_no_error_log(digits, tmp_path,
+                                                                 compilation_cache):
+  train, _ = digits
+  manifest = _hand_manifest(train)
+  manifest["steps"][0][0] = 10**30
+  path = tmp_path / "m.json"
+  path.write_text(json.dumps(manifest))
+  temp = tmp_path / "temp"
+  temp.mkdir()
+  done = subprocess.run(
+      tiny_run.command(tmp_path / "run", f"--config.data.stream_manifest={path}"),
+      cwd=tiny_run.ROOT, capture_output=True, text=True, timeout=300,
+      env={**tiny_run.env(compilation_cache), "TMPDIR": str(temp)})
+  assert done.returncode == 2, done.stderr[-2000:]
+  assert tiny_run.last_line(done.stderr).startswith(f"error: {path}: steps[0][0] is 10000")
+  assert not list(temp.iterdir()) and not (tmp_path / "run").exists()
 
 
 def test_manifest_errors_before_any_file(digits, tmp_path):

@@ -169,7 +169,8 @@ class ManifestError(ValueError):
 
 
 def read_manifest(path: str) -> dict:
-  """The JSON object in `path`; FileNotFoundError / ManifestError (one line) otherwise."""
+  """The manifest in `path`, checked against its schema (`check_manifest`) before anything is
+  computed from it; FileNotFoundError / ManifestError (one line) otherwise."""
   if not os.path.isfile(path):
     raise FileNotFoundError(
         f"data.stream_manifest={path!r} does not exist; give the path of a stream_manifest.json")
@@ -179,36 +180,140 @@ def read_manifest(path: str) -> dict:
   except (UnicodeDecodeError, json.JSONDecodeError) as e:
     raise ManifestError(f"data.stream_manifest={path!r} is not valid JSON ({e}); give a stream"
                         " manifest file (docs/replay.md)") from None
+  return check_manifest(manifest, path)
+
+
+# The manifest's schema (docs/replay.md's table): field -> (required, type, what it holds). A
+# type is INT (a JSON integer that fits 64 bits: ids, labels, classes and tasks are int64 here),
+# STR, [type] (a list of them) or {field: (required, type, meaning)} (an object; other fields
+# are kept as they are).
+INT, STR = "int", "str"
+INT64 = (-2**63, 2**63)
+SCHEMA = {
+    "format": (True, STR, f"the string {FORMAT!r}"),
+    "steps": (True, [[INT]], "the example ids of each step's batch, a non-empty list of lists"
+                             " of integers"),
+    "step_task": (True, [INT], "the true task of each step, a list of integers"),
+    "task_classes": (True, [[INT]], "the classes of each task, a list of lists of integers"),
+    "task_end_steps": (False, [INT], "the last step of each task, a list of integers"),
+    "step_labels": (False, [[INT]], "the label of every id of steps, a list of lists of"
+                                    " integers"),
+    "step_paths": (False, [[STR]], "the file of every id of steps, a list of lists of strings"),
+    "step_digests": (False, [[STR]], "the image digest of every id of steps, a list of lists of"
+                                     " strings"),
+    "digest": (False, STR, "what the digests hash, a string"),
+    "test": (False, {"ids": (True, [INT], "the test set's ids, a list of integers"),
+                     "labels": (True, [INT], "the test set's labels, a list of integers"),
+                     "paths": (False, [STR], "the test set's files, a list of strings"),
+                     "digests": (False, [STR], "the test set's digests, a list of strings"),
+                     "domains": (False, [INT], "the test set's domains, a list of integers")},
+             "the test set, an object {\"ids\": [...], \"labels\": [...]}"),
+    "source": (False, STR, "the dataset it was recorded on, a string"),
+    "num_classes": (False, INT, "the dataset's class count, an integer"),
+    "params": (False, {"epochs": (False, INT, "passes over the data, an integer")},
+               "the stream's parameters, an object"),
+    "si_blurry": (False, {"disjoint_classes": (True, [INT], "a list of integers"),
+                          "home_task": (True, [INT], "a list of integers")},
+                  "an object {\"disjoint_classes\": [...], \"home_task\": [...]}"),
+    "task_domains": (False, [INT], "each task's domain, a list of integers"),
+}
+_KINDS = {INT: "an integer", STR: "a string"}
+
+
+def _kind(kind) -> str:
+  if isinstance(kind, list):
+    inner = _kind(kind[0])
+    return "a list of " + (inner.replace("a list of ", "lists of ", 1) if inner.startswith("a list")
+                           else inner.split(" ", 1)[1] + "s")
+  return _KINDS.get(kind, "an object") if not isinstance(kind, dict) else "an object"
+
+
+def _shown(value) -> str:
+  text = json.dumps(value)
+  return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _schema_problem(value, kind, at: str) -> str:
+  """'' when `value` is of `kind` (SCHEMA's types), else where and what it is instead."""
+  if kind == INT:
+    if not isinstance(value, int) or isinstance(value, bool):
+      return f"{at} is {_shown(value)}, not an integer"
+    if not INT64[0] <= value < INT64[1]:
+      return f"{at} is {value}, outside the 64-bit integers (ids, labels, classes, tasks)"
+    return ""
+  if kind == STR:
+    return "" if isinstance(value, str) else f"{at} is {_shown(value)}, not a string"
+  if isinstance(kind, list):
+    if not isinstance(value, list):
+      return f"{at} is {_shown(value)}, not {_kind(kind)}"
+    for i, item in enumerate(value):
+      found = _schema_problem(item, kind[0], f"{at}[{i}]")
+      if found:
+        return found
+    return ""
+  if not isinstance(value, dict):
+    return f"{at} is {_shown(value)}, not an object"
+  for field, (required, inner, _) in kind.items():
+    if field in value:
+      found = _schema_problem(value[field], inner, f"{at}.{field}")
+      if found:
+        return found
+    elif required:
+      return f"{at} lacks its field {field!r}"
+  return ""
+
+
+def check_manifest(manifest, path: str = "<manifest>") -> dict:
+  """The one check of a manifest against its documented schema (SCHEMA, docs/replay.md): a JSON
+  object with the required fields, each field of its type, every integer within 64 bits, one
+  entry per step where a field gives one. Raises ManifestError naming the file, the entry and
+  its value; returns `manifest`. Run before anything is computed from it (`read_manifest`), and
+  by `replay_stream` and `translate_manifest` on the manifests they are given; what the data
+  must agree with (ids in the split, labels, the test set) is theirs to check."""
   if not isinstance(manifest, dict):
-    raise ManifestError(f"data.stream_manifest={path!r} must hold a JSON object, got"
-                        f" {type(manifest).__name__}")
+    raise ManifestError(f"{path} must hold a JSON object, got {type(manifest).__name__}")
+  if manifest.get("format") != FORMAT:
+    raise ManifestError(f"{path}: format is {manifest.get('format')!r}, expected {FORMAT!r};"
+                        " set \"format\" to it (docs/replay.md describes the fields)")
+  for field, (required, kind, meaning) in SCHEMA.items():
+    if field not in manifest:
+      if required:
+        raise ManifestError(f"{path}: the required field {field!r} is missing (docs/replay.md)")
+      continue
+    problem = _schema_problem(manifest[field], kind, field)
+    if problem:
+      raise ManifestError(f"{path}: {problem}; give {field} as {meaning} (docs/replay.md)")
+  steps = manifest["steps"]
+  if not steps:
+    raise ManifestError(f"{path}: steps must be a non-empty list of lists of example ids")
+  if len(manifest["step_task"]) != len(steps):
+    raise ManifestError(f"{path}: step_task has {len(manifest['step_task'])} entries for"
+                        f" {len(steps)} steps; give one task per step")
+  for field in ("step_labels", "step_paths", "step_digests"):
+    if field in manifest and len(manifest[field]) != len(steps):
+      raise ManifestError(f"{path}: {field} must have one list per step ({len(steps)})")
+  if "task_domains" in manifest and len(manifest["task_domains"]) != len(
+      manifest["task_classes"]):
+    raise ManifestError(f"{path}: task_domains has {len(manifest['task_domains'])} entries for"
+                        f" {len(manifest['task_classes'])} tasks; give one domain id per task")
   return manifest
 
 
-def _int_list(value, what: str, path: str) -> np.ndarray:
-  """`value` as an (n,) int64 array; ManifestError unless it is a flat JSON list of integers."""
-  ok = isinstance(value, list) and all(
-      isinstance(x, int) and not isinstance(x, bool) for x in value)
-  if not ok:
-    raise ManifestError(f"{path}: {what} must be a list of integers")
+def _int_list(value) -> np.ndarray:
+  """A list of integers `check_manifest` passed, as an (n,) int64 array."""
   return np.asarray(value, np.int64).reshape(-1)
 
 
+def _step_ids(manifest: dict) -> list[np.ndarray]:
+  """The manifest's `steps` (checked by `check_manifest`) as int64 arrays."""
+  return [_int_list(ids) for ids in manifest["steps"]]
 
-def _step_ids(manifest: dict, path: str) -> list[np.ndarray]:
-  """The manifest's `steps` as lists of ints; a malformed list is refused in one line."""
-  steps = manifest["steps"]
-  if not isinstance(steps, list) or not steps:
-    raise ManifestError(f"{path}: steps must be a non-empty list of lists of example ids")
-  return [_int_list(ids, f"steps[{i}]", path) for i, ids in enumerate(steps)]
 
 def _digest_lists(manifest: dict, step_ids: list[np.ndarray], path: str) -> list[list[str]]:
-  """`step_digests`, checked to hold one string per id of `steps`."""
+  """`step_digests` (of strings, one list per step: `check_manifest`), checked to hold one
+  digest per id of `steps`."""
   recorded = manifest["step_digests"]
-  ok = isinstance(recorded, list) and len(recorded) == len(step_ids) and all(
-      isinstance(x, list) and len(x) == len(ids) and all(isinstance(d, str) for d in x)
-      for x, ids in zip(recorded, step_ids, strict=False))
-  if not ok:
+  if any(len(x) != len(ids) for x, ids in zip(recorded, step_ids, strict=True)):
     raise ManifestError(f"{path}: step_digests must hold one digest (a string) per id of steps")
   return recorded
 
@@ -229,14 +334,10 @@ def replay_stream(manifest: dict, train_source, test_source, batch_size: int,
   Checked when present: `source`, `num_classes`, `step_labels`, `step_paths` (folder sources),
   `task_end_steps`, `test`; kept when present: `si_blurry`, `task_domains` (a domain stream,
   evaluated per domain).
-  Raises ManifestError (one line) on anything that does not fit the data or the batch size.
+  Raises ManifestError (one line) on a manifest its schema refuses (`check_manifest`) or on
+  anything that does not fit the data or the batch size.
   """
-  if manifest.get("format") != FORMAT:
-    raise ManifestError(f"{path}: format is {manifest.get('format')!r}, expected {FORMAT!r};"
-                        " set \"format\" to it (docs/replay.md describes the fields)")
-  for key in ("steps", "step_task", "task_classes"):
-    if key not in manifest:
-      raise ManifestError(f"{path}: the required field {key!r} is missing (docs/replay.md)")
+  check_manifest(manifest, path)
   name = _source_name(train_source)
   if "source" in manifest and manifest["source"] != name:
     raise _foreign(manifest, name, path)
@@ -244,7 +345,7 @@ def replay_stream(manifest: dict, train_source, test_source, batch_size: int,
   if "num_classes" in manifest and manifest["num_classes"] != num_classes:
     raise ManifestError(f"{path}: num_classes={manifest['num_classes']} but the data has"
                         f" {num_classes} classes; it was recorded on other data")
-  step_ids = _step_ids(manifest, path)
+  step_ids = _step_ids(manifest)
   for i, ids in enumerate(step_ids):
     if not 1 <= len(ids) <= batch_size:
       raise ManifestError(f"{path}: step {i} has {len(ids)} examples but learner.batch_size is"
@@ -258,7 +359,7 @@ def replay_stream(manifest: dict, train_source, test_source, batch_size: int,
           f" {int(counts.max())} times; a batch holds distinct examples: fix the manifest")
   flat = np.concatenate(step_ids)
   ids, counts = np.unique(flat, return_counts=True)
-  passes = int((manifest.get("params") or {}).get("epochs", 1) or 1)
+  passes = max(int((manifest.get("params") or {}).get("epochs", 1) or 1), 1)
   if counts.max() > passes:  # a stream sees each example once per pass over the data
     worst = int(ids[np.argmax(counts)])
     logging.warning(
@@ -276,21 +377,14 @@ def replay_stream(manifest: dict, train_source, test_source, batch_size: int,
   labels = np.asarray(train_source.labels, np.int64)[rows]
   offsets = np.cumsum([0] + [len(ids) for ids in step_ids])
   if "step_labels" in manifest:
-    recorded = manifest["step_labels"]
-    if not isinstance(recorded, list) or len(recorded) != len(step_ids):
-      raise ManifestError(f"{path}: step_labels must have one list per step ({len(step_ids)})")
-    for i, x in enumerate(recorded):
-      if not np.array_equal(_int_list(x, f"step_labels[{i}]", path),
-                            labels[offsets[i]:offsets[i + 1]]):
+    for i, x in enumerate(manifest["step_labels"]):
+      if not np.array_equal(_int_list(x), labels[offsets[i]:offsets[i + 1]]):
         raise ManifestError(
             f"{path}: step {i}'s step_labels differ from the data's labels of its ids; the"
             " manifest was edited or recorded on other data: refusing to replay it")
   train_paths = paths_of(train_source)
   if "step_paths" in manifest and train_paths is not None:
-    recorded = manifest["step_paths"]
-    if not isinstance(recorded, list) or len(recorded) != len(step_ids):
-      raise ManifestError(f"{path}: step_paths must have one list per step ({len(step_ids)})")
-    for i, x in enumerate(recorded):
+    for i, x in enumerate(manifest["step_paths"]):
       if x != [train_paths[r] for r in rows[offsets[i]:offsets[i + 1]]]:
         raise ManifestError(
             f"{path}: step {i}'s step_paths differ from the files of its ids in data.data_dir;"
@@ -303,17 +397,13 @@ def replay_stream(manifest: dict, train_source, test_source, batch_size: int,
         raise ManifestError(
             f"{path}: step {i}'s step_digests differ from the images of its ids in {name!r}; the"
             " images changed since the manifest was recorded: refusing to replay it")
-  step_task = _int_list(manifest["step_task"], "step_task", path)
-  n_tasks = len(manifest["task_classes"]) if isinstance(manifest["task_classes"], list) else 0
-  if len(step_task) != len(step_ids):
-    raise ManifestError(f"{path}: step_task has {len(step_task)} entries for {len(step_ids)}"
-                        " steps; give one task per step")
+  step_task = _int_list(manifest["step_task"])
+  n_tasks = len(manifest["task_classes"])
   if n_tasks < 1 or step_task[0] != 0 or np.any(np.diff(step_task) < 0) or np.any(
       np.diff(step_task) > 1) or step_task[-1] != n_tasks - 1:
     raise ManifestError(f"{path}: step_task must run through the tasks 0..{n_tasks - 1} of"
                         " task_classes in order, each task a contiguous run of steps")
-  task_classes = tuple(np.unique(_int_list(c, f"task_classes[{t}]", path))
-                       for t, c in enumerate(manifest["task_classes"]))
+  task_classes = tuple(np.unique(_int_list(c)) for c in manifest["task_classes"])
   for t, classes in enumerate(task_classes):
     if len(classes) and (classes.min() < 0 or classes.max() >= num_classes):
       raise ManifestError(f"{path}: task_classes[{t}] names classes outside [0, {num_classes})")
@@ -324,29 +414,19 @@ def replay_stream(manifest: dict, train_source, test_source, batch_size: int,
                           f" task_classes[{t}] does not list; add them to the task's classes")
   extra = {}
   if "si_blurry" in manifest:
-    if not isinstance(manifest["si_blurry"], dict):
-      raise ManifestError(f"{path}: si_blurry must be an object with disjoint_classes and"
-                          " home_task")
-    extra = {"disjoint_classes": _int_list(manifest["si_blurry"].get("disjoint_classes"),
-                                           "si_blurry.disjoint_classes", path),
-             "home_task": _int_list(manifest["si_blurry"].get("home_task"),
-                                    "si_blurry.home_task", path)}
+    extra = {"disjoint_classes": _int_list(manifest["si_blurry"]["disjoint_classes"]),
+             "home_task": _int_list(manifest["si_blurry"]["home_task"])}
   if "task_domains" in manifest:  # a domain stream: evaluated per domain (docs/streams.md)
-    extra["task_domains"] = _int_list(manifest["task_domains"], "task_domains", path)
-    if len(extra["task_domains"]) != n_tasks:
-      raise ManifestError(f"{path}: task_domains has {len(extra['task_domains'])} entries for"
-                          f" {n_tasks} tasks; give one domain id per task")
+    extra["task_domains"] = _int_list(manifest["task_domains"])
   stream = Stream(steps=tuple(rows[offsets[i]:offsets[i + 1]] for i in range(len(step_ids))),
                   step_task=step_task, task_classes=task_classes, **extra)
-  if "task_end_steps" in manifest and _int_list(
-      manifest["task_end_steps"], "task_end_steps", path).tolist() != (
+  if "task_end_steps" in manifest and _int_list(manifest["task_end_steps"]).tolist() != (
           stream.task_end_steps().tolist()):
     raise ManifestError(f"{path}: task_end_steps {manifest['task_end_steps']} disagree with"
                         f" step_task (last step of each task: {stream.task_end_steps().tolist()})")
   if "test" in manifest:
     test = manifest["test"]
-    test_ids = _int_list(test.get("ids") if isinstance(test, dict) else None, "test.ids", path)
-    test_labels = _int_list(test.get("labels"), "test.labels", path)
+    test_ids, test_labels = _int_list(test["ids"]), _int_list(test["labels"])
     test_paths, test_digests = paths_of(test_source), digests_of(test_source)
     if not (np.array_equal(test_ids, record_ids(test_source))
             and np.array_equal(test_labels, np.asarray(test_source.labels, np.int64))
@@ -446,6 +526,7 @@ def translate_manifest(manifest: dict, train_source, test_source,
   order): the split is the manifest's, whatever this source's own. `replay_stream` then checks
   and replays it as usual. Raises ManifestError (one line) when the manifest records no digests,
   or when an image is not here (naming how many, and one)."""
+  check_manifest(manifest, path)
   here, there = _source_name(train_source), manifest["source"]
   if _dataset_of(there) != _dataset_of(here):
     raise _foreign(manifest, here, path)
@@ -463,7 +544,7 @@ def translate_manifest(manifest: dict, train_source, test_source,
   if manifest.get("digest") != kind:
     raise ManifestError(f"{path}: its digests are {manifest.get('digest')!r} but {here!r}"
                         f" computes {kind!r}; it was recorded on another dataset")
-  step_ids = _step_ids(manifest, path)
+  step_ids = _step_ids(manifest)
   step_digests = _digest_lists(manifest, step_ids, path)
   step_labels = manifest.get("step_labels")
   if not (isinstance(step_labels, list) and len(step_labels) == len(step_ids) and all(
@@ -500,9 +581,7 @@ def translate_manifest(manifest: dict, train_source, test_source,
   here_of = dict(zip(train_ids, pool[0][found].tolist(), strict=True))
   test = manifest["test"]
   test_digests = test["digests"]
-  test_labels = _int_list(test.get("labels"), "test.labels", path).tolist()
-  if not (isinstance(test_digests, list) and all(isinstance(d, str) for d in test_digests)):
-    raise ManifestError(f"{path}: test.digests must be a list of strings")
+  test_labels = test["labels"]
   if len(test_labels) != len(test_digests):
     raise ManifestError(f"{path}: test.labels must give one label per test.digests entry")
   test_pool = pool if shared else other

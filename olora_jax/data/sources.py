@@ -220,11 +220,12 @@ def resolve_callable(spec: str) -> Callable:
   return fn
 
 
-def _user_arrays(name: str, split: str, images, labels) -> tuple[np.ndarray, np.ndarray]:
+def _user_arrays(name: str, split: str | None, images, labels) -> tuple[np.ndarray, np.ndarray]:
   """A user dataset's (images, labels) as arrays, each defect refused in one line naming the
-  dataset function and the fix: no examples, images of mixed shapes or of the wrong rank,
-  labels that are not integers."""
-  what = f"data.dataset={name!r} ({split})"
+  dataset function and the fix: no examples, images of mixed shapes, of the wrong rank or
+  channel count or not uint8, labels that are not integers. Shapes are those the function
+  returned (`split` None: its one pool, before the run splits it)."""
+  what = f"data.dataset={name!r}" + (f" ({split})" if split else "")
   if len(images) == 0 or len(labels) == 0:
     raise ValueError(f"{what} returned no examples ({len(images)} images, {len(labels)}"
                      " labels); return at least one example of every class")
@@ -240,6 +241,12 @@ def _user_arrays(name: str, split: str, images, labels) -> tuple[np.ndarray, np.
     raise ValueError(f"{what}: images must be one array (N, H, W, 1|3), got shape"
                      f" {images.shape} and dtype {images.dtype}; stack them, adding a channel"
                      " axis for grey images (images[..., None])")
+  if images.shape[-1] not in (1, 3):
+    raise ValueError(f"{what}: images must be (N, H, W, 1|3), got shape {images.shape};"
+                     " convert them to grey or RGB NHWC")
+  if images.dtype != np.uint8:
+    raise ValueError(f"{what}: images must be uint8, got {images.dtype} (shape {images.shape});"
+                     " store 8-bit pixels (0..255), e.g. (x * 255).round().astype(np.uint8)")
   labels = np.asarray(labels)
   if labels.dtype.kind in "USO":
     example = str(labels.reshape(-1)[0])
@@ -254,12 +261,13 @@ def _user_arrays(name: str, split: str, images, labels) -> tuple[np.ndarray, np.
   return images, labels
 
 
-def _as_source(name: str, split: str, value) -> Source:
-  """A user split: a `Source`-like object, or a tuple (images, labels[, domains])."""
+def _as_source(name: str, split: str, value, pool: bool = False) -> Source:
+  """A user split (`pool`: the one pool the run splits): a `Source`-like object, or a tuple
+  (images, labels[, domains])."""
   if hasattr(value, "labels") and hasattr(value, "get"):
     return value
   if isinstance(value, (tuple, list)) and len(value) in (2, 3):
-    images, labels = _user_arrays(name, split, value[0], value[1])
+    images, labels = _user_arrays(name, None if pool else split, value[0], value[1])
     domains = None if len(value) == 2 or value[2] is None else np.asarray(value[2], np.int64)
     if domains is not None and domains.shape != labels.shape:
       raise ValueError(f"data.dataset={name!r} ({split}): domains {domains.shape} and labels"
@@ -300,7 +308,7 @@ def load_user_sources(data_config: ml_collections.ConfigDict) -> tuple[Source, S
     if isinstance(train, Source) and isinstance(test, Source):
       train, test = (dataclasses.replace(s, num_classes=num_classes) for s in (train, test))
     return train, test
-  pool = _as_source(name, "train", loaded)
+  pool = _as_source(name, "train", loaded, pool=True)
   images, labels = pool.get(np.arange(len(pool)))
   return split_arrays(name, np.asarray(images), np.asarray(labels), domains_of(pool),
                       data_config.test_fraction, data_config.split_seed)

@@ -59,10 +59,16 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import os
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
+from olora_jax import errors
+
 BATCH_KEYS = frozenset({"images", "labels", "mask"})
+# What every metrics.jsonl line sets itself (olora_jax/runlog.py): no event value, `train` value
+# or scalar may use these names.
+RESERVED_LOG_KEYS = frozenset({"step", "samples_seen", "event"})
 
 
 class StepReport(NamedTuple):
@@ -123,6 +129,165 @@ def check_signatures(method: Method) -> None:
           " docs/methods/interface.md)") from e
 
 
+class MethodError(errors.BadInput):
+  """A method's hook returned what the loop cannot take (exit 2): the line names the hook's file
+  and line. Every process runs the same hook on the same values, so each raises it at the same
+  point."""
+
+  every_process = True
+
+
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.realpath(__file__))) + os.sep
+
+
+def source_of(fn: Callable) -> str:
+  """'file:line' where `fn` (a method's hook) is defined, through functools.partial and
+  decorators; '' when it has no Python source (a builtin)."""
+  fn = inspect.unwrap(getattr(fn, "func", fn))
+  if not inspect.isfunction(fn) and not inspect.ismethod(fn):  # a callable object: its __call__
+    fn = vars(type(fn)).get("__call__", fn)
+  code = getattr(fn, "__code__", None)
+  return f"{code.co_filename}:{code.co_firstlineno}" if code is not None else ""
+
+
+def hook_error(method: Method, hook: str, problem: str, fix: str) -> errors.RunError:
+  """The one line of a hook's bad return: `method`'s `hook` (at its file and line) `problem`;
+  `fix`. A hook in the user's own file is theirs to fix (exit 2); one inside olora_jax is a bug
+  to report (exit 1)."""
+  where = source_of(getattr(method, hook))
+  at = f" ({where})" if where else ""
+  line = f"method={method.name!r}: its {hook}{at} {problem}"
+  if where and os.path.realpath(where.rpartition(":")[0]).startswith(_PACKAGE_DIR):
+    return errors.InternalError(f"unexpected: {line}; please report it with the error log")
+  return MethodError(f"{line}; {fix} (the method interface: docs/methods/interface.md), then run"
+                     " the same command: it resumes from the newest checkpoint, if there is one")
+
+
+def json_problem(value: Any, path: str = "host") -> str:
+  """'' when `value` goes through a JSON checkpoint and back unchanged in kind (dicts with str
+  keys, lists, tuples, str, int, float, bool, None), else the first place that does not, as
+  `host['x'] is a numpy.ndarray`."""
+  if value is None or isinstance(value, (str, bool, int, float)):
+    return ""
+  if isinstance(value, dict):
+    for key, item in value.items():
+      if not isinstance(key, str):
+        return (f"{path} has the key {key!r} of type {type(key).__name__} (a JSON checkpoint"
+                " turns it into a string)")
+      found = json_problem(item, f"{path}[{key!r}]")
+      if found:
+        return found
+    return ""
+  if isinstance(value, (list, tuple)):
+    for i, item in enumerate(value):
+      found = json_problem(item, f"{path}[{i}]")
+      if found:
+        return found
+    return ""
+  kind = type(value)
+  return f"{path} is a {kind.__module__}.{kind.__qualname__}"
+
+
+HOST_FIX = ("keep arrays in the state, and give the host record only dicts with string keys,"
+            " lists, strings and Python numbers (e.g. float(x) or x.tolist())")
+
+
+def check_host(method: Method, hook: str, host: Any) -> None:
+  """Refuses (`MethodError`) a host record `hook` returned that a checkpoint cannot store as
+  JSON and give back: not a dict, or holding an array, a NumPy scalar, a non-string key, ..."""
+  if not isinstance(host, dict):
+    raise hook_error(method, hook, f"returned a host record of type {type(host).__name__}",
+                     "return the host record as a dict")
+  problem = json_problem(host)
+  if problem:
+    raise hook_error(method, hook, f"returned a host record that a checkpoint cannot store:"
+                     f" {problem}", HOST_FIX)
+
+
+class HookCheck:
+  """Checks what a method's hooks return before the loop uses it. `after_step`'s first return
+  is checked in full (its host record through JSON too); later ones by their shape and names
+  alone (a few set operations per step): a later host record that a checkpoint cannot store is
+  named when the checkpoint finds it (`host_failed`)."""
+
+  def __init__(self, method: Method):
+    self.method = method
+    self.first = True
+
+  def init_host(self) -> dict:
+    """`init_host()`, checked: the record before the first step (before any compute)."""
+    host = self.method.init_host()
+    check_host(self.method, "init_host", host)
+    return host
+
+  def scalars(self, scalars: dict) -> None:
+    """The train step's scalars (the same names every step: checked at the first)."""
+    clash = sorted(RESERVED_LOG_KEYS.intersection(scalars))
+    if clash:
+      raise hook_error(self.method, "train_step", f"returned the scalar(s) {_names(clash)},"
+                       " which every metrics.jsonl line sets itself (step, samples_seen, event)",
+                       "rename them in the scalars it returns")
+
+  def after_step(self, result: Any, scalars: dict) -> tuple[Any, dict, StepReport]:
+    """`after_step`'s return as (state, host, StepReport), or `MethodError` naming the hook."""
+    if type(result) is not tuple or len(result) != 3:
+      got = (f"{len(result)} values" if isinstance(result, (tuple, list)) else
+             f"a {type(result).__name__}")
+      raise hook_error(self.method, "after_step", f"returned {got}",
+                       "return three values: state, host, StepReport(...)")
+    _, host, report = result
+    if not isinstance(report, StepReport):
+      raise hook_error(self.method, "after_step", "returned a third value of type"
+                       f" {type(report).__name__}", "return StepReport(events=...,"
+                       " train_values=...) (olora_jax.methods.base.StepReport) as the third value")
+    for event in report.events:
+      if (type(event) is not tuple or len(event) != 2 or not isinstance(event[0], str)
+          or not isinstance(event[1], dict)):
+        raise hook_error(self.method, "after_step", f"returned the event {event!r}",
+                         "give each event as a pair (name: str, values: dict)")
+      clash = RESERVED_LOG_KEYS.intersection(event[1])
+      if clash:
+        raise hook_error(self.method, "after_step", f"returned the event {event[0]!r} with the"
+                         f" value(s) {_names(clash)}, which every metrics.jsonl line sets itself"
+                         " (step, samples_seen, event)", "rename them in that event's values")
+    values = report.train_values
+    if not isinstance(values, dict):
+      raise hook_error(self.method, "after_step", "returned train_values of type"
+                       f" {type(values).__name__}", "give train_values as a dict")
+    if values and not (RESERVED_LOG_KEYS.isdisjoint(values) and scalars.keys().isdisjoint(values)):
+      clash = RESERVED_LOG_KEYS.union(scalars).intersection(values)
+      raise hook_error(self.method, "after_step", f"returned the train value(s) {_names(clash)},"
+                       " which the step's train line already has (step, samples_seen, event and"
+                       f" the train step's scalars {_names(scalars)})",
+                       "rename them in StepReport(train_values=...)")
+    if self.first:
+      check_host(self.method, "after_step", host)
+      self.first = False
+    elif type(host) is not dict:
+      check_host(self.method, "after_step", host)
+    return result
+
+  def at_boundary(self, result: Any) -> tuple[Any, dict]:
+    """`at_boundary`'s return as (state, host), checked in full (it runs once per boundary)."""
+    if type(result) is not tuple or len(result) != 2:
+      got = (f"{len(result)} values" if isinstance(result, (tuple, list)) else
+             f"a {type(result).__name__}")
+      raise hook_error(self.method, "at_boundary", f"returned {got}",
+                       "return two values: state, host")
+    check_host(self.method, "at_boundary", result[1])
+    return result
+
+  def host_failed(self, host: Any) -> None:
+    """Called when a checkpoint could not store the run's host record: `MethodError` naming
+    `after_step` when the method's record is the cause (else the caller's error stands)."""
+    if self.method.after_step is not None:
+      check_host(self.method, "after_step", host)
+
+
+def _names(keys) -> str:
+  return ", ".join(repr(k) for k in sorted(keys))
+
+
 @dataclasses.dataclass(frozen=True)
 class Context:
   """What every method builder may read: the resolved config and the run's static facts."""
@@ -135,6 +300,8 @@ class Context:
   image_shape: tuple[int, int, int]  # (H, W, 3) of a model input
   stream_samples: int = 0  # training samples in the run's stream (0: not known, e.g. in tests)
   stream_steps: int = 0  # training steps of the run's stream (0: not known)
+  # The items of each stream step's batch (a short step is padded and masked); () not known.
+  stream_step_items: tuple[int, ...] = ()
 
 
 def check_batch(batch: dict) -> None:

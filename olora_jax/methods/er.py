@@ -46,7 +46,8 @@ def with_given_draws(ctx: base.Context, block, init, draws_per_step: int = 1):
   if not path:
     return init
   draws = replay.read_draws(path, block.buffer_size, ctx.batch_size,
-                            common.replay_batch(ctx, block), ctx.stream_steps, draws_per_step)
+                            common.replay_batch(ctx, block), ctx.stream_steps, draws_per_step,
+                            ctx.stream_step_items or None)
 
   def init_given(key, params):
     return {**init(key, params), "given_draws": jax.tree.map(jnp.asarray, draws)}

@@ -18,7 +18,7 @@ resumed run makes the same draws):
 Given draws (`data.replay_draws`, docs/replay.md): instead of the run's own keys, a run can take
 each step's reservoir decisions and replay draws from a file, another codebase's, so that the two
 runs store and replay the same samples (`read_draws`, `given_update`, `given_sample`). The file is
-one JSON object:
+one JSON object, checked against this schema by `check_draws` before any compute:
 
     format          "olora-jax replay draws v1"
     stored_slot     T lists (one per stream step), one entry per item of the step's batch: the
@@ -173,14 +173,13 @@ REPLAY_FIELDS = ("replayed_slots", "second_replayed_slots")  # a step's draws, i
 
 
 def read_draws(path: str, capacity: int, batch_size: int, replay_batch: int,
-               n_steps: int, draws_per_step: int = 1) -> dict:
+               n_steps: int, draws_per_step: int = 1, step_items=None) -> dict:
   """The draws file `path` (module docstring) as {"stored_slot" (T, B) int32, "replayed_slots"
   (T, R) int32} (and "second_replayed_slots" (T, R) when `draws_per_step` is 2), -1 padded, for a
   run of `n_steps` steps of at most `batch_size` items, a buffer of `capacity` slots and
-  `replay_batch` = R per draw. Refused (DrawsError, one line) unless it has one entry per step
-  and exactly the method's draws a step, every stored slot is in [-1, capacity), and every
-  replayed slot is distinct within its draw and already filled by an earlier step's stored
-  items."""
+  `replay_batch` = R per draw; `step_items` (one count per step: the items of each stream step's
+  batch), when given, is what each step's `stored_slot` must match. Checked first, before any
+  compute, by `check_draws` (DrawsError, one line naming the file, the row and the value)."""
   where = f"data.replay_draws={path!r}"
   if not os.path.isfile(path):
     raise FileNotFoundError(f"{where} does not exist; give the path of a replay-draws JSON file")
@@ -189,37 +188,69 @@ def read_draws(path: str, capacity: int, batch_size: int, replay_batch: int,
       draws = json.load(f)
     except json.JSONDecodeError as e:
       raise DrawsError(f"{where} is not JSON ({e})") from None
+  fields = REPLAY_FIELDS[:draws_per_step]
+  check_draws(draws, where, capacity, batch_size, replay_batch, n_steps, draws_per_step,
+              step_items)
+  out = {"stored_slot": np.full((n_steps, batch_size), -1, np.int32),
+         **{name: np.full((n_steps, replay_batch), -1, np.int32) for name in fields}}
+  for t, slots in enumerate(draws["stored_slot"]):
+    out["stored_slot"][t, :len(slots)] = slots
+    for name in fields:
+      out[name][t, :len(draws[name][t])] = draws[name][t]
+  return out
+
+
+def _is_int(v) -> bool:
+  return isinstance(v, int) and not isinstance(v, bool)  # JSON's true is no slot
+
+
+def check_draws(draws, where: str, capacity: int, batch_size: int, replay_batch: int,
+                n_steps: int, draws_per_step: int = 1, step_items=None) -> None:
+  """The one check of a replay-draws file against its documented schema (docs/replay.md): a JSON
+  object of the format, with `stored_slot` and the method's `draws_per_step` replay fields, each
+  a list of one list of integers per stream step (`n_steps`); each step's `stored_slot` one slot
+  per item of its batch (`step_items`, else at most `batch_size`), each in [-1, `capacity`);
+  each replay draw at most `replay_batch` distinct slots, each filled by an earlier step. Raises
+  DrawsError naming `where` (the file), the row and the value."""
   if not isinstance(draws, dict) or draws.get("format") != DRAWS_FORMAT:
     raise DrawsError(f"{where}: not a replay-draws file (its format must be {DRAWS_FORMAT!r})")
   fields = REPLAY_FIELDS[:draws_per_step]
   if REPLAY_FIELDS[1] in draws and draws_per_step == 1:
     raise DrawsError(f"{where} has two replay draws a step ({REPLAY_FIELDS[1]}); the method"
                      " draws one: record the draws from the same method")
-  stored, replayed = draws.get("stored_slot"), [draws.get(name) for name in fields]
-  for name, lists in (("stored_slot", stored), *zip(fields, replayed, strict=True)):
-    if not (isinstance(lists, list) and all(
-        isinstance(x, list) and all(isinstance(v, int) for v in x) for x in lists)):
+  for name in ("stored_slot", *fields):
+    lists = draws.get(name)
+    if not (isinstance(lists, list) and all(isinstance(x, list) for x in lists)):
       raise DrawsError(f"{where}: {name} must be a list of lists of integers, one per step")
     if len(lists) != n_steps:
       raise DrawsError(f"{where}: {name} has {len(lists)} steps, the run's stream {n_steps};"
                        " record the draws on the same stream manifest")
-  out = {"stored_slot": np.full((n_steps, batch_size), -1, np.int32),
-         **{name: np.full((n_steps, replay_batch), -1, np.int32) for name in fields}}
+    for t, row in enumerate(lists):
+      bad = next((i for i, v in enumerate(row) if not _is_int(v)), None)
+      if bad is not None:
+        slots = (f"a buffer slot in [-1, {capacity}) (-1: not stored)" if name == "stored_slot"
+                 else f"buffer slots in [0, {capacity})")
+        raise DrawsError(f"{where}: {name}[{t}][{bad}] is {json.dumps(row[bad])}, not an"
+                         f" integer; give {slots}")
   filled = np.zeros(capacity, bool)
-  for t, slots in enumerate(stored):
-    if len(slots) > batch_size or any(not -1 <= v < capacity for v in slots):
-      raise DrawsError(f"{where}: step {t} stores {slots}; give at most learner.batch_size="
-                       f"{batch_size} slots in [-1, {capacity}) (the buffer's size)")
-    for name, lists in zip(fields, replayed, strict=True):
-      drawn = lists[t]
+  for t, slots in enumerate(draws["stored_slot"]):
+    items = batch_size if step_items is None else int(step_items[t])
+    if len(slots) > items or (step_items is not None and len(slots) != items):
+      raise DrawsError(f"{where}: stored_slot[{t}] has {len(slots)} entries but stream step {t}"
+                       f" has {items} items; give one slot (or -1) per item of each step's batch,"
+                       " recorded on the same stream manifest and learner.batch_size")
+    outside = next((i for i, v in enumerate(slots) if not -1 <= v < capacity), None)
+    if outside is not None:
+      raise DrawsError(f"{where}: stored_slot[{t}][{outside}] is {slots[outside]}, outside"
+                       f" [-1, {capacity}); give a slot of the buffer (its size is the method's"
+                       " buffer_size) or -1")
+    for name in fields:
+      drawn = draws[name][t]
       if len(drawn) > replay_batch or len(set(drawn)) != len(drawn) or not all(
           0 <= v < capacity and filled[v] for v in drawn):
         raise DrawsError(f"{where}: step {t} replays slots {drawn}; give at most"
                          f" {replay_batch} distinct slots, each filled by an earlier step")
-      out[name][t, :len(drawn)] = drawn
-    out["stored_slot"][t, :len(slots)] = slots
     filled[[v for v in slots if v >= 0]] = True
-  return out
 
 
 def given_update(buf: ReplayBuffer, batch: dict, slots: jax.Array, input_scale: str,
