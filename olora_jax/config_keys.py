@@ -13,6 +13,8 @@ the docs build and tests/test_config_keys.py refuse a key without one.
                                (their value, the file and setting, the batch a rate was set at),
                                the Online-LoRA paper's appendix tables (batch 64, Adam), or this
                                project's own choice (and why)
+    Constant(meaning, source)  a module constant that carries a number (a scale, an eps, a
+                               probability), declared in its module's `CONSTANTS` {name: Constant}
     block(about, **keys)       a plain `ml_collections.ConfigDict` of the keys' defaults (a value
                                that is a ConfigDict is a sub-block), remembering each key's meaning
                                and the block's `about` line for the reference
@@ -20,10 +22,25 @@ the docs build and tests/test_config_keys.py refuse a key without one.
     meanings(config)           {dotted key: meaning} of every key that has one, in declared order
     unexplained(config)        the dotted keys without a meaning (an empty or name-only one counts)
     sources(config)            {dotted key: Source} of every key declared with one
+    shown(value)               a value as the method pages show it (repr; a float under 1e-3 or
+                               from 1e6 in short scientific form, 1e-4), the form a reason names
+                               it in
     describe(source)           a Source as one line for the method pages
     source_rows(config)        (key, default, meaning, source) rows of a method's Keys table
-    unsourced(config)          the dotted keys without a source, and those whose default differs
-                               from their source's value without a stated reason
+    unsourced(config)          the dotted keys without a source, those whose default differs
+                               from their source's value without a stated reason, and those
+                               whose reason does not name the default it justifies
+    numeric_constants(module)  {name: value} of a module's numbers at module level
+    constant_rows(module)      (name, value, meaning, source) rows of its declared constants
+    unsourced_constants(module)
+                               `unsourced`'s lines for a module's numeric constants: undeclared,
+                               or off their source's value without a reason naming the value
+
+A reason names the value it justifies by opening with it, as `shown` writes it: `differs` (and an
+`unscaled` on a rate that is not its source's value) opens with our default ("1e-4, ER's rate..."),
+and so does an `ours` reason that quotes any number; a reason that still names an old value, or
+names ours only somewhere among others, is refused. An `unscaled` reason on a rate equal to its
+source's value needs no number: that the rate is kept as set is the equality the check compares.
 
 A key given as a bare value (`block("...", rank=4)`) has no meaning: the config works, the docs
 build fails naming it. The meanings ride on the ConfigDict objects `block` makes, not in their
@@ -203,6 +220,41 @@ def sources(config: ml_collections.ConfigDict, prefix: str = "") -> dict[str, So
   return out
 
 
+def shown(value) -> str:
+  """`value` as the method pages show it and as a reason must name it: its repr, except a float
+  of magnitude under 1e-3 (not 0) or from 1e6 up, which is written in short scientific form (1e-4,
+  2.5e-5, -1e9) when that reads back as the same float; a tuple or list shows each item so."""
+  if isinstance(value, (tuple, list)):
+    inner = ", ".join(shown(v) for v in value)
+    if isinstance(value, list):
+      return f"[{inner}]"
+    return f"({inner}{',' if len(value) == 1 else ''})"
+  if isinstance(value, float) and value and not 1e-3 <= abs(value) < 1e6:
+    mantissa, exponent = f"{value:.15e}".split("e")
+    short = f"{mantissa.rstrip('0').rstrip('.')}e{int(exponent)}"
+    if float(short) == value:
+      return short
+  return repr(value)
+
+
+# What may follow the value a reason opens with: not a character that would make it another value
+# (10 -> 100 or 10.5, 0.1 -> 0.15, 1e-4 -> 1e-45, 5 -> 5,000).
+_VALUE_END = re.compile(r"(?!\w|[.,]\w)")
+
+
+def names_value(value, reason: str) -> bool:
+  """Whether `reason` opens with `value` as `shown` writes it (a string may also be named bare,
+  'adam' as adam), followed by no character that makes it another value."""
+  text = reason.strip()
+  spellings = [shown(value)] + ([value] if isinstance(value, str) and value else [])
+  return any(text.startswith(s) and _VALUE_END.match(text, len(s)) for s in spellings)
+
+
+def quotes_number(text: str) -> bool:
+  """Whether `text` quotes a number (a digit)."""
+  return any(ch.isdigit() for ch in text)
+
+
 def describe(source: Source) -> str:
   """One line for a reader: "the authors': 0.01 at batch 128 (repo, file: setting); ...", "the
   Online-LoRA paper's: ...", or "ours: why"."""
@@ -212,14 +264,14 @@ def describe(source: Source) -> str:
                                                                              source.kind)
   at = f" at batch {source.batch}" if source.batch else ""
   notes = "".join(f"; {text}" for text in (source.differs, source.unscaled) if text)
-  return f"{owner}: {source.value!r}{at} ({source.where}){notes}"
+  return f"{owner}: {shown(source.value)}{at} ({source.where}){notes}"
 
 
 def source_rows(config: ml_collections.ConfigDict) -> list[list[str]]:
   """One row per key of a method's block, as its page shows it (the `key-sources` directive):
-  the key, repr(default), its meaning and `describe(source)` ('none declared' without one)."""
+  the key, `shown(default)`, its meaning and `describe(source)` ('none declared' without one)."""
   found, given = sources(config), meanings(config)
-  return [[key, repr(default), given.get(key, ""),
+  return [[key, shown(default), given.get(key, ""),
            describe(found[key]) if key in found else "none declared"]
           for key, default in leaves(config)]
 
@@ -233,27 +285,122 @@ def same_value(a, b) -> bool:
   return a == b
 
 
+def source_problem(key: str, default, source: Source | None, reference_batch=None) -> str:
+  """Why `source` does not trace `default` (key or constant `key`), or '' when it does: no source,
+  a malformed one (an unknown kind, no `where`), a default off the authors' or the paper's value
+  without a reason, a reason that does not open with the default it justifies, an `ours` reason
+  that quotes a number but not the default first, or a rate set at another batch than
+  `reference_batch` (the block's `lr_reference_batch`) that is neither scaled nor kept with a
+  reason."""
+  if source is None:
+    return (f"{key} (default {shown(default)}): no source declared; give its Key a third"
+            " argument, authors(...), paper(...) or ours('why')")
+  if source.kind not in SOURCE_KINDS or not source.where.strip():
+    return f"{key}: source {source!r} needs a kind of {SOURCE_KINDS} and a 'where'"
+  if source.kind == "ours":
+    if quotes_number(source.where) and not names_value(default, source.where):
+      return (f"{key}: our reason {source.where!r} quotes a number but does not open with the"
+              f" default it justifies, {shown(default)}; begin it with \"{shown(default)}, ...\"")
+    return ""
+  kept = same_value(default, source.value)
+  if not kept and not source.differs.strip():
+    return (f"{key}: default {shown(default)} differs from the {source.kind}' value"
+            f" {shown(source.value)} ({source.where}) without a stated reason (differs=...)")
+  for field in ("differs", "unscaled"):
+    reason = getattr(source, field)
+    if reason.strip() and not (field == "unscaled" and kept) and not names_value(default, reason):
+      return (f"{key}: its {field}= reason {reason!r} does not name the default it justifies,"
+              f" {shown(default)} (the {source.kind}' value is {shown(source.value)}); begin it"
+              f" with \"{shown(default)}, ...\"")
+  if source.batch and not source.unscaled.strip() and reference_batch != source.batch:
+    return (f"{key}: a rate set at batch {source.batch} ({source.where}) is neither scaled (the"
+            f" block's lr_reference_batch is {reference_batch!r}) nor kept with a reason"
+            " (unscaled=...)")
+  return ""
+
+
 def unsourced(config: ml_collections.ConfigDict) -> list[str]:
-  """One line per key of `config` (a method's block) whose default has no declared source, or
-  whose source is not well formed (an unknown kind, no `where`), or whose default differs from
-  the authors' or the paper's value without a stated reason, or which is a learning rate set at
+  """One line per key of `config` (a method's block) that `source_problem` finds untraced: no
+  declared source, a malformed one, a default off the authors' or the paper's value without a
+  reason, a reason that does not open with the default it justifies, or a learning rate set at
   another batch that is neither scaled by the block's `lr_reference_batch` (the same batch) nor
   kept with a reason; [] when every default is traced."""
-  found, lines = sources(config), []
-  for key, default in leaves(config):
-    source = found.get(key)
-    if source is None:
-      lines.append(f"{key} (default {default!r}): no source declared; give its Key a third"
-                   " argument, authors(...), paper(...) or ours('why')")
-    elif source.kind not in SOURCE_KINDS or not source.where.strip():
-      lines.append(f"{key}: source {source!r} needs a kind of {SOURCE_KINDS} and a 'where'")
-    elif (source.kind != "ours" and not same_value(default, source.value)
-          and not source.differs.strip()):
-      lines.append(f"{key}: default {default!r} differs from the {source.kind}' value"
-                   f" {source.value!r} ({source.where}) without a stated reason (differs=...)")
-    elif (source.batch and not source.unscaled.strip()
-          and config.get("lr_reference_batch") != source.batch):
-      lines.append(f"{key}: a rate set at batch {source.batch} ({source.where}) is neither"
-                   " scaled (the block's lr_reference_batch is"
-                   f" {config.get('lr_reference_batch')!r}) nor kept with a reason (unscaled=...)")
+  found = sources(config)
+  lines = [source_problem(key, default, found.get(key), config.get("lr_reference_batch"))
+           for key, default in leaves(config)]
+  return [line for line in lines if line]
+
+
+class Constant(NamedTuple):
+  """A module constant that carries a number, as its module's `CONSTANTS` {name: Constant}
+  declares it: one line of what it does, and where its value comes from (a `Source`; the value
+  itself is the module's, compared with the source's)."""
+
+  meaning: str
+  source: Source
+
+
+def _is_number(value) -> bool:
+  if isinstance(value, bool):
+    return False
+  if isinstance(value, (int, float)):
+    return True
+  if isinstance(value, (tuple, list)):
+    return bool(value) and all(_is_number(v) for v in value)
+  return type(value).__name__ == "ndarray" and value.dtype.kind in "iuf"
+
+
+def numeric_constants(module) -> dict[str, Any]:
+  """{name: value} of `module`'s public upper-case module-level numbers: an int or float (not a
+  bool), a tuple or list of them, or a NumPy array of them."""
+  return {name: value for name, value in vars(module).items()
+          if name.isupper() and not name.startswith("_") and _is_number(value)}
+
+
+def _plain(value):
+  """A NumPy array as a tuple of its items, each float the shortest decimal that reads back as
+  the array's item (a float32 0.299 as 0.299)."""
+  if type(value).__name__ != "ndarray":
+    return value
+  if value.dtype.kind == "f":
+    return tuple(float(str(item)) for item in value.ravel())
+  return tuple(int(item) for item in value.ravel())
+
+
+def _same_constant(value, declared) -> bool:
+  if type(value).__name__ == "ndarray":  # the declared numbers, in the array's dtype
+    import numpy as np
+    return bool(np.array_equal(value, np.asarray(declared, value.dtype)))
+  return same_value(value, declared)
+
+
+def constant_rows(module) -> list[list[str]]:
+  """(name, `shown(value)`, meaning, `describe(source)`) of each constant `module` declares in
+  its `CONSTANTS`, in declared order (a method page's constants table)."""
+  return [[name, shown(_plain(getattr(module, name, None))), constant.meaning,
+           describe(constant.source)]
+          for name, constant in getattr(module, "CONSTANTS", {}).items()]
+
+
+def unsourced_constants(module) -> list[str]:
+  """One line per numeric module constant of `module` (`numeric_constants`) that its `CONSTANTS`
+  does not declare, or whose declaration does not trace its value (`source_problem`, the value
+  compared with the source's as a key's default is), or per declared name the module lacks;
+  [] when every number is traced."""
+  declared, found = getattr(module, "CONSTANTS", {}), numeric_constants(module)
+  where = module.__name__
+  lines = [f"{where}.{name} = {shown(_plain(value))}: a module constant without a declared"
+           f" source; add \"{name}\": Constant('what it does', authors(...) | paper(...) |"
+           " ours('why')) to its CONSTANTS"
+           for name, value in found.items() if name not in declared]
+  for name, constant in declared.items():
+    if name not in found:
+      lines.append(f"{where}.CONSTANTS declares {name}, which is not a numeric constant of it")
+      continue
+    value, source = found[name], constant.source
+    if source.kind in ("authors", "paper") and _same_constant(value, source.value):
+      value = source.value  # the declared numbers (an array's float32 items read back so)
+    problem = source_problem(f"{where}.{name}", _plain(value), source)
+    if problem:
+      lines.append(problem)
   return lines

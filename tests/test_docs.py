@@ -129,7 +129,8 @@ def test_each_method_page_renders_every_key_of_its_block_with_its_default_and_so
     block = spec.config().to_dict()
     assert sorted(row[0] for row in rows) == sorted(block), spec.name
     for key, default, meaning, source in rows:
-      assert default == repr(block[key]) and meaning and source != "none declared", (spec.name, key)
+      assert default == config_keys.shown(block[key]) and meaning and source != "none declared", (
+          spec.name, key)
 
 
 def test_each_method_page_shows_its_rows_of_the_demo_table_and_its_cost():

@@ -13,7 +13,9 @@ Directives (each renders what the code says at build time, so the pages cannot d
                       (`olora_jax.metrics`) beside Mammoth's convention, computed at build
                       time (docs/_ext/forgetting_example.py)
   key-sources NAME    the method's keys, our defaults against their sources (the authors' code,
-                      the Online-LoRA paper, ours), as declared beside the defaults
+                      the Online-LoRA paper, ours), as declared beside the defaults; then the
+                      numeric constants its module declares (`CONSTANTS`), each value against
+                      its source
   method-card NAME    the card a method's page opens with (`olora_jax.methods.cards`): its
                       content is the one sentence of what the method does; options :row: (its
                       label in the demo table, when not its report name), :readings: and
@@ -177,8 +179,10 @@ class MethodCard(SphinxDirective):
 
 class KeySources(SphinxDirective):
   """`key-sources NAME`: method NAME's keys, ours against their source (the authors' code, the
-  Online-LoRA paper's appendix, or ours), from the declarations beside the defaults. A key
-  without a source, or one that differs from its source without a reason, is a warning."""
+  Online-LoRA paper's appendix, or ours), from the declarations beside the defaults, then the
+  numeric constants of the method's module (its `CONSTANTS`) against theirs. A key or constant
+  without a source, or one that differs from its source without a reason naming its value, is a
+  warning."""
 
   required_arguments = 1
 
@@ -186,13 +190,22 @@ class KeySources(SphinxDirective):
     from olora_jax import config_keys, methods
 
     spec = methods.resolve(self.arguments[0])
+    module = inspect.getmodule(spec.build)
     self.env.note_dependency(inspect.getsourcefile(spec.config))
-    for line in config_keys.unsourced(spec.config()):
-      LOGGER.warning(f"{spec.name}.{line}", location=self.get_location(), type="olora",
-                     subtype="config")
-    return [table(["key", "ours", "meaning", "where the default comes from"],
-                  config_keys.source_rows(spec.config()), literal_columns=(0, 1),
-                  widths=(3, 2, 6, 6))]
+    self.env.note_dependency(inspect.getsourcefile(module))
+    problems = [f"{spec.name}.{line}" for line in config_keys.unsourced(spec.config())]
+    for line in problems + config_keys.unsourced_constants(module):
+      LOGGER.warning(line, location=self.get_location(), type="olora", subtype="config")
+    out = [table(["key", "ours", "meaning", "where the default comes from"],
+                 config_keys.source_rows(spec.config()), literal_columns=(0, 1),
+                 widths=(3, 2, 6, 6))]
+    constants = config_keys.constant_rows(module)
+    if constants:
+      out += [nodes.paragraph("", f"Constants of {module.__name__} (not keys: a change is an"
+                                  " edit of the code):"),
+              table(["constant", "value", "meaning", "where the value comes from"], constants,
+                    literal_columns=(0, 1), widths=(3, 2, 6, 6))]
+    return out
 
 
 class MetricNotes(SphinxDirective):

@@ -314,8 +314,8 @@ def check_batch(batch: dict) -> None:
 
 CHECK_KINDS = {
     "step": "matches its authors' code step for step on a shared stream",
-    "seeds": "matches its authors' code over 5 seeds on a shared stream (means within the"
-             " combined spread)",
+    "seeds": "matches its authors' code over seeds on a shared stream (task-end mean"
+             " accuracies; our side run live, theirs recorded)",
     "none": "not checked against its authors' code",
 }
 
@@ -326,7 +326,8 @@ class Check:
 
   kind      'step' (every decision identical and the floats within a stated tolerance, replayed
             from a committed recording of their run), 'seeds' (their randomness cannot be
-            shared: means over 5 seeds each side), or 'none' (not checked)
+            shared: task-end means over seeds, ours run live, theirs recorded; the scope says
+            how many), or 'none' (not checked)
   against   the authors' code the check ran ("owner/repository"), '' for 'none'
   test      the test that replays it ("tests/test_....py"), '' for 'none'
   scope     the setting the check covers when it is not the method's default ("in `reference`

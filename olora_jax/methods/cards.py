@@ -23,6 +23,9 @@ DEMO_HEADER = "| method | seeds: demo / Si-Blurry |"
 # Its columns after the method's name, in order.
 DEMO_COLUMNS = ("seeds", "A_final", "forgetting", "passes", "blurry_A_auc", "blurry_A_final")
 MAX_WORDS = 45  # the card's sentence of what the method does
+CONSTANTS = {"MAX_WORDS": config_keys.Constant(
+    "the most words of a card's sentence of what the method does",
+    config_keys.ours("45, a sentence that fits a card's first line or two"))}
 # What a check of each kind leaves unvalidated ({scope}: the setting a check covers, if not the
 # method's defaults).
 CHECK_LIMITS = {

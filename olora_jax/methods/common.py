@@ -24,7 +24,7 @@ import ml_collections
 import optax
 
 from olora_jax import config_keys
-from olora_jax.config_keys import Key
+from olora_jax.config_keys import Constant, Key
 from olora_jax.learner.online_lora import masked_mean  # noqa: F401 (shared: mean over a mask)
 from olora_jax.methods import base
 from olora_jax.models import lora as lora_lib
@@ -279,6 +279,13 @@ def _l2_norm(x: jax.Array, axis: int) -> jax.Array:
 
 
 AS_LEARNER_BATCH = 0  # `replay_batch` = 0: replay as many samples per step as the learner's batch
+CONSTANTS = {
+    "ABSENT_LOGIT": Constant("the logit of a class left out of a softmax",
+                             config_keys.ours("-1e9, low enough that its exp underflows to"
+                                              " exactly 0 in float32 beside any real logit")),
+    "AS_LEARNER_BATCH": Constant("the replay_batch that replays the learner's batch size",
+                                 config_keys.ours("0, a count no replay takes otherwise")),
+}
 
 
 def replay_batch(ctx: base.Context, block) -> int:

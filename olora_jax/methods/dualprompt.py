@@ -54,13 +54,18 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from olora_jax.config_keys import Key, authors
+from olora_jax.config_keys import Constant, Key, authors
 from olora_jax.methods import base, common, prompt_pool
 
 DUALPROMPT = "google-research/l2p"  # the authors' released code (DualPrompt's configs)
 DUALPROMPT_PORT = "JH-LEE-KR/dualprompt-pytorch"  # their PyTorch port
 
 INIT_MAX = 0.01  # prompts and keys start uniform in [0, INIT_MAX) (the authors' initialiser)
+CONSTANTS = {
+    "INIT_MAX": Constant("prompts and keys start uniform in [0, INIT_MAX)",
+                         authors(0.01, f"{DUALPROMPT}: the prompts' and keys' default"
+                                 " initialiser (uniform, scale 0.01)")),
+}
 
 
 def init_pool(key: jax.Array, block, width: int) -> dict:
@@ -241,7 +246,7 @@ def config():
                      " the others' logits left out of the softmax)",
                      authors("task", f"{DUALPROMPT_PORT}, configs/imr_dualprompt.py: train_mask"
                              " (the current task's classes)",
-                             differs="their mask reads the task structure; the task-free"
+                             differs="'none': their mask reads the task structure; the task-free"
                              " default takes every class, as for L2P")))
 
 

@@ -225,8 +225,8 @@ def config():
                        authors(5e-4, f"{EASE}, exps/ease_cifar.json: weight_decay")),
       rank=Key(16, "r of each task's LoRA module, in [1, model width] (*ours*; the paper's"
                " adapter has a bottleneck of 64)",
-               ours("a LoRA stands for the authors' adapter (ffn_num 64 in their configs);"
-                    " rank 16 keeps it small beside a 64-wide bottleneck")),
+               ours("16, small beside the authors' 64-wide adapter bottleneck (ffn_num 64 in"
+                    " their configs), for which a LoRA stands")),
       alpha=Key(0.1, "weight of the other subspaces' cosines, alpha / t, against 1 in a class's"
                 " own (>= 0; the authors' 0.1)",
                 authors(0.1, f"{EASE}, exps/ease_cifar.json: alpha")),

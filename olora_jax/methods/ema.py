@@ -66,9 +66,10 @@ def _config(**keys):
       ema_warmup_decay=Key(0.9, "lambda during the first ema_warmup_steps steps, in [0, 1)",
                            paper(0.9, config_keys.PAPER_TABLE + ": EMA's lambda for warm-up")),
       ema_warmup_steps=Key(100, "steps that use ema_warmup_decay (>= 0; *ours*)",
-                           ours("the authors warm up for one task's iterations (about 222 on"
-                                " their CIFAR-100 config, AlbinSou/online_ema); a task-free run"
-                                " cannot read a task's length")),
+                           ours("100, a fixed count: the authors warm up for one task's"
+                                " iterations (about 222 on their CIFAR-100 config,"
+                                " AlbinSou/online_ema); a task-free run cannot read a task's"
+                                " length")),
       **keys)
 
 
@@ -84,7 +85,7 @@ def config_rar():
                        " buffer_size; 0 = learner.batch_size",
                        authors(0, "AlbinSou/online_ema, src/online_factories.py: the replay"
                                " draw equals the incoming batch (32)",
-                               differs="ER's 10 replayed per batch (the Online-LoRA paper's ER"
+                               differs="10, ER's replayed per batch (the Online-LoRA paper's ER"
                                " row), as RAR is ER with repeats and augmentation")),
       repeats=Key(3, "rehearsals of each incoming batch, each with a fresh replay draw and"
                   " augmentation (>= 1; the authors' 3 passes)",

@@ -169,8 +169,8 @@ def build(ctx: base.Context) -> base.Method:
 
 
 # Why ER, ER-ACE and DER++ pass the batch and the replayed samples through the model together.
-ONE_PASS = ("one forward pass over the batch and the replayed samples: the same function as a"
-            " pass for each on a model without BatchNorm (the ViTs), at less cost")
+ONE_PASS = ("'joint': one forward pass over the batch and the replayed samples: the same function"
+            " as a pass for each on a model without BatchNorm (the ViTs), at less cost")
 
 
 # Whose code runs plain SGD and a separate pass each (`optimizer_keys`): (the code, its learning

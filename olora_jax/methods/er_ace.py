@@ -24,7 +24,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from olora_jax.config_keys import Key, authors
+from olora_jax.config_keys import Constant, Key, authors
 from olora_jax.methods import base, common, er
 
 
@@ -47,6 +47,12 @@ ER_SETTINGS = ("ER's setting of the Online-LoRA paper (Adam 1e-4, WD 1e-4, buffe
 HEADS = ("cosine", "linear")  # `er_ace.head`
 COSINE_SCALE = 10.0  # the authors' distLinear: scale_factor = 10
 COSINE_EPS = 1e-5  # added to each norm before dividing (theirs)
+CONSTANTS = {  # the module's numbers, each with its source (tests/test_key_sources.py)
+    "COSINE_SCALE": Constant("the cosine head's logits are the cosines times it",
+                             authors(10.0, f"{AML}, model.py: distLinear's scale_factor")),
+    "COSINE_EPS": Constant("added to each L2 norm (features, class weights) before dividing",
+                           authors(1e-5, f"{AML}, model.py: distLinear's norm + 0.00001")),
+}
 
 
 def cosine_head(key: jax.Array, width: int, num_classes: int) -> dict:
@@ -119,17 +125,19 @@ def config():
                authors("cosine", f"{AML}, main.py: dist_linear, on for every method named"
                        " *ace*")),
       **er.optimizer_keys(
-          authors("sgd", f"{AML}, methods/base.py: plain SGD", differs=ER_SETTINGS),
+          authors("sgd", f"{AML}, methods/base.py: plain SGD",
+                  differs="'adam', " + ER_SETTINGS),
           authors("separate", f"{AML}, methods/er_ace.py: the batch and the replay in two"
                   " passes", differs=er.ONE_PASS)),
       learning_rate=Key(1e-4, "the optimiser's learning rate, constant (> 0)",
                         authors(0.1, f"{AML}, main.py: --lr (plain SGD)", batch=10,
-                                differs=ER_SETTINGS, unscaled="ER's Adam rate, from the"
-                                " Online-LoRA paper's table")),
+                                differs="1e-4, " + ER_SETTINGS,
+                                unscaled="1e-4, ER's Adam rate, from the Online-LoRA paper's"
+                                " table")),
       weight_decay=common.shared(1e-4, authors(0.0, f"{AML}, methods/base.py: no weight decay",
-                                               differs=ER_SETTINGS)),
+                                               differs="1e-4, " + ER_SETTINGS)),
       buffer_size=common.shared(500, authors(20, f"{AML}, main.py: --mem_size, per class",
-                                             differs=ER_SETTINGS)),
+                                             differs="500, " + ER_SETTINGS)),
       replay_batch=Key(10, "stored samples drawn uniformly and replayed with each batch (full"
                        " cross-entropy), at most buffer_size; 0 = learner.batch_size (the"
                        " authors' buffer_batch_size, 10)",

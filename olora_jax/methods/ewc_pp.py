@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 
 from olora_jax import config_keys
-from olora_jax.config_keys import Key, authors, paper
+from olora_jax.config_keys import Constant, Key, authors, paper
 from olora_jax.methods import base, common
 
 
@@ -30,6 +30,11 @@ def update_fisher(fisher, accumulator, alpha: float, every: int):
 
 NORMALISATIONS = ("min_max", "none")
 MIN_MAX_EPS = 1e-32  # the source code's guard against max == min (an all-zero Fisher stays 0)
+CONSTANTS = {
+    "MIN_MAX_EPS": Constant("added to max - min in the min_max Fisher normalisation",
+                            authors(1e-32, "RaptorMai/online-continual-learning,"
+                                    " agents/ewc_pp.py: the normalised Fisher's guard")),
+}
 
 
 def normalise(fisher, mode: str):

@@ -96,7 +96,7 @@ def config_iid():
       weight_decay=common.shared(1e-4, ours("the paper's upper bound has no settings of its own:"
                                             " fine-tuning's rate and decay")),
       epochs=Key(5, "passes over i.i.d. shuffles of all the stream's samples (>= 1)",
-                 ours("five passes over i.i.d. shuffles, a budget a CPU demo affords; the"
+                 ours("5 passes over i.i.d. shuffles, a budget a CPU demo affords; the"
                       " online-continual-learning codebase's offline runs take 50")),
       schedule=Key("constant", "'constant' | 'cosine' (the learning rate decayed to 0 over all"
                    " the passes' steps)",

@@ -63,7 +63,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from olora_jax.config_keys import Key, authors, ours
+from olora_jax.config_keys import Constant, Key, authors, ours
 from olora_jax.methods import base, common, dualprompt, prompt_pool, slca
 
 HIDE = "thu-ml/HiDe-Prompt"  # the authors' released code, where the defaults come from
@@ -72,6 +72,14 @@ ALIGNMENTS = ("every_evaluation", "none")
 INIT_BOUND = 1.0  # prompts start uniform in [-1, 1] (the authors' initialiser)
 MLP_INIT_STD = 0.02  # the TII layer's weights: truncated normal, std 0.02 (timm's), biases 0
 LAYER_NORM_EPS = 1e-6  # timm's ViT LayerNorm
+CONSTANTS = {
+    "INIT_BOUND": Constant("E-prompts start uniform in [-INIT_BOUND, INIT_BOUND]",
+                           authors(1.0, f"{HIDE}: the prompts' uniform initialiser in [-1, 1]")),
+    "MLP_INIT_STD": Constant("the TII layer's weights: truncated normal with this std",
+                             authors(0.02, f"{HIDE}: timm's linear initialisation, std 0.02")),
+    "LAYER_NORM_EPS": Constant("the TII layer's LayerNorm eps",
+                               authors(1e-6, f"{HIDE}: timm's ViT LayerNorm, eps 1e-6")),
+}
 
 
 def init_prompts(key: jax.Array, block, width: int) -> dict:

@@ -76,7 +76,7 @@ import jax
 import jax.numpy as jnp
 
 from olora_jax import config_keys
-from olora_jax.config_keys import Key, authors, ours
+from olora_jax.config_keys import Constant, Key, authors, ours
 from olora_jax.methods import base, common
 from olora_jax.models import lora as lora_lib
 from olora_jax.models.vit import LORA_TARGETS
@@ -84,6 +84,11 @@ from olora_jax.models.vit import LORA_TARGETS
 INFLORA = "liangyanshuo/InfLoRA"  # the authors' released code, where the defaults come from
 
 DESIGN_SCALE = 1.0 / math.sqrt(3.0)  # the released code's scale of a designed down-projection
+CONSTANTS = {
+    "DESIGN_SCALE": Constant("a designed down-projection is multiplied by it, 1/sqrt(3)",
+                             authors(1.0 / math.sqrt(3.0), f"{INFLORA}: the designed"
+                                     " down-projection divided by sqrt(3) (the paper has none)")),
+}
 
 
 def layer_inputs(module, method_name: str) -> bool:

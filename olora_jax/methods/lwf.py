@@ -96,8 +96,8 @@ def config():
   """The `lwf` block: each key with its meaning (the online-continual-learning codebase's LwF on
   the Online-LoRA paper's baseline optimiser)."""
   return common.baseline_block(
-      learning_rate=common.shared(1e-4, ours(EWC_SETTINGS)),
-      weight_decay=common.shared(1e-4, ours(EWC_SETTINGS)),
+      learning_rate=common.shared(1e-4, ours("1e-4, " + EWC_SETTINGS)),
+      weight_decay=common.shared(1e-4, ours("1e-4, " + EWC_SETTINGS)),
       temperature=Key(2.0, "T, the distillation temperature: teacher and model logits are"
                       " divided by it, the loss multiplied by T^2 (> 0; the paper's 2)",
                       authors(2.0, "RaptorMai/online-continual-learning, utils/kd_manager.py:"
@@ -110,8 +110,8 @@ def config():
       refresh_every=Key(50, "train steps between teacher refreshes, the task-free stand-in for"
                         " task ends (as EWC++'s fisher_every); 0: refresh only at the boundaries"
                         " the boundary switch signals (boundaries.rule)",
-                        ours("the authors refresh the teacher at task ends, which a task-free"
-                             " run does not see; EWC++'s 50-step period stands in")))
+                        ours("50, EWC++'s period, stands in: the authors refresh the teacher at"
+                             " task ends, which a task-free run does not see")))
 
 
 METHODS = (base.MethodSpec(name="lwf", build=build, config=config, report_name="LwF",

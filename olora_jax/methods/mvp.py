@@ -169,10 +169,10 @@ def config():
       weight_decay=common.shared(0.0, authors(0.0, f"{SI_BLURRY}, scripts/mvp.sh: no weight"
                                               " decay passed")),
       pool_size=Key(10, "prompts in the pool, each with one key (>= 2; *ours*, as L2P's)",
-                    ours("L2P's pool (the Online-LoRA paper's L2P row): the authors' MVP keeps a"
-                         " DualPrompt-style pool of one prompt per task (10)")),
+                    ours("10, L2P's pool (the Online-LoRA paper's L2P row): the authors' MVP keeps"
+                         " a DualPrompt-style pool of one prompt per task (10)")),
       prompt_length=Key(10, "tokens per prompt (>= 1; *ours*, as L2P's)",
-                        ours("L2P's prompt length: the authors' MVP prefixes 20-token E-prompts"
+                        ours("10, L2P's prompt length: the authors' MVP prefixes 20-token E-prompts"
                              " and 5-token G-prompts, a structure this row does not take")),
       top_k=Key(1, "prompts an image takes, by the count-scaled key distance, in [1, pool_size"
                 " - 1] (MVP's selection size)",
@@ -197,11 +197,11 @@ def config():
       key_init=Key("uniform", "the keys' initialisation: 'uniform' (L2P's) | 'normal' (the"
                    " authors' code)",
                    authors("normal", f"{SI_BLURRY}, models/mvp.py: the keys drawn by randn",
-                           differs="L2P's uniform keys, as this row's pool is L2P's")),
+                           differs="'uniform', L2P's keys, as this row's pool is L2P's")),
       updates_per_batch=Key(1, "optimizer updates on each incoming batch (>= 1; the authors'"
                             " script's online_iter is 3, 1 is every method's budget here)",
                             authors(3, f"{SI_BLURRY}, scripts/mvp.sh: ONLINE_ITER",
-                                    differs="one update per batch, every method's budget on"
+                                    differs="1, one update per batch, every method's budget on"
                                     " this loop")))
 
 

@@ -28,7 +28,14 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from olora_jax.config_keys import Constant, ours
+
 COSINE_EPS = 1e-8  # lower bound of a norm in a cosine
+CONSTANTS = {
+    "COSINE_EPS": Constant("lower bound of the product of two norms in a query-key cosine",
+                           ours("1e-8, a floor that keeps a zero vector's cosine 0, not NaN"
+                                " (PyTorch's cosine_similarity default eps)")),
+}
 
 
 KEY_INITS = ("uniform", "normal")

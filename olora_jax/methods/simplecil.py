@@ -80,7 +80,7 @@ import numpy as np
 import optax
 
 from olora_jax import config_keys
-from olora_jax.config_keys import Key, authors, ours
+from olora_jax.config_keys import Constant, Key, authors, ours
 from olora_jax.methods import base, common
 
 APER = "zhoudw-zdw/RevisitingCIL"  # the authors' released code (SimpleCIL and APER)
@@ -100,6 +100,11 @@ FIRST_PHASES = ("none", "lora", "all")
 FIRST_PHASE_HEADS = ("cosine", "linear")
 FIRST_PHASE_OPTIMIZERS = ("sgd", "adam")
 SGD_MOMENTUM = 0.9  # the authors' optimiser: torch.optim.SGD(momentum=0.9, weight_decay=...)
+CONSTANTS = {
+    "SGD_MOMENTUM": Constant("the first phase's SGD momentum",
+                             authors(0.9, f"{APER}, models/aper_finetune.py: SGD with momentum"
+                                     " 0.9")),
+}
 
 
 def cosine_head_logits(features: jnp.ndarray, head: dict) -> jnp.ndarray:

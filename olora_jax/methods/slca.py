@@ -75,13 +75,19 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from olora_jax.config_keys import Key, authors, ours
+from olora_jax.config_keys import Constant, Key, authors, ours
 from olora_jax.methods import base, common
 
 HIGHEST = jax.lax.Precision.HIGHEST
 ALIGNMENTS = ("every_evaluation", "after_boundary", "none")
 SLCA = "GengDavid/SLCA"  # the authors' released code, where the defaults come from
 OLDEST_MEAN_SCALE = 0.9  # the authors' CA draws old classes around (0.9 + decay) mu_c
+CONSTANTS = {
+    "OLDEST_MEAN_SCALE": Constant("the alignment draws the oldest classes around this times"
+                                  " their mean (rising to 1 for the newest)",
+                                  authors(0.9, f"{SLCA}, models/slca.py: the alignment's"
+                                          " 0.9 + decay of each class's mean")),
+}
 
 
 def slow_learner(block, batch_size: int) -> optax.GradientTransformation:

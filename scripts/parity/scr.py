@@ -2,7 +2,7 @@
 five of ours on a stream this project writes, compared by their task-end accuracies
 (docs/parity.md). A 'seeds' check: their augmentation's random draws cannot be given to our run.
 
-Three steps, in two environments:
+The steps, in two environments:
 
     # 1. in this project's venv: the stream, its inputs, our initial weights of each seed in their
     #    layout, and our five runs' task-end accuracies
@@ -12,6 +12,9 @@ Three steps, in two environments:
     #    of their code (git clone https://github.com/RaptorMai/online-continual-learning /tmp/ocl):
     /tmp/scr-venv/bin/python scripts/parity/scr.py record --ocl /tmp/ocl --prepared /tmp/scr-prep \
         --out tests/fixtures/parity/ocl_scr.npz
+    # 3. (tests/test_parity_scr.py does this) our runs of some seeds again, live, in one process:
+    .venv/bin/python scripts/parity/scr.py live --manifest /tmp/scr-prep/manifest.json \
+        --seeds 0 1 --out /tmp/scr-live.npz
 
 `prepare` builds the parity run's config (configs/demo.py with `overrides()`: the demo's MNIST
 digits at 32 px in [0, 1] (their loader's ToTensor), the reduced ResNet-18 trained from scratch,
@@ -104,6 +107,63 @@ def read_run(workdir: str, labels: np.ndarray, n_tasks: int) -> tuple[np.ndarray
   accuracies = [class_accuracies(np.load(os.path.join(workdir, "export", f"task_{j}.npz"))
                                  ["logits"], labels) for j in range(n_tasks)]
   return loss, np.stack(accuracies)
+
+
+def run_live(seeds, manifest: str) -> dict[str, np.ndarray]:
+  """Our runs of `seeds` on the prepared stream `manifest` (a path), in this process: {loss (S, T):
+  each step's loss; class_accuracy (S, tasks, C): each class's test accuracy at each task end;
+  at each task end, from the state the evaluation reads, buffer_features (S, tasks, K, D): the
+  network's pooled features of the buffer's K slots in evaluation mode (as their `evaluate`
+  computes them, a batch at a time), buffer_labels and buffer_valid (S, tasks, K), and means
+  (S, tasks, C, D) and present (S, tasks, C): the class means `eval_state` computed}. What the
+  CLI run of each seed computes (`cli`: the same Setup from `overrides`, initial state, train
+  step, `eval_state` and raw test logits at each task end, as eval.export writes them), without
+  a workdir, and with one compiled train step shared by the seeds: a seed sets only the initial
+  state (weights and the state's key) on a replayed stream, so one Setup serves them all."""
+  import jax
+
+  from olora_jax import compute, evaluate, trainer
+  from olora_jax.methods import common, replay
+  from olora_jax.models import resnet
+
+  setup = trainer.Setup(aml.demo_config({**overrides(), "data.stream_manifest": manifest}))
+  c, method = setup.config, setup.method
+  assert method.after_step is None and method.at_boundary is None  # no host hook to replay
+  evaluator = evaluate.Evaluator(setup.test_source, setup.spec.image_size, c.eval.batch_size,
+                                 setup.num_classes, method.predict, c.eval.mask_unseen_logits,
+                                 mesh=setup.mesh, input_scale=c.data.input_scale,
+                                 preprocess=c.data.preprocess,
+                                 predict_chunk=c.eval.predict_chunk)
+  ends, labels = set(setup.stream.task_end_steps().tolist()), setup.test_source.labels
+  apply = common.make_apply(setup.model)
+
+  @jax.jit
+  def buffer_features(state):
+    with resnet.running_statistics():  # traced here: the evaluation mode's BatchNorm
+      params = {k: v for k, v in state["params"].items() if k != "projection"}
+      return apply(state["frozen"], params,
+                   replay.decode(state["buffer"].images, c.data.input_scale), pre_logits=True)
+
+  out = {k: [] for k in ("loss", "class_accuracy", "buffer_features", "buffer_labels",
+                         "buffer_valid", "means", "present")}
+  for seed in seeds:
+    state = trainer.run_initial_state(setup, np.uint32(seed), None)
+    run = {k: [] for k in out}
+    for step, batch in trainer._batches(setup, 0, compute.Ledger({})):
+      state, scalars, _ = method.train_step(state, batch)
+      run["loss"].append(float(scalars["loss"]))
+      if step in ends:
+        evaluated = method.eval_state(state)
+        logits = evaluator.logits(evaluated, np.arange(len(setup.test_source)))
+        run["class_accuracy"].append(class_accuracies(logits, labels))
+        run["buffer_features"].append(np.asarray(buffer_features(state)))
+        run["buffer_labels"].append(np.asarray(state["buffer"].labels))
+        run["buffer_valid"].append(np.asarray(state["buffer"].valid))
+        run["means"].append(np.asarray(evaluated["means"]))
+        run["present"].append(np.asarray(evaluated["present"]))
+    for k, v in run.items():
+      out[k].append(np.array(v, np.float32) if k == "loss" else np.stack(v))
+  return {k: np.stack(v) for k, v in out.items()}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -314,11 +374,21 @@ def record(args) -> None:
           f" std {seen.std(0, ddof=1).round(4).tolist()}")
 
 
+def live(args) -> None:
+  """`live`: our runs of --seeds on the stream of --manifest (`run_live`), written to --out
+  (.npz: seeds and `run_live`'s arrays); tests/test_parity_scr.py runs it."""
+  np.savez(args.out, seeds=np.array(args.seeds), **run_live(args.seeds, args.manifest))
+
+
 def main(argv=None) -> None:
-  parser, _, _, _ = aml.driver_parser(__doc__, "ocl", "RaptorMai/online-continual-learning",
-                                      "tests/fixtures/parity/ocl_scr.npz",
-                                      "stream, inputs, weights, our runs")
-  aml.run_command(parser.parse_args(argv), {"prepare": prepare, "record": record})
+  parser, sub, _, _ = aml.driver_parser(__doc__, "ocl", "RaptorMai/online-continual-learning",
+                                        "tests/fixtures/parity/ocl_scr.npz",
+                                        "stream, inputs, weights, our runs")
+  p = sub.add_parser("live", help="in this project's venv: our runs of some seeds, in one process")
+  p.add_argument("--manifest", required=True, help="the stream (a recording's manifest.json)")
+  p.add_argument("--seeds", type=int, nargs="+", required=True)
+  p.add_argument("--out", required=True, help="where to write their losses and accuracies (.npz)")
+  aml.run_command(parser.parse_args(argv), {"prepare": prepare, "record": record, "live": live})
 
 if __name__ == "__main__":
   main()
