@@ -78,14 +78,15 @@ class Sweep:
 
 def input_problem(sweep: Sweep) -> str | None:
   """One line naming the first problem of the sweep's grid that needs no JAX to see, else None:
-  an empty list of settings, methods or seeds (no cells), an item given twice (two cells of one
-  workdir), a ROOT that is a file, an override that is not `--config.KEY=VALUE`, a setting whose
-  config file does not exist."""
+  an empty list of settings, methods or seeds (no cells; no seeds is allowed with `tune`, which
+  then runs the validation runs alone), an item given twice (two cells of one workdir), a ROOT
+  that is a file, an override that is not `--config.KEY=VALUE`, a setting whose config file does
+  not exist."""
   for name in ("settings", "methods", "seeds"):
     items = list(getattr(sweep, name))
-    if not items:
+    if not items and not (name == "seeds" and sweep.tune):
       return (f"{name} is empty: the sweep has no cells; give at least one (settings x methods x"
-              " seeds make the cells)")
+              " seeds make the cells; with --tune, no seeds runs the validation runs alone)")
     twice = sorted({repr(x) for x in items if items.count(x) > 1})
     if twice:
       return (f"{name} {items} name {', '.join(twice)} more than once: each cell has one"
