@@ -106,12 +106,17 @@ def run_once(checkout: str, python: str, fidelity: str, workdir: str, env: dict,
     process = subprocess.Popen(command, cwd=checkout, env=env, stdout=log,
                                stderr=subprocess.STDOUT)
     seen: dict = {}
-    while True:
-      pid, status, usage = os.wait4(process.pid, os.WNOHANG if threads else 0)
-      if pid:
-        break
-      _thread_counts(process.pid, seen)
-      time.sleep(0.25)
+    try:
+      while True:
+        pid, status, usage = os.wait4(process.pid, os.WNOHANG if threads else 0)
+        if pid:
+          break
+        _thread_counts(process.pid, seen)
+        time.sleep(0.25)
+    except KeyboardInterrupt:  # the run in progress is ended and not counted
+      process.terminate()
+      process.wait()
+      raise
     wall = time.perf_counter() - start
   process.returncode = os.waitstatus_to_exitcode(status)
   row = {"wall": wall, "user": usage.ru_utime, "sys": usage.ru_stime,
@@ -156,26 +161,45 @@ def main(argv=None) -> int:
   for label, checkout in checkouts.items():
     print(f"# {label}: {checkout}")
   try:
-    for i in range(args.warmup + args.runs):
-      for label, checkout in checkouts.items():
-        env = {**os.environ, "PYTHONPATH": checkout, **extra}
-        workdir = os.path.join(root, f"{label}{i:03d}")
-        row = run_once(checkout, args.python, args.fidelity, workdir, env, args.threads)
-        counted = i >= args.warmup
-        if counted:
-          runs[label].append(row)
-        number = i - args.warmup + 1 if counted else i + 1
-        print(f"{label} {'run' if counted else 'warm-up'} {number}"
-              + "".join(f"  {f} {_format(f, row[f])}" for f in FIGURES)
-              + (f"  exit {row['exit']}: {row.get('last_line', '')}" if row["exit"] else ""),
-              flush=True)
-        for name, count, faults, cpu in row.get("threads", [])[:3]:
-          print(f"    {count} thread(s) {name!r}: minflt {faults / 1e6:.3f}M, cpu {cpu:.1f} s")
-        if not args.keep:
-          shutil.rmtree(workdir, ignore_errors=True)
+    _all_runs(args, checkouts, extra, root, runs)
+  except KeyboardInterrupt:
+    print("# interrupted: the runs that finished follow")
   finally:
     if not args.keep:
       shutil.rmtree(root, ignore_errors=True)
+  if not any(runs.values()):
+    return 1
+  _report(args, runs)
+  if args.json:
+    with open(args.json, "w") as f:
+      json.dump({"checkouts": checkouts, "fidelity": args.fidelity, "env": extra,
+                 "runs": runs}, f, indent=1)
+  return 0
+
+
+def _all_runs(args, checkouts: dict, extra: dict, root: str, runs: dict) -> None:
+  """The warm-up and counted runs, the checkouts in turn; each counted run into `runs`."""
+  for i in range(args.warmup + args.runs):
+    for label, checkout in checkouts.items():
+      env = {**os.environ, "PYTHONPATH": checkout, **extra}
+      workdir = os.path.join(root, f"{label}{i:03d}")
+      row = run_once(checkout, args.python, args.fidelity, workdir, env, args.threads)
+      counted = i >= args.warmup
+      if counted:
+        runs[label].append(row)
+      number = i - args.warmup + 1 if counted else i + 1
+      print(f"{label} {'run' if counted else 'warm-up'} {number}"
+            + "".join(f"  {f} {_format(f, row[f])}" for f in FIGURES)
+            + (f"  exit {row['exit']}: {row.get('last_line', '')}" if row["exit"] else ""),
+            flush=True)
+      for name, count, faults, cpu in row.get("threads", [])[:3]:
+        print(f"    {count} thread(s) {name!r}: minflt {faults / 1e6:.3f}M, cpu {cpu:.1f} s")
+      if not args.keep:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _report(args, runs: dict) -> None:
+  """Each figure's min / median / max per checkout, the spikes, and A / B of the medians."""
   everything = [row["minflt"] for rows in runs.values() for row in rows]
   threshold = args.spike_factor * statistics.median(everything)
   print(f"\n# min / median / max; a spike: minor faults above {threshold / 1e6:.3f}M "
@@ -189,15 +213,10 @@ def main(argv=None) -> int:
       summary = _summary([row[figure] for row in rows])
       medians[label, figure] = summary[1] if summary else None
       print(f"  {figure:13s}" + " / ".join(_format(figure, v) for v in summary or (None,)))
-  if args.vs:
+  if len(runs) == 2:
     print("A / B, medians: " + ", ".join(
         f"{figure} {medians['A', figure] / medians['B', figure]:.3f}" for figure in FIGURES
-        if medians["A", figure] and medians["B", figure]))
-  if args.json:
-    with open(args.json, "w") as f:
-      json.dump({"checkouts": checkouts, "fidelity": args.fidelity, "env": extra,
-                 "spike_threshold_minflt": threshold, "runs": runs}, f, indent=1)
-  return 0
+        if medians.get(("A", figure)) and medians.get(("B", figure))))
 
 
 if __name__ == "__main__":
