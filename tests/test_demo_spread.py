@@ -12,10 +12,11 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 import demo_spread  # noqa: E402
 
-# A stand-in launch/run.py: touches MIB mebibytes (more on the call the counter file names), writes
-# results.json's step_seconds into --workdir, or fails with an error line.
+# A stand-in launch/run.py: touches MIB mebibytes (more on the call the counter file names) and
+# holds them HOLD seconds, writes results.json's step_seconds into --workdir, or fails with an
+# error line.
 RUN = textwrap.dedent("""
-    import json, os, sys
+    import json, os, sys, time
     workdir = sys.argv[sys.argv.index("--workdir") + 1]
     counter = os.path.join(os.path.dirname(__file__), "calls")
     calls = int(open(counter).read()) + 1 if os.path.exists(counter) else 1
@@ -28,6 +29,7 @@ RUN = textwrap.dedent("""
                                              else 1)
     block = bytearray(mib << 20)
     block[::4096] = b"x" * len(block[::4096])  # every page touched
+    time.sleep(float(os.environ.get("HOLD", "0")))  # long enough to be sampled from /proc
     os.makedirs(workdir)
     json.dump({"compute": {"step_seconds": 0.5 + calls}},
               open(os.path.join(workdir, "results.json"), "w"))
@@ -46,7 +48,7 @@ def test_one_run_counts_its_faults_and_reads_its_step_seconds(tmp_path):
   small = demo_spread.run_once(checkout, sys.executable, "reference", str(tmp_path / "w1"),
                                {**os.environ, "MIB": "4"})
   large = demo_spread.run_once(checkout, sys.executable, "reference", str(tmp_path / "w2"),
-                               {**os.environ, "MIB": "64"}, threads=True)
+                               {**os.environ, "MIB": "64", "HOLD": "1"}, threads=True)
   assert small["exit"] == large["exit"] == 0
   assert (small["step_seconds"], large["step_seconds"]) == (1.5, 2.5)
   # 60 MiB more touched: at least 15,360 more pages faulted in, in the process's main thread.
