@@ -73,6 +73,8 @@ def test_a_thread_started_before_it_keeps_an_arena_of_its_own():
   assert _arenas("before") == 2
 
 
-def test_launch_run_sets_it_before_any_thread_starts():
-  source = (ROOT / "launch" / "run.py").read_text()
-  assert 0 < source.index("allocator.keep_host_memory()") < source.index("signal_watch.watch()")
+@pytest.mark.parametrize("launcher, first_thread", [("run.py", "signal_watch.watch()"),
+                                                     ("bench.py", "from olora_jax.benchmarks")])
+def test_the_launchers_set_it_before_any_thread_starts(launcher, first_thread):
+  source = (ROOT / "launch" / launcher).read_text()
+  assert 0 < source.index("allocator.keep_host_memory()") < source.index(first_thread)
