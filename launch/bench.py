@@ -15,6 +15,12 @@ import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
+# Before the imports (JAX's may start threads): glibc's malloc in one arena for every thread, as
+# launch/run.py does (olora_jax/allocator.py); bench.main sets it again and records whether it did.
+from olora_jax import allocator  # noqa: E402
+
+allocator.keep_host_memory()
+
 from olora_jax.benchmarks import bench  # noqa: E402
 
 if __name__ == "__main__":

@@ -60,6 +60,12 @@ for _signal in (signal.SIGINT, signal.SIGTERM):
 
 # Config files import `configs.common`: make the repository root importable wherever we run from.
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.realpath(__file__))))
+# Before any thread starts: glibc's malloc keeps freed memory, in one arena for every thread, so
+# XLA's worker threads reuse each step's large buffer instead of faulting it in afresh
+# (olora_jax/allocator.py: the standard library alone; $OLORA_KEEP_HOST_MEMORY=0 turns it off).
+from olora_jax import allocator  # noqa: E402
+
+allocator.keep_host_memory()
 # A signal while the main thread is held (the imports below, a long device call later) ends the
 # process from a thread of its own (olora_jax/signal_watch.py imports no JAX: a few milliseconds).
 from olora_jax import signal_watch  # noqa: E402

@@ -34,15 +34,15 @@ are compared without it (and without `wall_seconds`).
 
 from __future__ import annotations
 
-import ctypes
 import itertools
 import os
-import platform
 import resource
 import sys
 import time
 
 import jax
+
+from olora_jax import allocator
 
 # results.json keys that are measurements, not results: they differ between identical runs, and
 # comparisons of runs (a resumed run against an uninterrupted one) leave them out.
@@ -107,38 +107,10 @@ def enable_compilation_cache(directory: str) -> None:
     jax.config.update(setting, value)
 
 
-# glibc's mallopt(3) parameters (malloc.h).
-_M_TRIM_THRESHOLD, _M_MMAP_MAX, _M_ARENA_MAX = -1, -4, -8
-# Set to 0 to leave glibc's malloc as it is (keep_host_memory does nothing).
-KEEP_HOST_MEMORY_ENV = "OLORA_KEEP_HOST_MEMORY"
-
-
-def keep_host_memory() -> bool:
-  """Makes glibc's malloc keep freed memory for reuse instead of giving it back to the OS.
-
-  XLA:CPU allocates each execution's temporary buffer afresh and frees it when the execution
-  ends: 119 MiB for the demo's `reference` train step, 4.7 GiB for ViT-S/16's (batch 8, 40
-  images). glibc serves a block that large with a fresh mmap (always, from a worker thread's
-  arena), so every step page-faults the whole buffer in again and the kernel zeroes it: ~1.9M
-  minor faults and ~5-6 s of system time per ViT-S/16 `reference` step on a 2-core CPU. With one
-  arena, no mmap and no trimming, the freed block is reused by the next step. The program, its
-  kernels and so every result are unchanged; the process keeps its peak memory until it exits.
-
-  Call it before JAX's backend starts (`launch/run.py` and `launch/bench.py` do): the worker
-  threads pick their arena at their first allocation. Returns whether it applied: False off
-  Linux/glibc, or with $OLORA_KEEP_HOST_MEMORY=0.
-  """
-  if os.environ.get(KEEP_HOST_MEMORY_ENV, "1") == "0":
-    return False
-  if not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc":
-    return False
-  try:
-    mallopt = ctypes.CDLL("libc.so.6").mallopt
-  except (OSError, AttributeError):
-    return False
-  # -1 turns trimming off (mallopt(3)); each call returns 1 on success.
-  return all(mallopt(param, value) == 1 for param, value in
-             ((_M_ARENA_MAX, 1), (_M_MMAP_MAX, 0), (_M_TRIM_THRESHOLD, -1)))
+# glibc's malloc, set by launch/run.py before its first thread (olora_jax/allocator.py; kept
+# here for the callers that name it from this module).
+keep_host_memory = allocator.keep_host_memory
+KEEP_HOST_MEMORY_ENV = allocator.KEEP_HOST_MEMORY_ENV
 
 
 def flops(lowered) -> float | None:
