@@ -27,7 +27,13 @@ are refused with exit code 2, naming the stream keys their configs differ in (da
 ...). Add `wall_seconds` to --metrics for the wall time per method.
 
 The tables are built from one row per run, the rows `olora_jax.reporting.results_rows` returns
-to Python (every metric of results.json, a pandas DataFrame with `as_dataframe`). A metric that
+to Python (every metric of results.json and its run's check status, a pandas DataFrame with
+`as_dataframe`). A row whose runs are not their method as its check against its authors' code
+ran it (results.json `check`: CODA-Prompt without task boundaries, ER on a ViT with Adam) gets a
+footnote naming each differing setting with the run's value and the checked one, and every row
+of an unchecked method one footnote saying so: in Markdown as GitHub's footnotes ([^a] after
+the method, `[^a]: ...` under the table), in LaTeX as superscripts with the footnotes under the
+tabular. Runs made before results.json recorded the check carry no footnote. A metric that
 only some runs record (the Task-IL `A_final_task_il`, `A_auc_task_il` of disjoint streams) is n/a
 for the others.
 

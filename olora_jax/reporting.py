@@ -359,7 +359,9 @@ def cell_row(run: Run) -> dict:
   and "config" (the flattened config.json); "tuned/KEY" for each hyperparameter sweep --tune
   picked; then every value of results.json but `metric_notes` under its own name, those of its
   records one level down as "RECORD/KEY" (`compute/step_seconds`, `plateau_detection/recall`,
-  `fidelity/...`). Accuracies stay fractions, as in results.json."""
+  `fidelity/...`, and the method's check: `check/status`, `check/differing`, ...; `check_of`
+  gathers them). A run whose results.json records no check (made before runs recorded it) has
+  "check/status" CHECK_NOT_RECORDED. Accuracies stay fractions, as in results.json."""
   config = run.config
   chosen = (run.tuning or {}).get("chosen") or {}
   row = {"setting": setting_label(config), "setting_title": setting_title(config),
@@ -374,7 +376,22 @@ def cell_row(run: Run) -> dict:
       row.update({f"{key}/{k}": v for k, v in value.items()})
     else:
       row[key] = value
+  row.setdefault("check/status", CHECK_NOT_RECORDED)
   return row
+
+
+# A cell row's "check/status" when its results.json records no check (`cell_row`); else one of
+# `methods.base.CHECK_STATUSES` ('checked', 'differs', 'unchecked', 'undeclared').
+CHECK_NOT_RECORDED = "not recorded"
+
+
+def check_of(cell: dict) -> dict | None:
+  """The check a cell row's run recorded (results.json `check`: kind, against, test, scope,
+  variant, settings, differing, status; `methods.base.Check.record`), None where it recorded
+  none."""
+  if cell.get("check/status", CHECK_NOT_RECORDED) == CHECK_NOT_RECORDED:
+    return None
+  return {k.split("/", 1)[1]: v for k, v in cell.items() if k.startswith("check/")}
 
 
 def unfinished_row(run_dir: str) -> dict:
@@ -442,8 +459,10 @@ def table_rows(cells: Sequence[dict], metrics: Sequence[str] = DEFAULT_METRICS) 
   out): one per group of runs whose configs differ only in the seed (and output-only keys),
   with the method, setting, seeds, runs, and each metric's mean/std/n over the group (in %, but
   NOT_PERCENT). A metric of OPTIONAL_METRICS that a run lacks counts as null (n/a); any other
-  missing metric is a ValueError naming the run and the metrics it has. Refuses runs of one
-  setting and seed made on different streams (`check_same_streams`) and one run given twice."""
+  missing metric is a ValueError naming the run and the metrics it has. Each row's "check" is
+  its runs' recorded check (`check_of`; None for runs that recorded none), which the tables
+  mark (`check_footnotes`). Refuses runs of one setting and seed made on different streams
+  (`check_same_streams`) and one run given twice."""
   cells = [c for c in cells if c["status"] == FINISHED]
   if not cells:
     raise ValueError("no finished run among the rows; a table needs runs with results.json")
@@ -488,7 +507,9 @@ def table_rows(cells: Sequence[dict], metrics: Sequence[str] = DEFAULT_METRICS) 
            "paper_setting": paper_setting(first["config"]),
            "scenario": first["config"].get("data.scenario"), "method_key": first["method_key"],
            "backbone": first["config"].get("model.name"),
-           "seeds": seeds, "runs": [c["workdir"] for c in group], "tuning": first["tuning"]}
+           "seeds": seeds, "runs": [c["workdir"] for c in group], "tuning": first["tuning"],
+           # The group's runs share their config, so their check: the first one recorded.
+           "check": next((check_of(c) for c in group if check_of(c) is not None), None)}
     for m in metrics:
       scale = 1 if m in NOT_PERCENT else 100
       values = [scale * c[m] for c in group if c.get(m) is not None]
@@ -629,7 +650,9 @@ class Table:
   """What every format of a report table shows: methods down (the paper's Table 1 order), column
   groups across (one per setting, `groups`: (setting, its number of columns)), each group's
   metrics with the paper's numbers beside them where a setting is the paper's; `cells[method]`
-  holds each column's text, `best` the (method, column) cells with a column's best mean."""
+  holds each column's text, `best` the (method, column) cells with a column's best mean;
+  `marks[method]` the markers of the row's footnotes on its check, `check_notes` those
+  footnotes (`check_footnotes`)."""
 
   columns: list[Column]
   groups: list[tuple[str, int]]
@@ -638,6 +661,102 @@ class Table:
   best: set[tuple[str, int]]
   stats: dict[tuple[str, int], dict]
   notes: list[str]
+  marks: dict[str, list[str]] = dataclasses.field(default_factory=dict)
+  check_notes: list[CheckNote] = dataclasses.field(default_factory=list)
+
+
+UNCHECKED = "unchecked"  # the marker of the one footnote every unchecked method's row shares
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckNote:
+  """A table's footnote on rows that are not their method as checked against its authors' code:
+  `marker` (a letter, or UNCHECKED for the note every row of an unchecked method shares), the row
+  `method` it names, its runs' recorded `check` (results.json `check`), and the `setting` it
+  holds in ('' where the row's check is the same in every setting)."""
+
+  marker: str
+  method: str
+  check: dict
+  setting: str = ""
+
+
+def check_footnotes(rows: Sequence[dict], order: Sequence[str]
+                    ) -> tuple[dict[str, list[str]], list[CheckNote]]:
+  """(marks, notes) of `table_rows`' rows, `order` their method labels as the table lists them:
+  a row whose runs differ from the settings their method's check ran in gets a footnote naming
+  each differing setting, its value and the checked one; a row of an unchecked method (check
+  kind 'none') the one UNCHECKED footnote; a row whose check declares no settings one saying so.
+  A row as checked, or of runs that recorded no check (made before runs recorded it), gets
+  none."""
+  by_label: dict[str, list[dict]] = {}
+  for r in rows:
+    by_label.setdefault(r["method"], []).append(r)
+  marks: dict[str, list[str]] = {}
+  notes: list[CheckNote] = []
+  found: dict[str, str] = {}
+  for label in order:
+    group = sorted(by_label.get(label, []), key=lambda r: r["setting"])
+    records = [json.dumps(r.get("check"), sort_keys=True) for r in group]
+    mixed = len(set(records)) > 1  # the row's settings differ in their check: each named
+    for r, record in zip(group, records, strict=True):
+      check = r.get("check")
+      if check is None or check.get("status") == "checked":
+        continue
+      unchecked = check.get("status") == "unchecked"
+      key = UNCHECKED if unchecked else json.dumps([label, r["setting"] if mixed else "",
+                                                    record])
+      if key not in found:
+        found[key] = UNCHECKED if unchecked else _letter(sum(
+            n.marker != UNCHECKED for n in notes))
+        notes.append(CheckNote(found[key], label, check,
+                               "" if unchecked or not mixed else r["setting"]))
+      if found[key] not in marks.setdefault(label, []):
+        marks[label].append(found[key])
+  return marks, notes
+
+
+def _letter(i: int) -> str:
+  """The i-th footnote letter: a, b, ..., z, aa, ab, ..."""
+  return _letter(i // 26 - 1) + chr(ord("a") + i % 26) if i >= 26 else chr(ord("a") + i)
+
+
+def _check_phrase(check: dict) -> str:
+  """'its check [of VARIANT] against its authors' code, OWNER/REPO (TEST)'."""
+  of = f" of {check['variant']}" if check.get("variant") else ""
+  return (f"its check{of} against its authors' code, {check.get('against')}"
+          f" ({check.get('test')})")
+
+
+def _differing(check: dict, code) -> str:
+  return "; ".join(f"{code(key)} {value['run']!r} (checked: {value['checked']!r})"
+                   for key, value in (check.get("differing") or {}).items())
+
+
+def check_summary(check: dict) -> str:
+  """One line of a run's recorded check (results.json `check`), as its closing table says it."""
+  status = check.get("status")
+  if status == "unchecked":
+    return "none: its method is not checked against its authors' code (docs/parity.md)"
+  if status == "checked":
+    return f"in the settings of {_check_phrase(check)}"
+  if status == "undeclared":
+    return f"{_check_phrase(check)}, declares no settings: whether this run is in them is unknown"
+  return f"not the settings of {_check_phrase(check)}: {_differing(check, lambda k: f'`{k}`')}"
+
+
+def check_note_text(note: CheckNote, code=lambda key: f"`{key}`") -> str:
+  """What a check footnote says (`code` sets a config key in type: Markdown's backticks, or
+  LaTeX's \\texttt)."""
+  c = note.check
+  if note.marker == UNCHECKED:
+    return ("not checked against its authors' code: its numbers rest on this project's reading"
+            " of the paper and the code (docs/parity.md lists the checks)")
+  where = f" ({note.setting})" if note.setting else ""
+  if c.get("status") == "undeclared":
+    return (f"{note.method}{where}: {_check_phrase(c)}, declares no settings: whether these"
+            " runs are in them is not recorded")
+  return f"{note.method}{where}: not the settings of {_check_phrase(c)}: {_differing(c, code)}"
 
 
 def build_table(rows: list[dict], metrics: Sequence[str] = DEFAULT_METRICS,
@@ -693,7 +812,8 @@ def build_table(rows: list[dict], metrics: Sequence[str] = DEFAULT_METRICS,
            " one stream manifest."]
   if tuning_note(rows):
     notes.append(tuning_note(rows))
-  return Table(columns, groups, methods_, cells, best, stats, notes)
+  marks, check_notes = check_footnotes(rows, methods_)
+  return Table(columns, groups, methods_, cells, best, stats, notes, marks, check_notes)
 
 
 def seeds_phrase(rows: list[dict]) -> str:
@@ -710,14 +830,19 @@ def markdown_table(rows: list[dict], metrics: Sequence[str] = DEFAULT_METRICS,
                    paper: dict | None = None) -> str:
   """`build_table` as Markdown: a header row naming each setting once over its columns (the
   cells it spans are left empty, `||` as MultiMarkdown writes a spanning cell; GitHub's Markdown
-  shows them empty), then a row of the metrics, then one row per method, then the notes."""
+  shows them empty), then a row of the metrics, then one row per method, then the notes, then
+  the footnotes on the rows' checks (`check_footnotes`), as GitHub's Markdown writes footnotes:
+  `CODA-Prompt [^a]` in the row, `[^a]: ...` below."""
   table = build_table(rows, metrics, paper)
   header = "| method |" + "".join(f" {markdown_escape(s)} " + "|" * n for s, n in table.groups)
   lines = [header, "|" + "---|" * (1 + len(table.columns)),
            "| | " + " | ".join(markdown_escape(_header(c)) for c in table.columns) + " |"]
-  lines += ["| " + " | ".join([markdown_escape(m), *table.cells[m]]) + " |"
+  lines += ["| " + " | ".join([markdown_escape(m) + "".join(
+      f" [^{x}]" for x in table.marks.get(m, [])), *table.cells[m]]) + " |"
             for m in table.methods]
-  return "\n".join(lines + [""] + table.notes)
+  footnotes = [f"[^{n.marker}]: " + markdown_escape(check_note_text(n))
+               for n in table.check_notes]
+  return "\n".join(lines + [""] + table.notes + ([""] + footnotes if footnotes else []))
 
 
 def markdown_escape(text: str) -> str:
@@ -761,7 +886,9 @@ def latex_table(rows: list[dict], metrics: Sequence[str] = DEFAULT_METRICS,
   upper bound's), a missing value as '--'. A setting is headed by its reader's title
   (`setting_title`: dataset, tasks and protocol, backbone, class order), or by `setting_names`
   (one per setting, in the table's order). The caption is `title` and what the numbers are,
-  followed by `\\label{label}`."""
+  followed by `\\label{label}`; under the tabular, in small type, the footnotes on the rows'
+  checks (`check_footnotes`: a row not as its method was checked, marked with a letter, names
+  the settings that differ; an unchecked method's row is marked *)."""
   table = build_table(rows, metrics, paper)
   titles = setting_headers(rows, table, setting_names)
   spec = "@{}l" + "".join("c" * n for _, n in table.groups) + "@{}"
@@ -781,9 +908,31 @@ def latex_table(rows: list[dict], metrics: Sequence[str] = DEFAULT_METRICS,
            r"\midrule"]
   for m in table.methods:
     cells = [_latex_cell(text, (m, j) in table.best) for j, text in enumerate(table.cells[m])]
-    lines.append(" & ".join([latex_escape(m), *cells]) + r" \\")
-  lines += [r"\bottomrule", r"\end{tabular}", r"\end{table}"]
+    label = latex_escape(m) + "".join(rf"\textsuperscript{{{_latex_marker(x)}}}"
+                                      for x in table.marks.get(m, []))
+    lines.append(" & ".join([label, *cells]) + r" \\")
+  lines += [r"\bottomrule", r"\end{tabular}"]
+  if table.check_notes:  # the footnotes on the rows' checks, under the table, in the float
+    lines += [r"\par\smallskip", r"{\footnotesize\raggedright"]
+    lines += [rf"\textsuperscript{{{_latex_marker(n.marker)}}}\,"
+              + _latex_note(n) + r"\par" for n in table.check_notes]
+    lines += ["}"]
+  lines += [r"\end{table}"]
   return "\n".join(lines)
+
+
+def _latex_marker(marker: str) -> str:
+  return "*" if marker == UNCHECKED else marker
+
+
+def _latex_note(note: CheckNote) -> str:
+  """`check_note_text` in LaTeX: escaped, each config key in \\texttt."""
+  keys = []
+  text = check_note_text(note, code=lambda key: keys.append(key) or f"\0KEY{len(keys) - 1}\0")
+  out = latex_escape(text)
+  for i, key in enumerate(keys):
+    out = out.replace(f"\0KEY{i}\0", rf"\texttt{{{latex_escape(key)}}}")
+  return out
 
 
 def latex_notes(rows: list[dict], metrics: Sequence[str] = DEFAULT_METRICS) -> list[str]:

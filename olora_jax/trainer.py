@@ -646,6 +646,8 @@ def _write_results(setup: Setup, workdir: str, protocol: EvaluationProtocol,
       "stream_sha256": stream.sha256(),
       "stream_manifest_sha256": manifest_lib.manifest_sha256(setup.manifest),
       "fidelity": fidelity_lib.fidelity_record(c),
+      # The run's method's check, and which of its settings differ from the checked ones.
+      "check": methods_lib.resolve(c.method).check_record(c),
       **switch.results(p.boundary),  # absent with boundaries.rule='none'
       # Keys that may change on resume (checkpointing.OPERATIONAL_KEYS) and did.
       **({"config_changes": p.config_changes} if p.config_changes else {}),
@@ -717,8 +719,9 @@ def _fmt(v, spec: str = ".2f") -> str:
 def format_results_table(results: dict, config: dict | ml_collections.ConfigDict | None = None
                          ) -> str:
   """The run's closing tables (Markdown, percentages): the headline row in the README's layout
-  (setting and seed, then the method: A_final, Forgetting, A_auc, plateaus), the other metrics,
-  and the accuracy matrix. `config` (the run's) names the setting and the method; without it
+  (setting and seed, then the method: A_final, Forgetting, A_auc, plateaus), the other metrics
+  (and how the run stands to its method's check, `reporting.check_summary`), and the accuracy
+  matrix. `config` (the run's) names the setting and the method; without it
   the headline says 'this run'."""
 
   def pct(v):
@@ -753,7 +756,9 @@ def format_results_table(results: dict, config: dict | ml_collections.ConfigDict
             if detects_plateaus else
             [("plateau detection", "none: this method has no plateau rule")]),
           ("samples", str(results["samples_seen"])),
-          ("wall time (s)", f"{results['wall_seconds']:.1f}")]
+          ("wall time (s)", f"{results['wall_seconds']:.1f}"),
+          *([("check", reporting.check_summary(results["check"]))] if results.get("check")
+            else [])]
   skipped = results.get("nonfinite_steps") or []
   if skipped:
     shown = ", ".join(map(str, skipped[:10])) + (", ..." if len(skipped) > 10 else "")

@@ -227,7 +227,7 @@ def test_every_method_page_opens_with_its_card_and_renders_its_sources(name):
   assert [label for label, _ in card] == ["What it does", "Check", "Demo row",
                                          "Readings that move its numbers", "Not validated"]
   assert len(card) + 2 <= 8  # its header and rule, then a line each
-  assert dict(card)["Check"] == spec.check.sentence().removeprefix("Check: ")
+  assert dict(card)["Check"] == spec.check_sentence().removeprefix("Check: ")
   seeds = row["seeds"].split("/")[0].strip()
   assert dict(card)["Demo row"].startswith(
       f"disjoint demo (seeds {seeds}): A_final {row['A_final']}")

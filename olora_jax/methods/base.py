@@ -60,7 +60,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 from olora_jax import errors
@@ -320,6 +320,55 @@ CHECK_KINDS = {
 }
 
 
+# What a check's settings are (`Check.settings`), as the record, the report and the docs say it.
+CHECKED_SETTINGS_RULE = (
+    "the config keys that choose what the method computes, at the values the check ran: the"
+    " boundary rule, the backbone's architecture, the fidelity, and the method block's switches"
+    " (its optimiser, mask, what it trains, its passes, phases and alignment, a loss term"
+    " switched off by a weight of 0); not the numbers the check set for its short stream or"
+    " tight floats (learning rates, buffer and batch sizes, stream lengths), nor the data, the"
+    " input scaling, the initial weights, the seed or the outputs")
+# `Check.record`'s status of a run: its method's check holds in the run's settings, they differ
+# from the checked ones in `differing`, its method has no check, or the check declares no settings.
+CHECK_STATUSES = ("checked", "differs", "unchecked", "undeclared")
+
+
+def same_setting(a: Any, b: Any) -> bool:
+  """Whether a run's value of a setting is the checked one (tuples and lists alike, as config.json
+  writes a tuple; True is not the number 1; numbers by value)."""
+  if isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)):
+    return len(a) == len(b) and all(same_setting(x, y) for x, y in zip(a, b, strict=True))
+  if isinstance(a, bool) or isinstance(b, bool):
+    return a is b
+  return a == b
+
+
+def _json_value(value: Any) -> Any:
+  return [_json_value(v) for v in value] if isinstance(value, (tuple, list)) else value
+
+
+def settings_phrase(settings: Mapping[str, Any]) -> str:
+  """`settings` as a sentence names them: "`boundaries.rule='oracle'`, `model.name='x'`"."""
+  return ", ".join(f"`{key}={value!r}`" for key, value in settings.items())
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+  """A variant of a method that the same check also covers, in settings of its own (SimpleCIL's
+  check also runs APER: `simplecil.first_phase='all'` with oracle boundaries).
+
+  name      how the card names it ("APER")
+  settings  its checked settings, as `Check.settings`; the first is the key that selects the
+            variant: a run whose value of it is not the method's own checked one is compared
+            with the variant's settings
+  scope     what the check of the variant covers beyond them ("except for ...")
+  """
+
+  name: str
+  settings: Mapping[str, Any]
+  scope: str = ""
+
+
 @dataclasses.dataclass(frozen=True)
 class Check:
   """How a method's implementation is checked against its authors' released code.
@@ -330,21 +379,76 @@ class Check:
             how many), or 'none' (not checked)
   against   the authors' code the check ran ("owner/repository"), '' for 'none'
   test      the test that replays it ("tests/test_....py"), '' for 'none'
-  scope     the setting the check covers when it is not the method's default ("in `reference`
-            fidelity"), '' for the defaults
+  scope     what the check covers that is not a setting ("40 steps over 5 tasks, float32", "the
+            slow learner, not its alignment"), '' for nothing more
+  settings  the settings the check ran in: {dotted config key: value} (`CHECKED_SETTINGS_RULE`
+            says which keys count), from the parity driver's overrides over configs/demo.py
+            (tests/test_checked_settings.py ties the two); the card names those that are not the
+            block's defaults, and each run's results.json says which of its own differ
+            (`record`). None: not declared (every run is then 'undeclared'); {} for 'none'
+  variants  other settings of the method the same check covers (`Variant`)
   """
 
   kind: str
   against: str = ""
   test: str = ""
   scope: str = ""
+  settings: Mapping[str, Any] | None = None
+  variants: tuple[Variant, ...] = ()
 
-  def sentence(self) -> str:
-    """The line a method's page opens with."""
+  def sentence(self, defaults: Mapping[str, Any] | None = None) -> str:
+    """The line a method's page opens with: the kind, the checked settings (those that are not
+    `defaults`' values, {dotted key: default}: the method block's), the scope, the code and the
+    test."""
     if self.kind == "none":
       return f"Check: {CHECK_KINDS['none']}; its defaults' sources are listed on its page."
-    scope = f", {self.scope}" if self.scope else ""
+    defaults = defaults or {}
+
+    def named(settings):
+      return {k: v for k, v in (settings or {}).items()
+              if k not in defaults or not same_setting(defaults[k], v)}
+
+    parts = []
+    if named(self.settings):
+      parts.append("with " + settings_phrase(named(self.settings)))
+    if self.scope:
+      parts.append(self.scope)
+    for variant in self.variants:
+      parts.append(f"and so does {variant.name} with {settings_phrase(named(variant.settings))}"
+                   + (f" {variant.scope}" if variant.scope else ""))
+    scope = "".join(f", {p}" for p in parts)
     return f"Check: {CHECK_KINDS[self.kind]}{scope} ({self.against}; {self.test})."
+
+  def record(self, config: Mapping[str, Any]) -> dict:
+    """results.json's `check` for a run of the method whose flattened config (dotted keys) is
+    `config`: {kind, against, test, scope, variant (the `Variant` whose settings the run is
+    nearest, '' for the method's own), settings (the checked ones), differing ({key: {run,
+    checked}}, each checked setting the run does not have; a key the config lacks runs as None),
+    status (`CHECK_STATUSES`)}."""
+    out = {"kind": self.kind, "against": self.against, "test": self.test, "scope": self.scope,
+           "variant": "", "settings": {}, "differing": {}}
+    if self.kind == "none":
+      return {**out, "status": "unchecked"}
+    if self.settings is None:
+      return {**out, "settings": None, "differing": None, "status": "undeclared"}
+    # A variant is the run's when the run leaves the method's own value of the key that selects
+    # it (its first setting); of several, the one it differs from in fewest settings.
+    regimes = [("", self.settings)]
+    for v in self.variants:
+      selector = next(iter(v.settings))
+      if (selector not in self.settings
+          or not same_setting(config.get(selector), self.settings[selector])):
+        regimes.append((v.name, v.settings))
+    found = []
+    for name, settings in regimes:
+      differing = {key: {"run": _json_value(config.get(key)), "checked": _json_value(value)}
+                   for key, value in settings.items() if not same_setting(config.get(key), value)}
+      found.append((len(differing), name, settings, differing))
+    if len(found) > 1:
+      found = found[1:]  # the run left the method's own setting for a variant's
+    _, name, settings, differing = min(found, key=lambda item: item[0])  # the first of a tie
+    return {**out, "variant": name, "settings": {k: _json_value(v) for k, v in settings.items()},
+            "differing": differing, "status": "differs" if differing else "checked"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -369,7 +473,8 @@ class MethodSpec:
   paper_row_names  {layout: row label} where the paper's row in that layout is a variant of the
                method (Online-LoRA's Si-Blurry row runs without the hard loss); else report_name
   check        how the method's numbers are backed against its authors' code (`Check`): what
-               its page opens with
+               its page opens with (`check_sentence`), and what each run's results.json says of
+               its settings against the checked ones (`check_record`)
   """
 
   name: str
@@ -385,8 +490,35 @@ class MethodSpec:
     """The label of this method's row in one of the paper's tables."""
     return self.paper_row_names.get(layout, self.report_name)
 
+  def block_defaults(self) -> dict[str, Any]:
+    """The defaults of the method's own block as dotted keys ({"coda_prompt.train_mask":
+    'none', ...}); {} without a block."""
+    if self.config is None:
+      return {}
+    return {f"{self.name}.{key}": value for key, value in _leaves(self.config().to_dict())}
+
+  def check_sentence(self) -> str:
+    """The card's check line: `Check.sentence`, naming the checked settings that are not the
+    block's defaults."""
+    return self.check.sentence(self.block_defaults())
+
+  def check_record(self, config: Any) -> dict:
+    """results.json's `check` of a run of this method (`Check.record`); `config` the run's
+    resolved config (a ConfigDict or a nested dict) or its flattened form."""
+    return self.check.record(dict(_leaves(config.to_dict() if hasattr(config, "to_dict")
+                                          else config)))
+
   @property
   def block(self) -> str:
     """The config block the method reads: `config.<name>`, or `learner` for a method without a
     block of its own (Online-LoRA)."""
     return self.name if self.config is not None else "learner"
+
+
+def _leaves(tree: Mapping, prefix: str = ""):
+  """(dotted key, value) of every leaf of a nested config dict."""
+  for key, value in tree.items():
+    if isinstance(value, Mapping):
+      yield from _leaves(value, f"{prefix}{key}.")
+    else:
+      yield f"{prefix}{key}", value

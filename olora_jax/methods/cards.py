@@ -99,7 +99,7 @@ def card(spec: base.MethodSpec, sentence: str, demo: dict[str, str] | None, read
   problem = sentence_problem(sentence)
   if problem:
     raise ValueError(f"method {spec.name!r}: the card's sentence {problem}")
-  check = spec.check.sentence().removeprefix("Check: ")
+  check = spec.check_sentence().removeprefix("Check: ")
   differ = differing_defaults(spec)
   moved = [readings.strip().rstrip(".")] if readings.strip() else []
   origin = default_origins(spec)

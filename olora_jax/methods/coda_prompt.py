@@ -296,8 +296,11 @@ def config():
 METHODS = (base.MethodSpec(name="coda_prompt", build=build, config=config,
                            report_name="CODA-Prompt", table_row=18,
                            check=base.Check("step", CODA, "tests/test_parity_coda_prompt.py",
-                                            "with the authors' task boundaries and class mask"
-                                            " (`boundaries.rule=oracle`, `train_mask='task'`),"
-                                            " 40 steps over 5 tasks, float32, each new block"
+                                            settings={"boundaries.rule": "oracle",
+                                                      "coda_prompt.train_mask": "task",
+                                                      "coda_prompt.reset_optimizer": True,
+                                                      "coda_prompt.ortho_weight": 0.0,
+                                                      "coda_prompt.trainable": "prompts"},
+                                            scope="40 steps over 5 tasks, float32, each new block"
                                             " from our init on both sides (its orthogonality"
                                             " checked apart)")),)

@@ -117,4 +117,5 @@ PAPER_RESULTS = {
 METHODS = (base.MethodSpec(name="der_pp", build=build, config=config, report_name="DER++",
                            table_row=7, paper_results=PAPER_RESULTS,
                            check=base.Check("step", MAMMOTH, "tests/test_parity_mammoth.py",
-                                            "with the authors' settings and replay draws")),)
+                                            "and the authors' other settings and replay draws",
+                                            settings=er.aml_settings("der_pp"))),)

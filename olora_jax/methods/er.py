@@ -226,7 +226,17 @@ PAPER_RESULTS = {
     },
 }
 
+def aml_settings(block: str) -> dict:
+  """The settings the checks of ER and ER-ACE (against pclucas14/AML) and of DER++ (against
+  aimagelab/mammoth) ran `block` in (`base.Check.settings`): the authors' reduced ResNet-18,
+  plain SGD, a forward pass each for the batch and the replayed samples, the whole network
+  trained."""
+  return {"model.name": "resnet18_reduced", f"{block}.optimizer": "sgd",
+          f"{block}.replay_pass": "separate", f"{block}.trainable": "all"}
+
+
 METHODS = (base.MethodSpec(name="er", build=build, config=config, report_name="ER",
                            table_row=2, paper_results=PAPER_RESULTS,
                            check=base.Check("step", "pclucas14/AML", "tests/test_parity_aml.py",
-                                            "with the authors' settings and replay draws")),)
+                                            "and the authors' other settings and replay draws",
+                                            settings=aml_settings("er"))),)

@@ -147,4 +147,6 @@ def config():
 METHODS = (base.MethodSpec(name="er_ace", build=build, config=config, report_name="ER-ACE",
                            table_row=2.5,
                            check=base.Check("step", AML, "tests/test_parity_aml.py",
-                                            "with the authors' settings and replay draws")),)
+                                            "and the authors' other settings and replay draws",
+                                            settings={**er.aml_settings("er_ace"),
+                                                      "er_ace.head": "cosine"})),)

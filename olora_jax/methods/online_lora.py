@@ -136,4 +136,6 @@ METHODS = (base.MethodSpec(
     name="online_lora", build=build, config=None, report_name="Online-LoRA", table_row=90,
     paper_results=PAPER_RESULTS, paper_row_names={"table2": "Online-LoRA w/o hard loss"},
     check=base.Check("step", "Christina200/Online-LoRA-official",
-                     "tests/test_parity_online_lora.py", "in `reference` fidelity")),)
+                     "tests/test_parity_online_lora.py",
+                     settings={"fidelity": "reference", "learner.incremental_lora": True,
+                               "learner.hard_loss": True})),)

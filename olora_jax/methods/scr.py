@@ -259,5 +259,8 @@ METHODS = (base.MethodSpec(name="scr", build=build, config=config, report_name="
                            check=base.Check("seeds", OCL, "tests/test_parity_scr.py",
                                             "our seeds 0-1 live over all 40 steps and 5 task ends"
                                             " (the 100-slot buffer full from step 10) against"
-                                            " their 5 recorded, float32, with their settings on"
-                                            " the reduced ResNet-18")),)
+                                            " their 5 recorded, float32, with their other"
+                                            " settings",
+                                            settings={"model.name": "resnet18_reduced",
+                                                      "scr.optimizer": "sgd", "scr.flip": True,
+                                                      "scr.trainable": "all"})),)

@@ -296,6 +296,12 @@ METHODS = (base.MethodSpec(name="simplecil", build=build, config=config,
                            report_name="SimpleCIL", table_row=14,
                            check=base.Check("step", "LAMDA-CL/LAMDA-PILOT",
                                             "tests/test_parity_pilot.py",
-                                            "and so does APER with first_phase='all' except"
-                                            " for the first task's prototypes, by its stated"
-                                            " online reading")),)
+                                            settings={"simplecil.first_phase": "none"},
+                                            variants=(base.Variant(
+                                                "APER", {"simplecil.first_phase": "all",
+                                                         "boundaries.rule": "oracle",
+                                                         "simplecil.first_phase_head": "cosine",
+                                                         "simplecil.first_phase_optimizer":
+                                                             "sgd"},
+                                                "except for the first task's prototypes, by"
+                                                " its stated online reading"),))),)

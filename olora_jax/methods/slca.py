@@ -358,6 +358,8 @@ METHODS = (base.MethodSpec(name="slca", build=build, config=config, report_name=
                            table_row=21,
                            check=base.Check("step", "LAMDA-CL/LAMDA-PILOT",
                                             "tests/test_parity_pilot.py",
-                                            "for the slow learner at the true task ends"
-                                            " (boundaries.rule='oracle'); the alignment's"
-                                            " random draws are not shared")),)
+                                            "for the slow learner only: the alignment's"
+                                            " random draws are not shared",
+                                            settings={"boundaries.rule": "oracle",
+                                                      "slca.alignment": "after_boundary",
+                                                      "slca.trainable": "all"})),)
