@@ -182,9 +182,10 @@ def test_the_run_records_its_check_in_results_json(method_runs_root, compilation
   assert rows[0]["check/status"] == "differs"
   table = reporting.render(reporting.table_rows(rows), list(reporting.DEFAULT_METRICS))
   assert "| CODA-Prompt [oracle boundaries] [^a] |" in table
-  assert ("[^a]: CODA-Prompt: not the settings of its check against its authors' code,"
-          " GT-RIPL/CODA-Prompt (tests/test_parity_coda_prompt.py): `coda_prompt.train_mask`"
-          " 'none' (checked: 'task'); `coda_prompt.ortho_weight` 0.1 (checked: 0.0)") in table
+  assert ("[^a]: CODA-Prompt [oracle boundaries]: not the settings of its check against its"
+          " authors' code, GT-RIPL/CODA-Prompt (tests/test_parity_coda_prompt.py):"
+          " `coda_prompt.train_mask` 'none' (checked: 'task'); `coda_prompt.ortho_weight` 0.1"
+          " (checked: 0.0)") in table
 
 
 def write_run(path: Path, seed: int, overrides: dict, check: bool = True) -> str:
