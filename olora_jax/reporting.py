@@ -750,8 +750,7 @@ def check_note_text(note: CheckNote, code=lambda key: f"`{key}`") -> str:
   LaTeX's \\texttt)."""
   c = note.check
   if note.marker == UNCHECKED:
-    return ("not checked against its authors' code: its numbers rest on this project's reading"
-            " of the paper and the code (docs/parity.md lists the checks)")
+    return "not checked against its authors' code (docs/parity.md lists the methods that are)"
   where = f" ({note.setting})" if note.setting else ""
   if c.get("status") == "undeclared":
     return (f"{note.method}{where}: {_check_phrase(c)}, declares no settings: whether these"

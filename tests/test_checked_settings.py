@@ -236,8 +236,8 @@ def test_the_report_marks_rows_that_are_not_their_checked_method(tmp_path):
                   "CODA-Prompt [oracle boundaries]"}, body
   notes = [line for line in lines if line.startswith("[^")]
   assert notes == [
-      "[^unchecked]: not checked against its authors' code: its numbers rest on this project's"
-      " reading of the paper and the code (docs/parity.md lists the checks)",
+      "[^unchecked]: not checked against its authors' code (docs/parity.md lists the methods"
+      " that are)",
       "[^a]: CODA-Prompt: not the settings of its check against its authors' code,"
       " GT-RIPL/CODA-Prompt (tests/test_parity_coda_prompt.py): `boundaries.rule` 'none'"
       " (checked: 'oracle'); `coda_prompt.train_mask` 'none' (checked: 'task')"]

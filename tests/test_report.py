@@ -148,7 +148,11 @@ def test_report_aggregates_two_seeds(runs, tmp_path):
   assert f"| method | {setting} |||\n|---|---|---|---|\n| | A_final ↑ | Forgetting ↓ | A_auc ↑ |" \
       in proc.stdout
   cells = [f"{np.mean(v):.2f} ± {np.std(v, ddof=1):.2f}" for v in values.values()]
-  assert "| Online-LoRA | " + " | ".join(cells) + " |" in proc.stdout
+  # Online-LoRA in the paper's fidelity: not the `reference` fidelity its check ran in.
+  assert "| Online-LoRA [^a] | " + " | ".join(cells) + " |" in proc.stdout
+  assert "\n[^a]: Online-LoRA: not the settings of its check against its authors' code," in (
+      proc.stdout)
+  assert "`fidelity` 'paper' (checked: 'reference')" in proc.stdout
   with open(out_csv) as f:
     (row,) = list(csv.DictReader(f))
   assert row["method"] == "Online-LoRA" and row["setting"] == setting
@@ -628,7 +632,7 @@ def test_sweep_runs_skips_and_fills_a_table(tmp_path):
                            root, f"--csv={tmp_path / 't.csv'}"], capture_output=True, text=True,
                           timeout=120)
   assert report.returncode == 0, report.stderr
-  assert "| Fine-tuning | " in report.stdout and "sklearn_digits disjoint/5 custom" in report.stdout
+  assert "| Fine-tuning [^unchecked] | " in report.stdout and "sklearn_digits disjoint/5 custom" in report.stdout
   none = subprocess.run([sys.executable, str(ROOT / "launch" / "report.py"), "--layout=table2",
                          root, f"--csv={tmp_path / 't.csv'}"], capture_output=True, text=True,
                         timeout=120)
