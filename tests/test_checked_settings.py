@@ -160,6 +160,12 @@ def test_a_default_run_differs_from_its_check_and_the_checked_one_does_not():
   aper = record("simplecil", **{"simplecil.first_phase": "all"})
   assert aper["variant"] == "APER" and list(aper["differing"]) == ["boundaries.rule"]
   assert record("agem")["status"] == "unchecked"
+  # A setting is compared as config.json writes it: a tuple as a list, True never the number 1.
+  assert base.same_setting((0, 1), [0, 1]) and not base.same_setting(True, 1)
+  flat = validation.flatten(demo_config({"method": "coda_prompt"}))  # as config.json reads
+  assert methods.resolve("coda_prompt").check_record(
+      {**flat, "coda_prompt.reset_optimizer": 1}
+  )["differing"]["coda_prompt.reset_optimizer"] == {"run": 1, "checked": True}
   assert json.loads(json.dumps(coda)) == coda  # results.json holds it as it is
 
 
