@@ -96,7 +96,7 @@ def test_the_report_reads_every_method_in_each_layout(method_runs_root, compilat
                             "--plots", tmp_path / layout, method_runs_root, cache=compilation_cache)
     assert done.returncode == 0, f"{layout}: {done.stderr[-2000:]}"
     assert (tmp_path / layout / "anytime_overlay.png").is_file()
-  assert "| SLDA |" in done.stdout  # the Si-Blurry run, in Table 2
+  assert "| SLDA [^unchecked] |" in done.stdout  # the Si-Blurry run, in Table 2 (unchecked)
   # No Swin-T run among them: the layout says so in one line (exit 2), not a traceback.
   done = tiny_methods.cli("report.py", "--layout", "swin", method_runs_root,
                           cache=compilation_cache)
