@@ -15,12 +15,18 @@ largest of the three), the scale of the tolerances.
 
 Here, no PyTorch: our CLI replays the same stream with their draws (`data.replay_draws`: their
 reservoir decisions, and A-GEM's reference batches or MIR's candidates) and their settings (the
-recording's overrides); its losses, decisions and task-end predictions are compared with theirs:
-- every step's loss within `EXACT_RTOL` + `DRIFT_FACTOR` x their own drift at that step,
-  relative, and the median over the steps within `DRIFT_FACTOR` x their own median;
-- A-GEM: the memory loss (CE of the reference batch) likewise, and at every step where their
-  g . g_ref is clearly signed (|g . g_ref| above `DOT_FLOOR` x their own drift of it) our
-  projection decision (g . g_ref < 0) is theirs;
+recording's overrides); its losses, decisions and task-end predictions are compared with theirs,
+relative differences against their own drift, as the AML check does:
+- the batch's loss: at each of the first `EXACT_STEPS` steps within `EXACT_RTOL` + 2 x their own
+  drift; the median and the maximum over all 40 steps within `DRIFT_FACTOR` x their own's;
+- the memory loss (A-GEM: CE of the reference batch; MIR: CE of the retrieved samples) likewise,
+  but for MIR exact at step 1 only: from step 2 on MIR's retrieval among its 50 candidates is
+  bound by float32 rounding (their own run from weights perturbed at 1e-7 retrieves another set
+  at 19 to 35 of the 40 steps; at Adam's 1e-3 as well), so the set retrieved cannot be compared
+  step for step, only the loss it gives, by its median and maximum over the steps (retrieving
+  the least interfered instead moves them 30 to 80 times beyond);
+- A-GEM: at every step where their g . g_ref is farther from 0 than their own drift moves it,
+  our projection decision (g . g_ref < 0) is theirs;
 - the task ends as the AML check holds them (test_parity_aml.assert_task_ends_within_own_drift).
 """
 
@@ -41,7 +47,8 @@ FIXTURES = ROOT / "tests" / "fixtures" / "parity"
 sys.path.insert(0, str(ROOT / "scripts" / "parity"))
 import aml  # noqa: E402 (the command line of a run's overrides)
 
-METHODS = ("agem",)
+METHODS = ("agem", "mir")
+EXACT_STEPS = 3
 EXACT_RTOL = 1e-6
 DRIFT_FACTOR = 2.5
 
@@ -72,16 +79,19 @@ def run_ours(rec: dict, tmp_path: Path) -> tuple[Path, list[dict]]:
   return workdir, [x for x in lines if x.get("event") == "train"]
 
 
-def assert_within_own_drift(ours, theirs, own, what: str) -> None:
-  """Each step's relative difference within EXACT_RTOL + DRIFT_FACTOR x their own drift there,
-  and the median within DRIFT_FACTOR x their own median (steps where theirs is defined)."""
+def assert_within_own_drift(ours, theirs, own, what: str, exact_steps: int = EXACT_STEPS
+                            ) -> None:
+  """Over the steps where theirs is defined (their memory loss is not at step 0): the relative
+  difference at each of the first `exact_steps` within EXACT_RTOL + 2 x their own drift there;
+  its median and maximum over the steps within DRIFT_FACTOR x their own drift's."""
   ours, theirs, own = (np.asarray(x, np.float64) for x in (ours, theirs, own))
   keep = ~np.isnan(theirs)
   drift = np.abs(ours[keep] - theirs[keep]) / np.abs(theirs[keep])
   own_drift = (np.abs(own[:, keep] - theirs[keep]) / np.abs(theirs[keep])).max(axis=0)
-  bad = np.flatnonzero(drift > EXACT_RTOL + DRIFT_FACTOR * own_drift)
-  assert not bad.size, (what, bad, drift[bad], own_drift[bad])
-  assert np.median(drift) <= EXACT_RTOL + DRIFT_FACTOR * np.median(own_drift), (what, drift)
+  first = slice(0, exact_steps)
+  assert (drift[first] <= EXACT_RTOL + 2 * own_drift[first]).all(), (what, drift[first])
+  assert np.median(drift) <= DRIFT_FACTOR * np.median(own_drift), (what, drift, own_drift)
+  assert drift.max() <= DRIFT_FACTOR * own_drift.max(), (what, drift, own_drift)
 
 
 @pytest.mark.parametrize("method", METHODS)
@@ -95,7 +105,11 @@ def test_our_cli_run_matches_their_run(method, tmp_path):
                           [x["ce_current"] for x in train], rec["loss"], rec["own_loss"],
                           "the batch's loss")
   memory = [x["ce_memory" if method == "agem" else "ce_replay"] for x in train]
-  assert_within_own_drift(memory, rec["memory_loss"], rec["own_memory_loss"], "memory loss")
+  # MIR's retrieval among its given candidates is bound by float32 rounding from step 2 on
+  # (their own retrieval moves with it, module docstring): its memory loss is compared at step 1
+  # (all 10 candidates retrieved) and by its median and maximum.
+  assert_within_own_drift(memory, rec["memory_loss"], rec["own_memory_loss"], "memory loss",
+                          EXACT_STEPS if method == "agem" else 1)
   if method == "agem":
     dot, own = rec["grad_dot_memory"], rec["own_grad_dot_memory"]
     ours = np.array([x["grad_dot_memory"] for x in train])
