@@ -24,7 +24,7 @@ relative differences against their own drift, as the AML check does:
   bound by float32 rounding (their own run from weights perturbed at 1e-7 retrieves another set
   at 19 to 35 of the 40 steps; at Adam's 1e-3 as well), so the set retrieved cannot be compared
   step for step, only the loss it gives, by its median and maximum over the steps (retrieving
-  the least interfered instead moves them 30 to 80 times beyond);
+  the least interfered instead moves their medians 27 to 65 times beyond their own);
 - A-GEM: at every step where their g . g_ref is farther from 0 than their own drift moves it,
   our projection decision (g . g_ref < 0) is theirs;
 - the task ends as the AML check holds them (test_parity_aml.assert_task_ends_within_own_drift).
