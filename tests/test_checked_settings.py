@@ -40,6 +40,7 @@ RECORDINGS = {
     ("coda_prompt", ""): "coda_prompt.npz", ("simplecil", ""): "pilot_simplecil.npz",
     ("simplecil", "APER"): "pilot_aper.npz", ("slca", ""): "pilot_slca.npz",
     ("online_lora", ""): "online_lora/settings.json",
+    ("agem", ""): "ocl_agem.npz", ("mir", ""): "ocl_mir.npz",
 }
 # The overrides of a recording that are not settings (`CHECKED_SETTINGS_RULE`): the data, the
 # evaluation's outputs, the initial weights, the method's name and the seed. Every other
@@ -140,7 +141,7 @@ def test_a_default_run_differs_from_its_check_and_the_checked_one_does_not():
   """CODA-Prompt as the demo runs it by default (task-free, every class in the loss) differs from
   its check in the boundary rule and the mask, and in nothing else; with those two set it is the
   checked method. The demo's ER runs a ViT with Adam; its Online-LoRA the paper's fidelity;
-  SimpleCIL's adapted first phase is nearest its APER check; AGEM is unchecked."""
+  SimpleCIL's adapted first phase is nearest its APER check; GDumb is unchecked."""
   def record(method, **overrides):
     return methods.resolve(method).check_record(demo_config({"method": method, **overrides}))
 
@@ -159,7 +160,7 @@ def test_a_default_run_differs_from_its_check_and_the_checked_one_does_not():
                                                              "checked": "reference"}}
   aper = record("simplecil", **{"simplecil.first_phase": "all"})
   assert aper["variant"] == "APER" and list(aper["differing"]) == ["boundaries.rule"]
-  assert record("agem")["status"] == "unchecked"
+  assert record("gdumb")["status"] == "unchecked"
   # A setting is compared as config.json writes it: a tuple as a list, True never the number 1.
   assert base.same_setting((0, 1), [0, 1]) and not base.same_setting(True, 1)
   flat = validation.flatten(demo_config({"method": "coda_prompt"}))  # as config.json reads
@@ -209,14 +210,14 @@ def write_run(path: Path, seed: int, overrides: dict, check: bool = True) -> str
 
 
 def report_runs(root: Path) -> list[str]:
-  """CODA-Prompt by default (twice: two seeds) and as checked, AGEM (unchecked), and ER made
+  """CODA-Prompt by default (twice: two seeds) and as checked, GDumb (unchecked), and ER made
   before runs recorded their check."""
   checked = {"method": "coda_prompt", "boundaries.rule": "oracle",
              "coda_prompt.train_mask": "task"}
   return [write_run(root / "coda0", 0, {"method": "coda_prompt"}),
           write_run(root / "coda1", 1, {"method": "coda_prompt"}),
           write_run(root / "checked", 0, checked),
-          write_run(root / "agem", 0, {"method": "agem"}),
+          write_run(root / "gdumb", 0, {"method": "gdumb"}),
           write_run(root / "old_er", 0, {"method": "er"}, check=False)]
 
 
@@ -238,7 +239,7 @@ def test_the_report_marks_rows_that_are_not_their_checked_method(tmp_path):
   lines = markdown.splitlines()
   body = {line.split(" | ")[0].removeprefix("| ") for line in lines if line.startswith("| ")
           and not line.startswith("| |")}
-  assert body >= {"AGEM [^unchecked]", "ER", "CODA-Prompt [^a]",
+  assert body >= {"GDumb [^unchecked]", "ER", "CODA-Prompt [^a]",
                   "CODA-Prompt [oracle boundaries]"}, body
   notes = [line for line in lines if line.startswith("[^")]
   assert notes == [
@@ -249,7 +250,7 @@ def test_the_report_marks_rows_that_are_not_their_checked_method(tmp_path):
       " (checked: 'oracle'); `coda_prompt.train_mask` 'none' (checked: 'task')"]
   assert lines[lines.index(notes[0]) - 1] == ""  # the footnotes a paragraph of their own
   tex = reporting.render(table_rows, list(reporting.DEFAULT_METRICS), "latex")
-  assert r"CODA-Prompt\textsuperscript{a} & " in tex and r"AGEM\textsuperscript{*} & " in tex
+  assert r"CODA-Prompt\textsuperscript{a} & " in tex and r"GDumb\textsuperscript{*} & " in tex
   assert re.search(r"^ER & ", tex, re.M) and re.search(r"^CODA-Prompt \[oracle boundaries\] & ",
                                                         tex, re.M)
   assert (r"\textsuperscript{a}\,CODA-Prompt: not the settings of its check against its authors'"

@@ -38,16 +38,17 @@ def init_with_buffer(ctx: base.Context, block, tx, n_logits: int = 0):
   return init
 
 
-def with_given_draws(ctx: base.Context, block, init, draws_per_step: int = 1):
+def with_given_draws(ctx: base.Context, block, init, draws_per_step: int = 1,
+                     draw_size: int | None = None):
   """`init` with the file of `data.replay_draws`, if set, in the state as "given_draws" (read and
-  checked now: `replay.read_draws`, for a method making `draws_per_step` replay draws a step);
-  `init` itself otherwise."""
+  checked now: `replay.read_draws`, for a method making `draws_per_step` replay draws a step of
+  at most `draw_size` slots each, its replay batch when None); `init` itself otherwise."""
   path = ctx.config.data.replay_draws
   if not path:
     return init
   draws = replay.read_draws(path, block.buffer_size, ctx.batch_size,
-                            common.replay_batch(ctx, block), ctx.stream_steps, draws_per_step,
-                            ctx.stream_step_items or None)
+                            draw_size or common.replay_batch(ctx, block), ctx.stream_steps,
+                            draws_per_step, ctx.stream_step_items or None)
 
   def init_given(key, params):
     return {**init(key, params), "given_draws": jax.tree.map(jnp.asarray, draws)}
@@ -84,10 +85,9 @@ def replay_forward(ctx: base.Context, block, logits):
   pass. Apart on a BatchNorm model, each pass normalises with its valid rows' statistics (all
   rows when none is valid: an empty buffer's draw, whose loss is masked, stays finite)."""
   separate = block.get("replay_pass", "joint") == "separate"
-  batch_norm = models.is_resnet(ctx.spec)
 
   def rows(mask):
-    return {"mask": jnp.where(jnp.any(mask), mask, True)} if batch_norm else {}
+    return norm_rows(ctx, mask)
 
   def forward(params, frozen, batch, *mems):
     parts = (batch, *mems)
@@ -98,6 +98,13 @@ def replay_forward(ctx: base.Context, block, logits):
     return tuple(logits(frozen, params, p["images"], **rows(p["mask"])) for p in parts)
 
   return forward
+
+
+def norm_rows(ctx: base.Context, mask) -> dict:
+  """The model keyword that makes a forward pass on a BatchNorm model normalise with the valid
+  rows' statistics alone (`mask`; all rows when none is valid, so that a masked loss stays
+  finite); {} on any other model, whose rows never mix."""
+  return {"mask": jnp.where(jnp.any(mask), mask, True)} if models.is_resnet(ctx.spec) else {}
 
 
 def replay_statistics(ctx: base.Context, block, state, *mems) -> dict:
@@ -127,11 +134,14 @@ def replay_loss(apply, params, frozen, batch: dict, mem: dict):
   return ce_current + ce_replay, dict(ce_current=ce_current, ce_replay=ce_replay)
 
 
-def make(ctx: base.Context, name: str, block, retrieve) -> base.Method:
+def make(ctx: base.Context, name: str, block, retrieve, draw_size: int | None = None
+         ) -> base.Method:
   """A reservoir-replay method: one optimiser step on CE(batch) + CE(retrieved), then the batch
   enters the reservoir. `retrieve(apply, state, batch, key) -> replay.sample-like dict` picks what
   to replay from the buffer (ER: uniformly, or as `data.replay_draws` gives; MIR: the most
-  interfered)."""
+  interfered; a dict that carries "passes_before", a tuple of draws that passed the model before
+  it, has them move the running statistics first, with `replay_pass='separate'`); `draw_size`: the
+  slots a given draw may name (`with_given_draws`)."""
   tx, apply = common.optimizer_and_apply(ctx, block)
   forward = replay_forward(ctx, block, apply)
   joint = block.get("replay_pass", "joint") == "joint"
@@ -150,15 +160,17 @@ def make(ctx: base.Context, name: str, block, retrieve) -> base.Method:
     retrieve_key, update_key = jax.random.split(common.step_key(state))
     step = state["step"]
     mem = retrieve(apply, state, batch, retrieve_key)
+    passes = mem.pop("passes_before", ())  # draws that passed the model before `mem` (MIR's)
     (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(
         state["params"], state["frozen"], batch, mem)
-    frozen = replay_statistics(ctx, block, state, mem)
+    frozen = replay_statistics(ctx, block, state, *passes, mem)
     state = {**common.apply_gradients(state, grads, tx), "frozen": frozen}
     state["buffer"] = store(ctx, state, step, batch, update_key)
     return state, {"loss": loss, **aux}, {}
 
-  return base.Method(name=name, init=with_given_draws(ctx, block, init_with_buffer(ctx, block, tx)),
-                     train_step=train_step, predict=lambda s, x: apply(s["frozen"], s["params"], x))
+  init = with_given_draws(ctx, block, init_with_buffer(ctx, block, tx), draw_size=draw_size)
+  return base.Method(name=name, init=init, train_step=train_step,
+                     predict=lambda s, x: apply(s["frozen"], s["params"], x))
 
 
 def build(ctx: base.Context) -> base.Method:
@@ -176,6 +188,9 @@ ONE_PASS = ("'joint': one forward pass over the batch and the replayed samples: 
 # Whose code runs plain SGD and a separate pass each (`optimizer_keys`): (the code, its learning
 # rate, its forward passes a step).
 AUTHORS_AML = ("the ER-ACE authors' code, pclucas14/AML", "0.1", "two passes")
+# The codebase the Online-LoRA paper took its A-GEM, ER, EWC++, MIR and GDumb numbers from.
+OCL = "RaptorMai/online-continual-learning"
+AUTHORS_OCL_AGEM = f"the online-continual-learning codebase's A-GEM ({OCL})"
 
 
 def optimizer_keys(optimizer_source: config_keys.Source, replay_pass_source: config_keys.Source,
