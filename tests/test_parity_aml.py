@@ -209,10 +209,10 @@ def test_only_the_methods_that_read_draws_take_a_draws_file():
   from configs import demo
   from olora_jax import validation
 
-  config = demo.get_config("lode")
+  config = demo.get_config("mir")
   config.data.replay_draws = "draws.json"
   with pytest.raises(validation.InputError,
-                     match="data.replay_draws is read by er, er_ace and der_pp only"):
+                     match="data.replay_draws is read by er, er_ace, der_pp, pcr and lode only"):
     validation.check_method(config)
   config.method = "er_ace"
   validation.check_method(config)
