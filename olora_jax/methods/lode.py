@@ -90,8 +90,9 @@ def config():
 
 NEW_CLASSES = ("batch", "unseen")  # `new_classes`
 # The LODE authors' code (`er.optimizer_keys`): (the code, its learning rate, its forward passes).
-AUTHORS_LODE = ("the LODE authors' code (a Mammoth fork), liangyanshuo/Loss-Decoupling-for-"
-                "Task-Agnostic-Continual-Learning", "0.03", "three passes")
+AUTHORS_REPOSITORY = "liangyanshuo/Loss-Decoupling-for-Task-Agnostic-Continual-Learning"
+AUTHORS_LODE = (f"the LODE authors' code (a Mammoth fork), {AUTHORS_REPOSITORY}", "0.03",
+                "three passes")
 
 
 PAPER_RESULTS = {
@@ -108,4 +109,11 @@ PAPER_RESULTS = {
 }
 
 METHODS = (base.MethodSpec(name="lode", build=build, config=config, report_name="LODE (DER++)",
-                           table_row=8, paper_results=PAPER_RESULTS),)
+                           table_row=8, paper_results=PAPER_RESULTS,
+                           check=base.Check("step", AUTHORS_REPOSITORY, "tests/test_parity_lode.py",
+                                            "with the authors' settings (plain SGD at 0.001,"
+                                            " replay_pass='separate', new_classes='unseen', 200"
+                                            " slots) and both replay draws, on the reduced"
+                                            " ResNet-18 and a stream whose every batch holds its"
+                                            " task's two classes: 40 steps (32 with old"
+                                            " classes), 5 task ends, float32")),)

@@ -122,13 +122,14 @@ def config():
       train_alone=Key(True, "a step that replays nothing (the buffer empty, or warming up)"
                       " trains on the batch alone (True) or takes a zero gradient (False: the"
                       f" authors' code, {AUTHORS_PCR[0]}, whose loss is zero without a replayed"
-                      " sample)", ours("the warm-up the Online-LoRA paper's appendix states"
-                                       " (4 batches before the first retrieval) read as steps"
-                                       " on the batch alone")))
+                      " sample)", ours("True, the warm-up the Online-LoRA paper's appendix"
+                                       " states (4 batches before the first retrieval) read as"
+                                       " steps on the batch alone")))
 
 
 # The PCR authors' code (`er.optimizer_keys`): (the code, its learning rate, its forward passes).
-AUTHORS_PCR = ("the PCR authors' code, FelixHuiweiLin/PCR", "0.1", "two passes")
+AUTHORS_REPOSITORY = "FelixHuiweiLin/PCR"
+AUTHORS_PCR = (f"the PCR authors' code, {AUTHORS_REPOSITORY}", "0.1", "two passes")
 
 
 PAPER_RESULTS = {
@@ -145,4 +146,10 @@ PAPER_RESULTS = {
 }
 
 METHODS = (base.MethodSpec(name="pcr", build=build, config=config, report_name="PCR",
-                           table_row=6, paper_results=PAPER_RESULTS),)
+                           table_row=6, paper_results=PAPER_RESULTS,
+                           check=base.Check("step", AUTHORS_REPOSITORY, "tests/test_parity_pcr.py",
+                                            "with the authors' settings (plain SGD at 0.001,"
+                                            " replay_pass='separate', train_alone=False, no"
+                                            " warm-up, 100 slots) and replay draws, their"
+                                            " augmentation off (ours has none), on the reduced"
+                                            " ResNet-18: 40 steps, 5 task ends, float32")),)
