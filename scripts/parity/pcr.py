@@ -35,7 +35,7 @@ from torch's generator) is replaced by the identity: our port leaves the augment
 views is then the image itself, twice: every sample is an anchor twice and every proxy counts
 twice, so their loss is ours + log 2 exactly (the same gradient), and BatchNorm's batch
 statistics over the doubled pass are the single pass's (the running variance's unbiased factor
-moves from n/(n-1) to 2n/(2n-1), n the pass's rows times the map's size: at most 1.6e-3
+moves from n/(n-1) to 2n/(2n-1), n the pass's rows times the map's size: at most 3.1e-3
 relative at the last stage's 4 x 4 maps, a part of what the task-end logits are allowed).
 
 Wrapping the instance's buffer (no line of their code changes), it records per step the loss
