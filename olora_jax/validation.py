@@ -223,10 +223,11 @@ def check_config(config: ml_collections.ConfigDict, width: int) -> None:
 
 TRAINABLE = ("all", "head", "lora", "prompts")
 # The methods that read data.replay_draws.
-GIVEN_DRAWS_METHODS = ("er", "er_ace", "der_pp", "agem", "mir")
+GIVEN_DRAWS_METHODS = ("er", "er_ace", "der_pp", "agem", "mir", "pcr", "lode")
 OPTIMIZERS = ("adam", "sgd")  # methods/common.py OPTIMIZERS
 REPLAY_PASSES = ("joint", "separate")  # methods/er.py REPLAY_PASSES
 ER_ACE_HEADS = ("cosine", "linear")  # methods/er_ace.py HEADS
+LODE_NEW_CLASSES = ("batch", "unseen")  # methods/lode.py NEW_CLASSES
 BOUNDARY_RULES = ("none", "oracle", "plateau")
 
 
@@ -289,9 +290,10 @@ def check_method(config: ml_collections.ConfigDict, width: int | None = None) ->
 
 
 def _check_choices(p: str, name: str, values: dict) -> None:
-  """The block's named choices: its optimizer, ER's replay pass, ER-ACE's head."""
+  """The block's named choices: its optimizer, ER's replay pass, ER-ACE's head, LODE's new
+  classes."""
   for key, allowed in (("optimizer", OPTIMIZERS), ("replay_pass", REPLAY_PASSES),
-                       ("head", ER_ACE_HEADS)):
+                       ("head", ER_ACE_HEADS), ("new_classes", LODE_NEW_CLASSES)):
     if key in values and (key != "head" or name == "er_ace"):
       _require(values[key] in allowed,
                f"unknown {p}{key}={values[key]!r}; use one of {allowed}")

@@ -209,10 +209,11 @@ def test_only_the_methods_that_read_draws_take_a_draws_file():
   from configs import demo
   from olora_jax import validation
 
-  config = demo.get_config("lode")
+  config = demo.get_config("gdumb")
   config.data.replay_draws = "draws.json"
   with pytest.raises(validation.InputError,
-                     match="data.replay_draws is read by er, er_ace, der_pp, agem and mir only"):
+                     match="data.replay_draws is read by er, er_ace, der_pp, agem, mir, pcr"
+                           " and lode only"):
     validation.check_method(config)
   config.method = "er_ace"
   validation.check_method(config)

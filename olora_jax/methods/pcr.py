@@ -10,6 +10,14 @@ class (so a class weighs by its count in the denominator); the anchor's own clas
 (`proxy_contrastive_loss`). Then the batch enters the reservoir.
 Paper: buffer 500, 10 memory samples per batch, temperature 0.09, 4 warm-up batches, LR 1e-4,
 WD 1e-4. The original code also augments the combined batch; that is left out here.
+
+Settings that express the authors' code (FelixHuiweiLin/PCR), defaults unchanged: `optimizer='sgd'`
+(their parser's plain SGD), `replay_pass='separate'` (the batch and the replayed samples in two
+forward passes, in that order, as their `train_learner` does: on a model with BatchNorm each pass
+normalises with its own rows and moves the running statistics), `train_alone=False` (their step
+contrasts only when it replays: with nothing replayed its loss is zero, so the first batch, with
+the buffer empty, only enters it). `data.replay_draws`: the reservoir decisions and replay draws
+of every step are read from a file (another codebase's, olora_jax/methods/replay.py).
 """
 
 from __future__ import annotations
@@ -18,9 +26,8 @@ import jax
 import jax.numpy as jnp
 
 from olora_jax import config_keys
-from olora_jax.config_keys import Key, paper
-from olora_jax.methods import base, common, replay
-from olora_jax.methods.er import init_with_buffer
+from olora_jax.config_keys import Key, ours, paper
+from olora_jax.methods import base, common, er
 
 
 def normalise(x: jax.Array, axis: int) -> jax.Array:
@@ -58,32 +65,39 @@ def proxy_contrastive_loss(logits: jax.Array, labels: jax.Array, mask: jax.Array
 
 
 def build(ctx: base.Context) -> base.Method:
-  block, scale = ctx.config.pcr, ctx.config.data.input_scale
+  block = ctx.config.pcr
   tx, apply = common.optimizer_and_apply(ctx, block)
 
-  def logits_of(params, frozen, images):
-    features = apply(frozen, params, images, pre_logits=True)
+  def logits_of(frozen, params, images, **model_kwargs):
+    features = apply(frozen, params, images, pre_logits=True, **model_kwargs)
     return cosine_logits(features, params["head"], block.temperature)
+
+  forward = er.replay_forward(ctx, block, logits_of)
 
   @common.train_step("pcr")
   def train_step(state, batch):
     retrieve_key, update_key = jax.random.split(common.step_key(state))
-    mem = replay.sample(state["buffer"], retrieve_key, common.replay_batch(ctx, block), scale)
-    mem_mask = mem["mask"] & (state["step"] >= block.warmup_batches)
-    images = jnp.concatenate([batch["images"], mem["images"]])
+    step = state["step"]
+    mem = er.draw(ctx, block, state, retrieve_key)
+    mem = {**mem, "mask": mem["mask"] & (step >= block.warmup_batches)}
     labels = jnp.concatenate([batch["labels"], mem["labels"]])
-    mask = jnp.concatenate([batch["mask"], mem_mask])
+    mask = jnp.concatenate([batch["mask"], mem["mask"]])
+    # train_alone=False: a step that replays nothing takes a zero gradient (the authors' code).
+    weight = jnp.where(block.train_alone | jnp.any(mem["mask"]), 1.0, 0.0)
 
     def loss_fn(params):
-      return proxy_contrastive_loss(logits_of(params, state["frozen"], images), labels, mask)
+      logits = jnp.concatenate(forward(params, state["frozen"], batch, mem))
+      return weight * proxy_contrastive_loss(logits, labels, mask)
 
     loss, grads = jax.value_and_grad(loss_fn)(state["params"])
-    state = common.apply_gradients(state, grads, tx)
-    state["buffer"] = replay.reservoir_update(state["buffer"], batch, update_key, scale)
-    return state, {"loss": loss, "replayed": jnp.sum(mem_mask.astype(jnp.int32))}, {}
+    frozen = er.replay_statistics(ctx, block, state, mem)
+    state = {**common.apply_gradients(state, grads, tx), "frozen": frozen}
+    state["buffer"] = er.store(ctx, state, step, batch, update_key)
+    return state, {"loss": loss, "replayed": jnp.sum(mem["mask"].astype(jnp.int32))}, {}
 
-  return base.Method(name="pcr", init=init_with_buffer(ctx, block, tx), train_step=train_step,
-                     predict=lambda s, x: logits_of(s["params"], s["frozen"], x))
+  init = er.with_given_draws(ctx, block, er.init_with_buffer(ctx, block, tx))
+  return base.Method(name="pcr", init=init, train_step=train_step,
+                     predict=lambda s, x: logits_of(s["frozen"], s["params"], x))
 
 
 def config():
@@ -102,7 +116,20 @@ def config():
       warmup_batches=Key(4, "steps before the first replay, while the buffer warms up (>= 0)",
                          paper(4, config_keys.PAPER_TABLE + ": warmup of buffer before"
                                " retrieve (the authors' --warmup, which their random retrieval"
-                               " never reads)")))
+                               " never reads)")),
+      **er.optimizer_keys(paper("adam", config_keys.PAPER_SETTINGS), ours(er.ONE_PASS),
+                          authors=AUTHORS_PCR),
+      train_alone=Key(True, "a step that replays nothing (the buffer empty, or warming up)"
+                      " trains on the batch alone (True) or takes a zero gradient (False: the"
+                      f" authors' code, {AUTHORS_PCR[0]}, whose loss is zero without a replayed"
+                      " sample)", ours("True, the warm-up the Online-LoRA paper's appendix"
+                                       " states (4 batches before the first retrieval) read as"
+                                       " steps on the batch alone")))
+
+
+# The PCR authors' code (`er.optimizer_keys`): (the code, its learning rate, its forward passes).
+AUTHORS_REPOSITORY = "FelixHuiweiLin/PCR"
+AUTHORS_PCR = (f"the PCR authors' code, {AUTHORS_REPOSITORY}", "0.1", "two passes")
 
 
 PAPER_RESULTS = {
@@ -119,4 +146,14 @@ PAPER_RESULTS = {
 }
 
 METHODS = (base.MethodSpec(name="pcr", build=build, config=config, report_name="PCR",
-                           table_row=6, paper_results=PAPER_RESULTS),)
+                           table_row=6, paper_results=PAPER_RESULTS,
+                           check=base.Check("step", AUTHORS_REPOSITORY, "tests/test_parity_pcr.py",
+                                            "with the authors' other settings (SGD at 0.001, 100"
+                                            " slots) and replay draws, their augmentation off"
+                                            " (ours has none): 40 steps, 5 task ends, float32",
+                                            settings={"model.name": "resnet18_reduced",
+                                                      "pcr.optimizer": "sgd",
+                                                      "pcr.replay_pass": "separate",
+                                                      "pcr.train_alone": False,
+                                                      "pcr.warmup_batches": 0,
+                                                      "pcr.trainable": "all"})),)
