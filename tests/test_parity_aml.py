@@ -212,7 +212,7 @@ def test_only_the_methods_that_read_draws_take_a_draws_file():
   config = demo.get_config("lode")
   config.data.replay_draws = "draws.json"
   with pytest.raises(validation.InputError,
-                     match="data.replay_draws is read by er, er_ace and der_pp only"):
+                     match="data.replay_draws is read by er, er_ace, der_pp and ema_der_pp only"):
     validation.check_method(config)
   config.method = "er_ace"
   validation.check_method(config)

@@ -16,7 +16,8 @@ import jax.numpy as jnp
 
 from olora_jax import config_keys
 from olora_jax.config_keys import Key, authors, ours, paper
-from olora_jax.methods import base, common, der_pp, rar
+from olora_jax.methods import base, common, der_pp, er, rar
+from olora_jax.models import resnet
 
 
 def update(ema, params, decay):
@@ -24,22 +25,39 @@ def update(ema, params, decay):
   return jax.tree.map(lambda e, p: decay * e + (1.0 - decay) * p, ema, params)
 
 
+def decay_at(block, step):
+  """The lambda of the update that ends stream step `step` (1 for the first):
+  `ema_warmup_decay` for the first `ema_warmup_steps` steps, then `ema_decay`. Pure."""
+  return jnp.where(step <= block.ema_warmup_steps, block.ema_warmup_decay, block.ema_decay)
+
+
 def wrap(inner: base.Method, block) -> base.Method:
-  """`inner` with its evaluated weights replaced by their moving average (state "ema_params")."""
+  """`inner` with its evaluated weights replaced by their moving average (state "ema_params"),
+  and on a model with BatchNorm its running statistics too (state "ema_batch_stats"): the
+  averaged network is evaluated with the averaged statistics, as the EMA authors' code averages
+  every tensor of the state_dict (AlbinSou/online_ema, src/plugins/mean_evaluation.py)."""
 
   def init(key, params):
     state = inner.init(key, params)
-    return {**state, "ema_params": jax.tree.map(jnp.array, state["params"])}
+    state = {**state, "ema_params": jax.tree.map(jnp.array, state["params"])}
+    if resnet.BATCH_STATS in state["frozen"]:
+      state["ema_batch_stats"] = jax.tree.map(jnp.array, state["frozen"][resnet.BATCH_STATS])
+    return state
 
   def train_step(state, batch):
     state, scalars, extras = inner.train_step(state, batch)
-    decay = jnp.where(state["step"] <= block.ema_warmup_steps, block.ema_warmup_decay,
-                      block.ema_decay)
-    return {**state, "ema_params": update(state["ema_params"], state["params"], decay)}, \
-        scalars, extras
+    decay = decay_at(block, state["step"])
+    state = {**state, "ema_params": update(state["ema_params"], state["params"], decay)}
+    if "ema_batch_stats" in state:
+      state["ema_batch_stats"] = update(state["ema_batch_stats"],
+                                        state["frozen"][resnet.BATCH_STATS], decay)
+    return state, scalars, extras
 
   def predict(state, images):
-    return inner.predict({**state, "params": state["ema_params"]}, images)
+    averaged = {**state, "params": state["ema_params"]}
+    if "ema_batch_stats" in state:
+      averaged["frozen"] = {**state["frozen"], resnet.BATCH_STATS: state["ema_batch_stats"]}
+    return inner.predict(averaged, images)
 
   return base.Method(name=inner.name, init=init, train_step=train_step, predict=predict)
 
@@ -73,9 +91,17 @@ def _config(**keys):
       **keys)
 
 
+# The EMA authors' code (its DER++ plugin: plain SGD at 0.1 in every config; the batch, then the
+# replayed samples in a forward pass of their own). `er.optimizer_keys`'s `authors`.
+ONLINE_EMA = "AlbinSou/online_ema"
+AUTHORS_ONLINE_EMA = (f"the EMA authors' code, {ONLINE_EMA}", "0.1", "two passes")
+
+
 def config_der_pp():
-  """The `ema_der_pp` block: EMA on DER++ (its keys)."""
-  return _config(**der_pp.replay_keys())
+  """The `ema_der_pp` block: EMA on DER++ (its keys, and its optimiser and replay pass)."""
+  return _config(**er.optimizer_keys(paper("adam", config_keys.PAPER_SETTINGS), ours(er.ONE_PASS),
+                                     authors=AUTHORS_ONLINE_EMA),
+                 **der_pp.replay_keys())
 
 
 def config_rar():
