@@ -6,11 +6,10 @@ Two steps, in two environments, as scripts/parity/aml.py:
 
     # 1. in this project's venv: the stream, its inputs and our initial weights in their layout
     .venv/bin/python scripts/parity/online_ema.py prepare --method ema_der_pp --out /tmp/ema-prep
-    # 2. in a side venv with PyTorch (python3.11 -m venv /tmp/ema-venv && /tmp/ema-venv/bin/pip
-    #    install torch==2.13.0 numpy pyyaml tqdm pillow typing-extensions psutil dill
-    #    scikit-learn matplotlib pytorchcv torchmetrics gputil), on a checkout of their code (git
-    #    clone https://github.com/AlbinSou/online_ema /tmp/online_ema; it carries the Avalanche
-    #    0.3.1 it runs on, in avalanchev3/):
+    # 2. in a side venv with PyTorch and what their Avalanche imports (the commands in
+    #    docs/parity.md, "Regenerate the recording"), on a checkout of their code (git clone
+    #    https://github.com/AlbinSou/online_ema /tmp/online_ema; it carries the Avalanche 0.3.1 it
+    #    runs on, in avalanchev3/):
     /tmp/ema-venv/bin/python scripts/parity/online_ema.py record --online_ema /tmp/online_ema \
         --prepared /tmp/ema-prep --out tests/fixtures/parity/online_ema_der_pp.npz
 
@@ -52,9 +51,10 @@ A plugin of the driver records per step the loss and the momentum the EMA moved 
 task end it records every test sample's logits from their EMA model (`running_model` in eval
 mode, as their main evaluates it) and from the training model. Seeds fixed,
 `torch.use_deterministic_algorithms(True)`, one thread; three more runs from the weights
-perturbed at float32 rounding give their own drift (aml.py). torchvision is an import-time
-stand-in (mammoth.py's: PyPI's wheels cannot load beside the CPU build of torch); this run calls
-none of it.
+perturbed at float32 rounding give their own drift (aml.py). torchvision, wandb and ray are
+import-time stand-ins (`_StandIns`: PyPI's torchvision cannot load beside the CPU build of torch);
+this run calls none of them. `torch.utils.data.dataset.T_co`, which their Avalanche imports and
+PyTorch 2.13 dropped, is supplied before the import.
 """
 
 from __future__ import annotations
