@@ -171,8 +171,8 @@ def get_config(method: str = "online_lora") -> ml_collections.ConfigDict:
                               " docs/replay.md)"),
           replay_draws=Key("", "'' = a replay method draws from the run's seed; a path = each"
                            " step's reservoir decisions and replay draws from that file"
-                           " (another codebase's; er, er_ace, der_pp, agem, mir, pcr"
-                           " and lode; docs/replay.md)"),
+                           " (another codebase's; er, er_ace, der_pp, ema_der_pp, agem,"
+                           " mir, pcr and lode; docs/replay.md)"),
           # Fidelity keys: docs/fidelity.md.
           input_scale=Key(config_dict.placeholder(str), "model input pixels: 'unit' [0, 1] |"
                           " 'signed' [-1, 1] (big_vision's AugReg); " + _FROM_FIDELITY

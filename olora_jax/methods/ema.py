@@ -1,10 +1,13 @@
 """EMA (Soutif-Cormerais et al. 2023): evaluate an exponential moving average of the weights.
 
 Wraps a method (DER++: `ema_der_pp`; RAR: `ema_rar`): training is the inner method's, unchanged;
-after each step the average of the trainable weights moves towards them,
+after each step the average of the trainable weights (and, on a model with BatchNorm, of its
+running statistics) moves towards them,
     ema <- lambda * ema + (1 - lambda) * params,
 with lambda = `ema_warmup_decay` for the first `ema_warmup_steps` steps, then `ema_decay`. The
-average starts at the initial weights; `predict` (what the evaluator reads) uses it. Paper:
+average starts at the initial weights; `predict` (what the evaluator reads) uses it. The EMA
+authors' code (AlbinSou/online_ema) averages every tensor of the model's state, so the averaged
+network is normalised with averaged statistics, not the trained network's. Paper:
 lambda 0.9 during warm-up, then 0.99, LR 2e-4; the warm-up length (`ema_warmup_steps`, 100
 batches) is *ours*.
 """
@@ -16,7 +19,8 @@ import jax.numpy as jnp
 
 from olora_jax import config_keys
 from olora_jax.config_keys import Key, authors, ours, paper
-from olora_jax.methods import base, common, der_pp, rar
+from olora_jax.methods import base, common, der_pp, er, rar
+from olora_jax.models import resnet
 
 
 def update(ema, params, decay):
@@ -24,22 +28,39 @@ def update(ema, params, decay):
   return jax.tree.map(lambda e, p: decay * e + (1.0 - decay) * p, ema, params)
 
 
+def decay_at(block, step):
+  """The lambda of the update that ends stream step `step` (1 for the first):
+  `ema_warmup_decay` for the first `ema_warmup_steps` steps, then `ema_decay`. Pure."""
+  return jnp.where(step <= block.ema_warmup_steps, block.ema_warmup_decay, block.ema_decay)
+
+
 def wrap(inner: base.Method, block) -> base.Method:
-  """`inner` with its evaluated weights replaced by their moving average (state "ema_params")."""
+  """`inner` with its evaluated weights replaced by their moving average (state "ema_params"),
+  and on a model with BatchNorm its running statistics too (state "ema_batch_stats"): the
+  averaged network is evaluated with the averaged statistics, as the EMA authors' code averages
+  every tensor of the state_dict (AlbinSou/online_ema, src/plugins/mean_evaluation.py)."""
 
   def init(key, params):
     state = inner.init(key, params)
-    return {**state, "ema_params": jax.tree.map(jnp.array, state["params"])}
+    state = {**state, "ema_params": jax.tree.map(jnp.array, state["params"])}
+    if resnet.BATCH_STATS in state["frozen"]:
+      state["ema_batch_stats"] = jax.tree.map(jnp.array, state["frozen"][resnet.BATCH_STATS])
+    return state
 
   def train_step(state, batch):
     state, scalars, extras = inner.train_step(state, batch)
-    decay = jnp.where(state["step"] <= block.ema_warmup_steps, block.ema_warmup_decay,
-                      block.ema_decay)
-    return {**state, "ema_params": update(state["ema_params"], state["params"], decay)}, \
-        scalars, extras
+    decay = decay_at(block, state["step"])
+    state = {**state, "ema_params": update(state["ema_params"], state["params"], decay)}
+    if "ema_batch_stats" in state:
+      state["ema_batch_stats"] = update(state["ema_batch_stats"],
+                                        state["frozen"][resnet.BATCH_STATS], decay)
+    return state, scalars, extras
 
   def predict(state, images):
-    return inner.predict({**state, "params": state["ema_params"]}, images)
+    averaged = {**state, "params": state["ema_params"]}
+    if "ema_batch_stats" in state:
+      averaged["frozen"] = {**state["frozen"], resnet.BATCH_STATS: state["ema_batch_stats"]}
+    return inner.predict(averaged, images)
 
   return base.Method(name=inner.name, init=init, train_step=train_step, predict=predict)
 
@@ -73,9 +94,17 @@ def _config(**keys):
       **keys)
 
 
+# The EMA authors' code (its DER++ plugin: plain SGD at 0.1 in every config; the batch, then the
+# replayed samples in a forward pass of their own). `er.optimizer_keys`'s `authors`.
+ONLINE_EMA = "AlbinSou/online_ema"
+AUTHORS_ONLINE_EMA = (f"the EMA authors' code, {ONLINE_EMA}", "0.1", "two passes")
+
+
 def config_der_pp():
-  """The `ema_der_pp` block: EMA on DER++ (its keys)."""
-  return _config(**der_pp.replay_keys())
+  """The `ema_der_pp` block: EMA on DER++ (its keys, and its optimiser and replay pass)."""
+  return _config(**er.optimizer_keys(paper("adam", config_keys.PAPER_SETTINGS), ours(er.ONE_PASS),
+                                     authors=AUTHORS_ONLINE_EMA),
+                 **der_pp.replay_keys())
 
 
 def config_rar():
@@ -125,7 +154,19 @@ RAR_PAPER_RESULTS = {
 
 METHODS = (
     base.MethodSpec(name="ema_der_pp", build=build_der_pp, config=config_der_pp,
-                    report_name="EMA (DER++)", table_row=9, paper_results=DER_PP_PAPER_RESULTS),
+                    report_name="EMA (DER++)", table_row=9, paper_results=DER_PP_PAPER_RESULTS,
+                    check=base.Check("step", ONLINE_EMA, "tests/test_parity_online_ema.py",
+                                     "for the moving average only (momentum 0.9 for a 20-step"
+                                     " warm-up, then 0.99; the averaged weights and BatchNorm"
+                                     " statistics evaluated at 5 task ends), 40 steps, float32,"
+                                     " with DER++'s replay"
+                                     " off on both sides (DER++ itself: `der_pp`'s check against"
+                                     " Mammoth)",
+                                     settings={"model.name": "resnet18_reduced",
+                                               "ema_der_pp.optimizer": "sgd",
+                                               "ema_der_pp.replay_pass": "separate",
+                                               "ema_der_pp.trainable": "all",
+                                               "ema_der_pp.replay_batch": 1})),
     base.MethodSpec(name="ema_rar", build=build_rar, config=config_rar,
                     report_name="EMA (RAR)", table_row=10, paper_results=RAR_PAPER_RESULTS),
 )
