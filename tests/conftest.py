@@ -5,7 +5,8 @@ fusion emitters where jaxlib has them: tiny_run.LEGACY_FUSION_FLAG), or at XLA's
 OLORA_TEST_XLA_OPT=default (tiny_run.session_xla_env). Every float comparison in the
 tests follows the rule at the top of numerics.py (exact only where bit-exactness is the claim,
 else a tolerance scaled to what is compared): AMD and Intel hosts differ in the last bits.
-Under -n, the hook pytest_xdist_make_scheduler keeps test_slurm.py's tests on one worker."""
+Under -n, the hook pytest_xdist_make_scheduler keeps test_slurm.py's tests on one worker, and
+each parity file whose tests share one run of ours on one worker (scheduling.py)."""
 
 from __future__ import annotations
 
@@ -39,7 +40,8 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
-  """Under -n, test_slurm.py's tests on one worker, one after another (scheduling.py)."""
+  """Under -n, test_slurm.py's tests on one worker, one after another, and each file of
+  scheduling.SAME_WORKER_FILES whole on one worker (scheduling.py)."""
   return scheduling.make_scheduler(config, log)
 
 

@@ -70,8 +70,9 @@ def test_a_convolutional_network_compiles_at_level_1_where_the_session_is_at_lev
 
 
 def test_under_n_2_the_slurm_tests_run_on_one_worker_and_the_others_anywhere(tmp_path):
-  """A session of this suite's scheduler (conftest.py's hook) over a test_slurm.py and another
-  file: every test_slurm.py test on one worker, and the other worker busy with the rest."""
+  """A session of this suite's scheduler (conftest.py's hook) over a test_slurm.py, two files of
+  SAME_WORKER_FILES and another file: every test_slurm.py test on one worker, each of the two
+  files whole on one worker, and both workers busy with the rest."""
   tests = Path(__file__).parent
   (tmp_path / "pytest.ini").write_text("[pytest]\n")
   (tmp_path / "conftest.py").write_text(
@@ -79,16 +80,21 @@ def test_under_n_2_the_slurm_tests_run_on_one_worker_and_the_others_anywhere(tmp
       "@pytest.hookimpl(optionalhook=True)\ndef pytest_xdist_make_scheduler(config, log):\n"
       "  return scheduling.make_scheduler(config, log)\n")
   body = "import time\n" + "".join(f"def test_{i}():\n  time.sleep(0.1)\n" for i in range(6))
-  for name in ("test_slurm.py", "test_other.py"):
-    (tmp_path / name).write_text(body)
+  together = [name.removesuffix(".py") for name in scheduling.SAME_WORKER_FILES[:2]]
+  files = ["test_a_first", *together, "test_slurm", "test_zz_other"]
+  for name in files:
+    (tmp_path / f"{name}.py").write_text(body)
   env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "OLORA_"))}
   proc = subprocess.run([sys.executable, "-m", "pytest", "-n", "2", "-v", "-p", "no:cacheprovider"],
                         capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env)
   assert proc.returncode == 0, proc.stdout[-3000:]
   ran = re.findall(r"\[(gw\d)\].* PASSED (test_\w+)\.py::", proc.stdout)
-  assert len(ran) == 12 and "LoadWithOneWorkerFiles" in proc.stdout, proc.stdout[-3000:]
-  slurm = {worker for worker, file in ran if file == "test_slurm"}
-  assert len(slurm) == 1, proc.stdout[-3000:]
-  assert {worker for worker, file in ran if file == "test_other"} - slurm, proc.stdout[-3000:]
+  assert len(ran) == 6 * len(files) and "LoadWithOneWorkerFiles" in proc.stdout, (
+      proc.stdout[-3000:])
+  workers = {name: {worker for worker, file in ran if file == name} for name in files}
+  assert len(workers["test_slurm"]) == 1, proc.stdout[-3000:]
+  assert all(len(workers[name]) == 1 for name in together), (workers, proc.stdout[-3000:])
+  assert workers["test_zz_other"] - workers["test_slurm"], proc.stdout[-3000:]
   assert scheduling.on_one_worker("tests/test_slurm.py::test_x[a/b::c]")
   assert not scheduling.on_one_worker("tests/test_run.py::test_slurm")
+  assert all((tests / name).is_file() for name in scheduling.SAME_WORKER_FILES)
