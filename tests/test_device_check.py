@@ -5,13 +5,10 @@ JSON holds what docs/performance.md says it does; the whole-stream extrapolation
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
 from olora_jax.benchmarks import device_check, device_steps, device_stream
-
-ROOT = Path(__file__).resolve().parents[1]
 
 # Every step case, the `reference` ones first (--step_cases).
 REFERENCE_FIRST = sorted(device_steps.STEP_CASES, key=lambda case: case[0] != "reference")
@@ -19,12 +16,26 @@ STREAM = ["--stream_train=640", "--stream_test=100", "--stream_classes=10", "--s
           "--stream_eval_every=320", "--stream_checkpoint_every=4"]
 
 
+# The demo part's stream: configs/tiny.py without its figures (output-only: the comparison reads
+# results.json and metrics.jsonl; figures cost each of the part's two runs a second or two).
+DEMO_CONFIG = """from configs import tiny
+
+
+def get_config():
+  config = tiny.get_config()
+  config.eval.write_plots = False
+  return config
+"""
+
+
 def test_the_check_runs_every_part_on_the_cpu_and_reports_each(tmp_path, compilation_cache):
   out = tmp_path / "out"
   out.mkdir()
+  demo_config = tmp_path / "tiny_demo.py"
+  demo_config.write_text(DEMO_CONFIG)
   # The budget is a ceiling: on a quiet machine every part ends long before its share does.
   device_check.main([f"--out_dir={out}", "--allow_cpu", "--size=tiny", "--budget=1200",
-                     f"--demo_config={ROOT / 'configs' / 'tiny.py'}", "--demo_runs=paper",
+                     f"--demo_config={demo_config}", "--demo_runs=paper",
                      "--steps=1", "--warmup=1", "--batch_size=16", "--peak_n=128",
                      f"--step_cases={','.join(f'{f}:{d}' for f, d in REFERENCE_FIRST)}",
                      f"--compilation_cache={compilation_cache}", *STREAM])

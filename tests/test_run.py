@@ -107,7 +107,8 @@ def test_plain_single_lora_baseline_runs(tmp_path):
   workdir = tmp_path / "plain"
   proc = run("--config", "configs/tiny.py", "--workdir", str(workdir),
              "--config.learner.incremental_lora=False", "--config.learner.hard_loss=False",
-             "--config.learner.buffer_size=0")
+             "--config.learner.buffer_size=0", "--config.eval.write_plots=False")  # no figures:
+  # output-only, not read here (test_all_methods_cli.py holds the command line's figures)
   assert proc.returncode == 0, proc.stderr[-3000:]
   results = json.loads((workdir / "results.json").read_text())
   assert results["n_plateaus"] == 0 and results["samples_seen"] == 1438
