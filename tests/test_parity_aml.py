@@ -16,14 +16,16 @@ same stream with those draws (`data.replay_draws`) and their settings (the recor
 overrides), and its losses and task-end predictions are compared with theirs.
 
 Tolerances, from the measured drift (2-core AMD EPYC; their recording on the same CPU):
-- the first `EXACT_STEPS` steps' losses within 1e-6 + 2x their own drift, relative: measured at
-  most 3.3e-6 (ER) and 1.9e-7 (ER-ACE), their own drift 3.5e-6 and 1.9e-7: float32 rounding of
+- the first `parity_replay.EXACT_STEPS` steps' losses within 1e-6 + 2x their own drift, relative:
+  measured at most 3.3e-6 (ER) and 1.9e-7 (ER-ACE), their own drift 3.5e-6 and 1.9e-7: float32
+  rounding of
   two implementations' convolutions and BatchNorm, already amplified by the second update;
 - afterwards the training is chaotic at the float level (BatchNorm at batch 10, from scratch):
   their own run drifts from itself to a median 3e-4 to 8e-4 and a maximum 3.5e-3 to 6.0e-3
   relative loss difference over the 40 steps. Ours against theirs must stay within
-  `DRIFT_FACTOR` times their own drift, median and maximum (measured: ER median 6.8e-4, max
-  8.9e-3, against their 8.5e-4 and 6.0e-3; ER-ACE 3.5e-4 and 6.4e-3 against 6.1e-4 and 4.8e-3);
+  `parity_replay.DRIFT_FACTOR` times their own drift, median and maximum (measured: ER median
+  6.8e-4, max 8.9e-3, against their 8.5e-4 and 6.0e-3; ER-ACE 3.5e-4 and 6.4e-3 against 6.1e-4 and
+  4.8e-3);
 - predictions: at the first task end at most 2 of 250 differ (measured 0, their own 0); at each
   later one at most 2x their own drift's count + 5 (measured ER 0/0/3/12/12 against their own
   at most 0/0/4/7/9; ER-ACE 0/0/5/4/15 against 0/1/4/3/15), and the largest logit difference at
@@ -36,14 +38,13 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 import sys
 from pathlib import Path
 
 import jax.numpy as jnp
 import numpy as np
+import parity_replay
 import pytest
-import tiny_run
 
 from configs import tiny
 from olora_jax import trainer
@@ -55,8 +56,6 @@ sys.path.insert(0, str(ROOT / "scripts" / "parity"))
 import aml  # noqa: E402 (the driver: its settings as command-line overrides)
 
 METHODS = ("er", "er_ace")
-EXACT_STEPS = 3
-DRIFT_FACTOR = 2.5
 
 
 def recording(method: str) -> dict:
@@ -167,26 +166,10 @@ def test_our_cli_run_matches_their_run(method, tmp_path):
   """launch/run.py on their stream with their draws and settings: losses and task-end
   predictions within their code's own drift (module docstring)."""
   rec = recording(method)
-  manifest, draws = tmp_path / "manifest.json", tmp_path / "draws.json"
-  manifest.write_text(json.dumps(rec["manifest"]))
-  draws.write_text(json.dumps(rec["draws"]))
-  workdir = tmp_path / "run"
-  done = subprocess.run(
-      [sys.executable, str(ROOT / "launch" / "run.py"), "--config", str(ROOT / "configs" /
-       "demo.py"), "--workdir", str(workdir), *aml.command_line(rec["overrides"]),
-       f"--config.data.stream_manifest={manifest}", f"--config.data.replay_draws={draws}",
-       "--config.eval.write_plots=False", "--config.checkpoint_every=0"],
-      capture_output=True, text=True, cwd=ROOT, env=tiny_run.convolution_level_env())
-  assert done.returncode == 0, done.stderr[-2000:]
-  lines = [json.loads(x) for x in (workdir / "metrics.jsonl").read_text().splitlines()]
-  ours = np.array([x["loss"] for x in lines if x.get("event") == "train"])
-  theirs, own = rec["loss"].astype(np.float64), rec["own_loss"].astype(np.float64)
-  assert len(ours) == len(theirs) == len(rec["manifest"]["steps"])
-  drift = np.abs(ours - theirs) / theirs
-  own_drift = (np.abs(own - theirs) / theirs).max(axis=0)  # the largest of their own runs'
-  assert (drift[:EXACT_STEPS] <= 1e-6 + 2 * own_drift[:EXACT_STEPS]).all(), drift[:EXACT_STEPS]
-  assert np.median(drift) <= DRIFT_FACTOR * np.median(own_drift), (drift, own_drift)
-  assert drift.max() <= DRIFT_FACTOR * own_drift.max(), (drift, own_drift)
+  workdir, train = parity_replay.run_ours(rec, tmp_path)
+  assert len(train) == len(rec["manifest"]["steps"])
+  parity_replay.assert_within_own_drift([x["loss"] for x in train], rec["loss"], rec["own_loss"],
+                                        "loss")
   assert rec["ace_rule_differences"] == 0  # their ACE mask is ours at every step of this stream
   assert_task_ends_within_own_drift(rec, workdir)
 

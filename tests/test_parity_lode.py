@@ -18,25 +18,25 @@ the classes seen (old: seen before and absent from the batch; weight rho * |batc
 two rules name the same classes and weights at every step (checked below): the check covers
 LODE's decoupled loss at the 32 steps of tasks 1 to 4, DER++'s at the 8 of task 0.
 
-Tolerances (`EXACT_STEPS`, `DRIFT_FACTOR`, the task ends' as tests/test_parity_aml.py's), from
-their own drift measured on the recording's CPU (docs/parity.md gives the numbers): the first
-steps and the first decoupled step (step 8) within 1e-6 + 2x their own drift, relative; over
-the stream the median and the largest relative difference within `DRIFT_FACTOR` times their own
-drift's; at each task end the predictions and logits within `assert_task_ends_within_own_drift`
+Tolerances (`EXACT_STEPS`, `parity_replay.DRIFT_FACTOR`, the task ends' as
+tests/test_parity_aml.py's), from their own drift measured on the recording's CPU (docs/parity.md
+gives the numbers): the first steps and the first decoupled step (step 8) within 1e-6 + 2x their
+own drift, relative; over the stream the median and the largest relative difference within
+`parity_replay.DRIFT_FACTOR` times their own drift's; at each task end the predictions and logits
+within `assert_task_ends_within_own_drift`
 (the running statistics also move in another order: scripts/parity/lode.py).
 """
 
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import jax.numpy as jnp
 import numpy as np
+import parity_replay
 import pytest
-import tiny_run
 from test_parity_aml import id_images, image_ids
 
 from olora_jax.methods import replay
@@ -44,11 +44,9 @@ from olora_jax.methods import replay
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = ROOT / "tests" / "fixtures" / "parity" / "lode.npz"
 sys.path.insert(0, str(ROOT / "scripts" / "parity"))
-import aml  # noqa: E402 (the AML driver: the command line of a run's settings)
 import lode  # noqa: E402 (the driver: its settings)
 
 EXACT_STEPS = (0, 1, 2, 8)  # the first steps, and the first with an old class
-DRIFT_FACTOR = 2.5
 PREDICTIONS_SLACK = 5
 LOGIT_SLACK = 0.01
 
@@ -120,21 +118,8 @@ def test_their_decisions_give_their_buffer_and_both_draws_at_every_step(tmp_path
 @pytest.fixture(scope="module")
 def ours(tmp_path_factory):
   """launch/run.py on the recorded stream with their draws and settings: (workdir, losses)."""
-  rec = recording()
-  folder = tmp_path_factory.mktemp("lode")
-  manifest, draws = folder / "manifest.json", folder / "draws.json"
-  manifest.write_text(json.dumps(rec["manifest"]))
-  draws.write_text(json.dumps(rec["draws"]))
-  workdir = folder / "run"
-  done = subprocess.run(
-      [sys.executable, str(ROOT / "launch" / "run.py"), "--config", str(ROOT / "configs" /
-       "demo.py"), "--workdir", str(workdir), *aml.command_line(rec["overrides"]),
-       f"--config.data.stream_manifest={manifest}", f"--config.data.replay_draws={draws}",
-       "--config.eval.write_plots=False", "--config.checkpoint_every=0"],
-      capture_output=True, text=True, cwd=ROOT, env=tiny_run.convolution_level_env())
-  assert done.returncode == 0, done.stderr[-2000:]
-  lines = [json.loads(x) for x in (workdir / "metrics.jsonl").read_text().splitlines()]
-  return workdir, np.array([x["loss"] for x in lines if x.get("event") == "train"])
+  workdir, train = parity_replay.run_ours(recording(), tmp_path_factory.mktemp("lode"))
+  return workdir, np.array([x["loss"] for x in train])
 
 
 def test_our_cli_losses_match_theirs_step_for_step(ours):
@@ -142,12 +127,7 @@ def test_our_cli_losses_match_theirs_step_for_step(ours):
   _, loss = ours
   theirs, own = rec["loss"].astype(np.float64), rec["own_loss"].astype(np.float64)
   assert len(loss) == len(theirs) == len(rec["manifest"]["steps"])
-  drift = np.abs(loss - theirs) / theirs
-  own_drift = (np.abs(own - theirs) / theirs).max(axis=0)
-  exact = list(EXACT_STEPS)
-  assert (drift[exact] <= 1e-6 + 2 * own_drift[exact]).all(), (drift[exact], own_drift[exact])
-  assert np.median(drift) <= DRIFT_FACTOR * np.median(own_drift), (drift, own_drift)
-  assert drift.max() <= DRIFT_FACTOR * own_drift.max(), (drift, own_drift)
+  parity_replay.assert_within_own_drift(loss, theirs, own, "loss", EXACT_STEPS)
 
 
 def test_our_cli_task_end_predictions_match_theirs(ours):

@@ -14,9 +14,9 @@ Tolerances, from the measured drift (2-core AMD EPYC; their recording on the sam
 - the first `EXACT_STEPS` steps' losses within 1e-6 + 2x their own drift, relative (measured at
   most 2.2e-7; their own drift 3.3e-7, 1.4e-6, 1.1e-5), and each of the three terms within what
   that bound allows the loss, absolute (measured at most 4e-7);
-- over the 40 steps the median and the largest relative loss difference within `DRIFT_FACTOR`
-  times their own drift's (measured: median 3.1e-4 and max 4.6e-3, against their own 8.6e-4
-  and 3.7e-3);
+- over the 40 steps the median and the largest relative loss difference within
+  `parity_replay.DRIFT_FACTOR` times their own drift's (measured: median 3.1e-4 and max 4.6e-3,
+  against their own 8.6e-4 and 3.7e-3);
 - predictions: at the first task end at most 2 of 250 differ (measured 0), at each later one at
   most 2x their own drift's count + 5 (measured 0/3/7/5 against their own 0/3/5/12), the largest
   logit difference at most 2x their own + 0.01 (measured at most 1.2x their own).
@@ -28,14 +28,13 @@ joint forward pass (`replay_pass='joint'`), 26% at step 0 and a median 0.8%.
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import jax.numpy as jnp
 import numpy as np
+import parity_replay
 import pytest
-import tiny_run
 from test_parity_aml import assert_task_ends_within_own_drift, id_images, image_ids
 
 from olora_jax.methods import replay
@@ -46,7 +45,6 @@ sys.path.insert(0, str(ROOT / "scripts" / "parity"))
 import mammoth  # noqa: E402 (the driver: its settings as command-line overrides)
 
 EXACT_STEPS = 3
-DRIFT_FACTOR = 2.5
 TERMS = ("ce_current", "logit_mse", "ce_replay")
 
 
@@ -106,30 +104,16 @@ def test_our_cli_run_matches_their_run(tmp_path):
   """launch/run.py on their stream with their draws and settings: the loss, its terms and the
   task-end predictions within their code's own drift (module docstring)."""
   rec = recording()
-  manifest, draws = tmp_path / "manifest.json", tmp_path / "draws.json"
-  manifest.write_text(json.dumps(rec["manifest"]))
-  draws.write_text(json.dumps(rec["draws"]))
-  workdir = tmp_path / "run"
-  done = subprocess.run(
-      [sys.executable, str(ROOT / "launch" / "run.py"), "--config", str(ROOT / "configs" /
-       "demo.py"), "--workdir", str(workdir), *mammoth.aml.command_line(rec["overrides"]),
-       f"--config.data.stream_manifest={manifest}", f"--config.data.replay_draws={draws}",
-       "--config.eval.write_plots=False", "--config.checkpoint_every=0"],
-      capture_output=True, text=True, cwd=ROOT, env=tiny_run.convolution_level_env())
-  assert done.returncode == 0, done.stderr[-2000:]
-  lines = [json.loads(x) for x in (workdir / "metrics.jsonl").read_text().splitlines()]
-  train = [x for x in lines if x.get("event") == "train"]
-  ours = np.array([x["loss"] for x in train])
-  theirs, own = rec["loss"].astype(np.float64), rec["own_loss"].astype(np.float64)
-  assert len(ours) == len(theirs) == len(rec["manifest"]["steps"])
-  drift = np.abs(ours - theirs) / theirs
-  own_drift = (np.abs(own - theirs) / theirs).max(axis=0)  # the largest of their own runs'
-  bound = 1e-6 + 2 * own_drift[:EXACT_STEPS]
+  workdir, train = parity_replay.run_ours(rec, tmp_path)
+  assert len(train) == len(rec["manifest"]["steps"])
+  drift = parity_replay.assert_within_own_drift([x["loss"] for x in train], rec["loss"],
+                                                rec["own_loss"], "loss")
+  theirs = rec["loss"].astype(np.float64)
+  own_drift = (np.abs(rec["own_loss"] - theirs) / theirs).max(axis=0)
+  bound = parity_replay.EXACT_RTOL + 2 * own_drift[:EXACT_STEPS]
   assert (drift[:EXACT_STEPS] <= bound).all(), drift[:EXACT_STEPS]
   for term in TERMS:
     ours_term = np.array([x[term] for x in train[:EXACT_STEPS]])
     assert (np.abs(ours_term - rec[term][:EXACT_STEPS]) <= bound * theirs[:EXACT_STEPS]).all(), (
         term, ours_term, rec[term][:EXACT_STEPS])
-  assert np.median(drift) <= DRIFT_FACTOR * np.median(own_drift), (drift, own_drift)
-  assert drift.max() <= DRIFT_FACTOR * own_drift.max(), (drift, own_drift)
   assert_task_ends_within_own_drift(rec, workdir)

@@ -17,8 +17,9 @@ Here, no PyTorch: our CLI replays the same stream with their draws (`data.replay
 reservoir decisions, and A-GEM's reference batches or MIR's candidates) and their settings (the
 recording's overrides); its losses, decisions and task-end predictions are compared with theirs,
 relative differences against their own drift, as the AML check does:
-- the batch's loss: at each of the first `EXACT_STEPS` steps within `EXACT_RTOL` + 2 x their own
-  drift; the median and the maximum over all 40 steps within `DRIFT_FACTOR` x their own's;
+- the batch's loss: at each of the first `EXACT_STEPS` steps within `parity_replay.EXACT_RTOL`
+  + 2 x their own drift; the median and the maximum over all 40 steps within
+  `parity_replay.DRIFT_FACTOR` x their own's;
 - the memory loss (A-GEM: CE of the reference batch; MIR: CE of the retrieved samples) likewise,
   but for MIR exact at step 1 only: from step 2 on MIR's retrieval among its 50 candidates is
   bound by float32 rounding (their own run from weights perturbed at 1e-7 retrieves another set
@@ -33,13 +34,12 @@ relative differences against their own drift, as the AML check does:
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
+import parity_replay
 import pytest
-import tiny_run
 from test_parity_aml import assert_task_ends_within_own_drift
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -48,9 +48,7 @@ sys.path.insert(0, str(ROOT / "scripts" / "parity"))
 import aml  # noqa: E402 (the command line of a run's overrides)
 
 METHODS = ("agem", "mir")
-EXACT_STEPS = 3
-EXACT_RTOL = 1e-6
-DRIFT_FACTOR = 2.5
+EXACT_STEPS = parity_replay.EXACT_STEPS
 
 
 def recording(method: str) -> dict:
@@ -61,55 +59,22 @@ def recording(method: str) -> dict:
   return out
 
 
-def run_ours(rec: dict, tmp_path: Path) -> tuple[Path, list[dict]]:
-  """launch/run.py on the recording's stream with its draws and settings: (workdir, train
-  events)."""
-  manifest, draws = tmp_path / "manifest.json", tmp_path / "draws.json"
-  manifest.write_text(json.dumps(rec["manifest"]))
-  draws.write_text(json.dumps(rec["draws"]))
-  workdir = tmp_path / "run"
-  done = subprocess.run(
-      [sys.executable, str(ROOT / "launch" / "run.py"), "--config", str(ROOT / "configs" /
-       "demo.py"), "--workdir", str(workdir), *aml.command_line(rec["overrides"]),
-       f"--config.data.stream_manifest={manifest}", f"--config.data.replay_draws={draws}",
-       "--config.eval.write_plots=False", "--config.checkpoint_every=0"],
-      capture_output=True, text=True, cwd=ROOT, env=tiny_run.convolution_level_env())
-  assert done.returncode == 0, done.stderr[-2000:]
-  lines = [json.loads(x) for x in (workdir / "metrics.jsonl").read_text().splitlines()]
-  return workdir, [x for x in lines if x.get("event") == "train"]
-
-
-def assert_within_own_drift(ours, theirs, own, what: str, exact_steps: int = EXACT_STEPS
-                            ) -> None:
-  """Over the steps where theirs is defined (their memory loss is not at step 0): the relative
-  difference at each of the first `exact_steps` within EXACT_RTOL + 2 x their own drift there;
-  its median and maximum over the steps within DRIFT_FACTOR x their own drift's."""
-  ours, theirs, own = (np.asarray(x, np.float64) for x in (ours, theirs, own))
-  keep = ~np.isnan(theirs)
-  drift = np.abs(ours[keep] - theirs[keep]) / np.abs(theirs[keep])
-  own_drift = (np.abs(own[:, keep] - theirs[keep]) / np.abs(theirs[keep])).max(axis=0)
-  first = slice(0, exact_steps)
-  assert (drift[first] <= EXACT_RTOL + 2 * own_drift[first]).all(), (what, drift[first])
-  assert np.median(drift) <= DRIFT_FACTOR * np.median(own_drift), (what, drift, own_drift)
-  assert drift.max() <= DRIFT_FACTOR * own_drift.max(), (what, drift, own_drift)
-
-
 @pytest.mark.parametrize("method", METHODS)
 def test_our_cli_run_matches_their_run(method, tmp_path):
   rec = recording(method)
-  workdir, train = run_ours(rec, tmp_path)
+  workdir, train = parity_replay.run_ours(rec, tmp_path)
   n_steps = len(rec["manifest"]["steps"])
   assert len(train) == n_steps
   assert rec["own_decisions_same"]  # their draws do not move with the float drift
-  assert_within_own_drift([x["loss"] for x in train] if method == "agem" else
-                          [x["ce_current"] for x in train], rec["loss"], rec["own_loss"],
-                          "the batch's loss")
+  batch_loss = [x["loss" if method == "agem" else "ce_current"] for x in train]
+  parity_replay.assert_within_own_drift(batch_loss, rec["loss"], rec["own_loss"],
+                                        "the batch's loss")
   memory = [x["ce_memory" if method == "agem" else "ce_replay"] for x in train]
   # MIR's retrieval among its given candidates is bound by float32 rounding from step 2 on
   # (their own retrieval moves with it, module docstring): its memory loss is compared at step 1
   # (all 10 candidates retrieved) and by its median and maximum.
-  assert_within_own_drift(memory, rec["memory_loss"], rec["own_memory_loss"], "memory loss",
-                          EXACT_STEPS if method == "agem" else 1)
+  parity_replay.assert_within_own_drift(memory, rec["memory_loss"], rec["own_memory_loss"],
+                                        "memory loss", EXACT_STEPS if method == "agem" else 1)
   if method == "agem":
     dot, own = rec["grad_dot_memory"], rec["own_grad_dot_memory"]
     ours = np.array([x["grad_dot_memory"] for x in train])

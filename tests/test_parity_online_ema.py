@@ -17,7 +17,8 @@ float32 rounding: their own drift, the scale of the tolerances (as tests/test_pa
 Tolerances, from the measured drift (the numbers: docs/parity.md):
 - the momentum of every step is ours (`ema.decay_at`), exactly;
 - losses: the first `EXACT_STEPS` within 1e-6 + 2x their own drift, relative; over the 40 steps
-  the median and the largest relative difference within `DRIFT_FACTOR` times their own drift's;
+  the median and the largest relative difference within `parity_replay.DRIFT_FACTOR` times their
+  own drift's;
 - the EMA model's predictions and logits at the 5 task ends as for AML and Mammoth
   (`assert_task_ends_within_own_drift`), where the trained model's are far outside those bounds
   (checked on the recording), so evaluating the trained weights fails.
@@ -26,12 +27,11 @@ Tolerances, from the measured drift (the numbers: docs/parity.md):
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
-import tiny_run
+import parity_replay
 from test_parity_aml import assert_task_ends_within_own_drift
 
 from olora_jax.methods import ema
@@ -42,7 +42,6 @@ sys.path.insert(0, str(ROOT / "scripts" / "parity"))
 import online_ema  # noqa: E402 (the driver: its settings as command-line overrides)
 
 EXACT_STEPS = 3
-DRIFT_FACTOR = 2.5
 
 
 def recording(method: str = "ema_der_pp") -> dict:
@@ -67,26 +66,10 @@ def test_our_cli_run_matches_their_run(tmp_path):
   """launch/run.py on their stream with their settings, replay off: the loss at every step and
   the EMA model's task-end logits within their code's own drift (module docstring)."""
   rec = recording()
-  manifest, draws = tmp_path / "manifest.json", tmp_path / "draws.json"
-  manifest.write_text(json.dumps(rec["manifest"]))
-  draws.write_text(json.dumps(rec["draws"]))
-  workdir = tmp_path / "run"
-  done = subprocess.run(
-      [sys.executable, str(ROOT / "launch" / "run.py"), "--config", str(ROOT / "configs" /
-       "demo.py"), "--workdir", str(workdir), *online_ema.aml.command_line(rec["overrides"]),
-       f"--config.data.stream_manifest={manifest}", f"--config.data.replay_draws={draws}",
-       "--config.eval.write_plots=False", "--config.checkpoint_every=0"],
-      capture_output=True, text=True, cwd=ROOT, env=tiny_run.convolution_level_env())
-  assert done.returncode == 0, done.stderr[-2000:]
-  lines = [json.loads(x) for x in (workdir / "metrics.jsonl").read_text().splitlines()]
-  ours = np.array([x["loss"] for x in lines if x.get("event") == "train"])
-  theirs, own = rec["loss"].astype(np.float64), rec["own_loss"].astype(np.float64)
-  assert len(ours) == len(theirs) == len(rec["manifest"]["steps"])
-  drift = np.abs(ours - theirs) / theirs
-  own_drift = (np.abs(own - theirs) / theirs).max(axis=0)  # the largest of their own runs'
-  assert (drift[:EXACT_STEPS] <= 1e-6 + 2 * own_drift[:EXACT_STEPS]).all(), drift[:EXACT_STEPS]
-  assert np.median(drift) <= DRIFT_FACTOR * np.median(own_drift), (drift, own_drift)
-  assert drift.max() <= DRIFT_FACTOR * own_drift.max(), (drift, own_drift)
+  workdir, train = parity_replay.run_ours(rec, tmp_path)
+  assert len(train) == len(rec["manifest"]["steps"])
+  parity_replay.assert_within_own_drift([x["loss"] for x in train], rec["loss"], rec["own_loss"],
+                                        "loss", EXACT_STEPS)
   assert_task_ends_within_own_drift(rec, workdir)
 
 

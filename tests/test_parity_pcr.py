@@ -22,8 +22,8 @@ an empty memory: no step on either side, loss 0 on both.
 
 Tolerances (`TOLERANCES`), from the measured drift (docs/parity.md gives the numbers):
 - steps 1 to `EXACT_STEPS`: within 1e-6 + 2x their own drift, relative;
-- over the stream: the median and the maximum relative loss difference within `DRIFT_FACTOR`
-  times their own drift's;
+- over the stream: the median and the maximum relative loss difference within
+  `parity_replay.DRIFT_FACTOR` times their own drift's;
 - at each task end, over the classes seen so far (their `evaluate` masks the others): at most
   `2 x own + PREDICTIONS_SLACK` of the 250 predictions differ, and the largest logit difference
   at most 2x their own + `LOGIT_SLACK` (BatchNorm's running variance differs by the unbiased
@@ -35,14 +35,13 @@ A wrong port (the proxies paired with another class, another temperature) moves 
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import jax.numpy as jnp
 import numpy as np
+import parity_replay
 import pytest
-import tiny_run
 from test_parity_aml import id_images, image_ids
 
 from olora_jax.methods import replay
@@ -54,7 +53,6 @@ import aml  # noqa: E402 (the AML driver: the command line of a run's settings)
 import pcr  # noqa: E402 (the driver: its settings)
 
 EXACT_STEPS = 3  # steps 1-3: float32 rounding, before the drift grows
-DRIFT_FACTOR = 2.5
 PREDICTIONS_SLACK = 3
 LOGIT_SLACK = 0.01
 LOG2 = float(np.log(2.0))
@@ -113,21 +111,8 @@ def seen_classes(manifest: dict, j: int) -> list[int]:
 @pytest.fixture(scope="module")
 def ours(tmp_path_factory):
   """launch/run.py on the recorded stream with their draws and settings: (workdir, losses)."""
-  rec = recording()
-  folder = tmp_path_factory.mktemp("pcr")
-  manifest, draws = folder / "manifest.json", folder / "draws.json"
-  manifest.write_text(json.dumps(rec["manifest"]))
-  draws.write_text(json.dumps(rec["draws"]))
-  workdir = folder / "run"
-  done = subprocess.run(
-      [sys.executable, str(ROOT / "launch" / "run.py"), "--config", str(ROOT / "configs" /
-       "demo.py"), "--workdir", str(workdir), *aml.command_line(rec["overrides"]),
-       f"--config.data.stream_manifest={manifest}", f"--config.data.replay_draws={draws}",
-       "--config.eval.write_plots=False", "--config.checkpoint_every=0"],
-      capture_output=True, text=True, cwd=ROOT, env=tiny_run.convolution_level_env())
-  assert done.returncode == 0, done.stderr[-2000:]
-  lines = [json.loads(x) for x in (workdir / "metrics.jsonl").read_text().splitlines()]
-  return workdir, np.array([x["loss"] for x in lines if x.get("event") == "train"])
+  workdir, train = parity_replay.run_ours(recording(), tmp_path_factory.mktemp("pcr"))
+  return workdir, np.array([x["loss"] for x in train])
 
 
 def test_our_cli_losses_match_theirs_step_for_step(ours):
@@ -137,12 +122,8 @@ def test_our_cli_losses_match_theirs_step_for_step(ours):
   theirs, own = rec["loss"].astype(np.float64), rec["own_loss"].astype(np.float64)
   assert len(loss) == len(theirs) == len(rec["manifest"]["steps"])
   assert loss[0] == 0  # no replay, no step: their 0 * CE
-  drift = np.abs(loss[1:] + LOG2 - theirs[1:]) / theirs[1:]
-  own_drift = (np.abs(own[:, 1:] - theirs[1:]) / theirs[1:]).max(axis=0)
-  early = slice(0, EXACT_STEPS)
-  assert (drift[early] <= 1e-6 + 2 * own_drift[early]).all(), (drift[early], own_drift[early])
-  assert np.median(drift) <= DRIFT_FACTOR * np.median(own_drift), (drift, own_drift)
-  assert drift.max() <= DRIFT_FACTOR * own_drift.max(), (drift, own_drift)
+  parity_replay.assert_within_own_drift(loss[1:] + LOG2, theirs[1:], own[:, 1:], "loss + log 2",
+                                        EXACT_STEPS)
 
 
 def test_our_cli_task_end_predictions_match_theirs(ours):
