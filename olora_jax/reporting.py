@@ -39,6 +39,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from olora_jax import methods, validation
+from olora_jax.methods.base import AUTHORS_CODE
 
 # Keys that never change a run's numbers; runs differing only in these are one group.
 IGNORED_KEYS = frozenset({"seed", "log_every", "eval.write_plots", "loggers", "logger_project"})
@@ -722,9 +723,10 @@ def _letter(i: int) -> str:
 
 
 def _check_phrase(check: dict) -> str:
-  """'its check [of VARIANT] against its authors' code, OWNER/REPO (TEST)'."""
+  """'its check [of VARIANT] against its authors' code (or the code its record names),
+  OWNER/REPO (TEST)'."""
   of = f" of {check['variant']}" if check.get("variant") else ""
-  return (f"its check{of} against its authors' code, {check.get('against')}"
+  return (f"its check{of} against {check.get('code') or AUTHORS_CODE}, {check.get('against')}"
           f" ({check.get('test')})")
 
 

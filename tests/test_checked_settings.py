@@ -28,7 +28,7 @@ import tiny_run
 
 from configs import demo
 from olora_jax import methods, reporting, validation
-from olora_jax.methods import base
+from olora_jax.methods import base, er
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures" / "parity"
@@ -287,3 +287,19 @@ def test_the_marked_latex_table_compiles(tmp_path):
                         cwd=tmp_path, capture_output=True, text=True, timeout=120)
   assert proc.returncode == 0, proc.stdout[-3000:]
   assert (tmp_path / "t.pdf").read_bytes()[:5] == b"%PDF-"
+
+
+def test_a_check_against_another_codebase_names_whose_code_it_is():
+  """A-GEM and MIR are checked against the codebase the Online-LoRA paper took their numbers
+  from, not their authors' code: their card, results.json and report footnote say so; SCR's,
+  against its authors' code in the same codebase, says its authors'."""
+  for method in ("agem", "mir"):
+    spec = methods.resolve(method)
+    assert spec.check_sentence().startswith(f"Check: matches {er.OCL_CODE} step for step")
+    assert "authors'" not in spec.check_sentence()
+    record = spec.check_record(demo_config({"method": method}))
+    assert record["code"] == er.OCL_CODE
+    assert f"against {er.OCL_CODE}, {er.OCL}" in reporting.check_summary(record)
+  scr = methods.resolve("scr")
+  assert scr.check_sentence().startswith("Check: matches its authors' code over seeds")
+  assert scr.check_record(demo_config({"method": "scr"}))["code"] == base.AUTHORS_CODE

@@ -104,4 +104,5 @@ METHODS = (base.MethodSpec(name="agem", build=build, config=config, report_name=
                                             " and 5 task ends of one seed, float32",
                                             settings={"model.name": "resnet18_reduced",
                                                       "agem.replay_pass": "separate",
-                                                      "agem.trainable": "all"})),)
+                                                      "agem.trainable": "all"},
+                                            code=er.OCL_CODE)),)

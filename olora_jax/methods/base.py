@@ -312,6 +312,7 @@ def check_batch(batch: dict) -> None:
         " learner is task-free and must not receive task ids or boundaries")
 
 
+AUTHORS_CODE = "its authors' code"  # whose code a check ran, unless its `Check.code` says
 CHECK_KINDS = {
     "step": "matches its authors' code step for step on a shared stream",
     "seeds": "matches its authors' code over seeds on a shared stream (task-end mean"
@@ -387,6 +388,9 @@ class Check:
             block's defaults, and each run's results.json says which of its own differ
             (`record`). None: not declared (every run is then 'undeclared'); {} for 'none'
   variants  other settings of the method the same check covers (`Variant`)
+  code      whose code `against` is, where it is not the method's authors' ("the code the
+            Online-LoRA paper took its numbers from": A-GEM and MIR against the online-continual-
+            learning codebase); '' for its authors' code
   """
 
   kind: str
@@ -395,6 +399,12 @@ class Check:
   scope: str = ""
   settings: Mapping[str, Any] | None = None
   variants: tuple[Variant, ...] = ()
+  code: str = ""
+
+  @property
+  def whose(self) -> str:
+    """Whose code the check ran: "its authors' code", or `code`."""
+    return self.code or AUTHORS_CODE
 
   def sentence(self, defaults: Mapping[str, Any] | None = None) -> str:
     """The line a method's page opens with: the kind, the checked settings (those that are not
@@ -417,16 +427,17 @@ class Check:
       parts.append(f"and so does {variant.name} with {settings_phrase(named(variant.settings))}"
                    + (f" {variant.scope}" if variant.scope else ""))
     scope = "".join(f", {p}" for p in parts)
-    return f"Check: {CHECK_KINDS[self.kind]}{scope} ({self.against}; {self.test})."
+    kind = CHECK_KINDS[self.kind].replace(AUTHORS_CODE, self.whose)
+    return f"Check: {kind}{scope} ({self.against}; {self.test})."
 
   def record(self, config: Mapping[str, Any]) -> dict:
     """results.json's `check` for a run of the method whose flattened config (dotted keys) is
-    `config`: {kind, against, test, scope, variant (the `Variant` whose settings the run is
-    nearest, '' for the method's own), settings (the checked ones), differing ({key: {run,
-    checked}}, each checked setting the run does not have; a key the config lacks runs as None),
-    status (`CHECK_STATUSES`)}."""
-    out = {"kind": self.kind, "against": self.against, "test": self.test, "scope": self.scope,
-           "variant": "", "settings": {}, "differing": {}}
+    `config`: {kind, against, code (whose code: `whose`), test, scope, variant (the `Variant`
+    whose settings the run is nearest, '' for the method's own), settings (the checked ones),
+    differing ({key: {run, checked}}, each checked setting the run does not have; a key the
+    config lacks runs as None), status (`CHECK_STATUSES`)}."""
+    out = {"kind": self.kind, "against": self.against, "code": self.whose, "test": self.test,
+           "scope": self.scope, "variant": "", "settings": {}, "differing": {}}
     if self.kind == "none":
       return {**out, "status": "unchecked"}
     if self.settings is None:

@@ -190,6 +190,8 @@ ONE_PASS = ("'joint': one forward pass over the batch and the replayed samples: 
 AUTHORS_AML = ("the ER-ACE authors' code, pclucas14/AML", "0.1", "two passes")
 # The codebase the Online-LoRA paper took its A-GEM, ER, EWC++, MIR and GDumb numbers from.
 OCL = "RaptorMai/online-continual-learning"
+# Whose code that is for a method its authors did not write it for (`base.Check.code`).
+OCL_CODE = "the code the Online-LoRA paper took its numbers from"
 AUTHORS_OCL_AGEM = f"the online-continual-learning codebase's A-GEM ({OCL})"
 
 

@@ -112,4 +112,5 @@ METHODS = (base.MethodSpec(name="mir", build=build, config=config, report_name="
                                             " their own run, through its loss's median and maximum",
                                             settings={"model.name": "resnet18_reduced",
                                                       "mir.replay_pass": "separate",
-                                                      "mir.trainable": "all"})),)
+                                                      "mir.trainable": "all"},
+                                            code=er.OCL_CODE)),)
