@@ -399,7 +399,7 @@ def test_lode_learns_the_seen_classes_from_the_stream():
 
 
 def test_ema_weights_are_the_hand_computed_average():
-  name = "ema_rar"  # the wrapper is shared with ema_der_pp (both run end to end elsewhere)
+  name = "ema_der_pp"  # the wrapper is shared with ema_rar (its rehearsals: the test below)
   warmup, warm_decay, decay = 2, 0.5, 0.9
   method = REGISTRY[name](context(name, trainable="head", buffer_size=8, replay_batch=4,
                                   learning_rate=0.05, ema_warmup_steps=warmup,
@@ -413,12 +413,36 @@ def test_ema_weights_are_the_hand_computed_average():
     expected = jax.tree.map(lambda e, p, lam=lam: lam * e + (1 - lam) * np.asarray(p), expected,
                             state["params"])
     jax.tree.map(lambda x, y: assert_close(x, y, rtol=1e-6), state["ema_params"], expected)
-  assert int(state["step"]) == 4  # RAR's repeats count as one step per batch
   # The evaluator reads the average, not the trained weights.
   images, predict = batch(9)["images"], jax.jit(method.predict)
   averaged = predict({**state, "params": state["ema_params"]}, images)
   np.testing.assert_array_equal(predict(state, images), averaged)
   assert not np.allclose(averaged, predict({**state, "ema_params": state["params"]}, images))
+
+
+def test_ema_rar_moves_the_average_after_each_rehearsal():
+  """EMA (RAR): the average moves after every rehearsal of a batch (the EMA authors' code moves
+  it after every training iteration, and RAR's passes are iterations), each with the lambda of
+  the batch's step. Rehearsal r draws with the step's key folded with r, so a run of r + 1
+  repeats from the same state ends at the weights rehearsal r of the 3-repeat run reached."""
+  name, repeats = "ema_rar", 3
+  warmup, warm_decay, decay = 1, 0.5, 0.9
+  keys = dict(trainable="head", buffer_size=8, replay_batch=4, learning_rate=0.05,
+              ema_warmup_steps=warmup, ema_warmup_decay=warm_decay, ema_decay=decay)
+  steps = {r: jax.jit(REGISTRY[name](context(name, repeats=r, **keys)).train_step)
+           for r in range(1, repeats + 1)}
+  method = REGISTRY[name](context(name, repeats=repeats, **keys))
+  state = method.init(jax.random.key(0), init_params())
+  expected = jax.tree.map(np.array, state["params"])
+  for t in range(3):
+    lam = warm_decay if t + 1 <= warmup else decay
+    for r in range(1, repeats + 1):  # the weights after each rehearsal of batch t
+      weights = steps[r](state, batch(t))[0]["params"]
+      expected = jax.tree.map(lambda e, p, lam=lam: lam * e + (1 - lam) * np.asarray(p),
+                              expected, weights)
+    state, _, _ = steps[repeats](state, batch(t))
+    jax.tree.map(lambda x, y: assert_close(x, y, rtol=1e-5), state["ema_params"], expected)
+  assert int(state["step"]) == 3  # RAR's repeats count as one step per batch
 
 
 def test_rar_augment_flips_and_shifts_within_the_image():

@@ -1,8 +1,10 @@
 """EMA (Soutif-Cormerais et al. 2023): evaluate an exponential moving average of the weights.
 
 Wraps a method (DER++: `ema_der_pp`; RAR: `ema_rar`): training is the inner method's, unchanged;
-after each step the average of the trainable weights (and, on a model with BatchNorm, of its
-running statistics) moves towards them,
+after each update of the weights the average of the trainable weights (and, on a model with
+BatchNorm, of its running statistics) moves towards them (DER++: once a step; RAR: after each of
+its `repeats` rehearsals of a batch, as the authors' code moves it after every training
+iteration and runs RAR's passes as iterations),
     ema <- lambda * ema + (1 - lambda) * params,
 with lambda = `ema_warmup_decay` for the first `ema_warmup_steps` steps, then `ema_decay`. The
 average starts at the initial weights; `predict` (what the evaluator reads) uses it. The EMA
@@ -34,11 +36,24 @@ def decay_at(block, step):
   return jnp.where(step <= block.ema_warmup_steps, block.ema_warmup_decay, block.ema_decay)
 
 
-def wrap(inner: base.Method, block) -> base.Method:
+def moved(block, state, step):
+  """`state` with its average ("ema_params", and "ema_batch_stats" where held) moved towards the
+  current weights (and running statistics) with the lambda of stream step `step`. Pure."""
+  decay = decay_at(block, step)
+  state = {**state, "ema_params": update(state["ema_params"], state["params"], decay)}
+  if "ema_batch_stats" in state:
+    state["ema_batch_stats"] = update(state["ema_batch_stats"],
+                                      state["frozen"][resnet.BATCH_STATS], decay)
+  return state
+
+
+def wrap(inner: base.Method, block, moves_itself: bool = False) -> base.Method:
   """`inner` with its evaluated weights replaced by their moving average (state "ema_params"),
   and on a model with BatchNorm its running statistics too (state "ema_batch_stats"): the
   averaged network is evaluated with the averaged statistics, as the EMA authors' code averages
-  every tensor of the state_dict (AlbinSou/online_ema, src/plugins/mean_evaluation.py)."""
+  every tensor of the state_dict (AlbinSou/online_ema, src/plugins/mean_evaluation.py). The
+  average moves after each step (`moved`), or, with `moves_itself`, where the inner method's step
+  calls `moved` itself (RAR, after each rehearsal)."""
 
   def init(key, params):
     state = inner.init(key, params)
@@ -49,11 +64,8 @@ def wrap(inner: base.Method, block) -> base.Method:
 
   def train_step(state, batch):
     state, scalars, extras = inner.train_step(state, batch)
-    decay = decay_at(block, state["step"])
-    state = {**state, "ema_params": update(state["ema_params"], state["params"], decay)}
-    if "ema_batch_stats" in state:
-      state["ema_batch_stats"] = update(state["ema_batch_stats"],
-                                        state["frozen"][resnet.BATCH_STATS], decay)
+    if not moves_itself:
+      state = moved(block, state, state["step"])
     return state, scalars, extras
 
   def predict(state, images):
@@ -70,7 +82,9 @@ def build_der_pp(ctx: base.Context) -> base.Method:
 
 
 def build_rar(ctx: base.Context) -> base.Method:
-  return wrap(rar.make(ctx, "ema_rar", ctx.config.ema_rar), ctx.config.ema_rar)
+  block = ctx.config.ema_rar
+  after_update = lambda state, step: moved(block, state, step)  # noqa: E731
+  return wrap(rar.make(ctx, "ema_rar", block, after_update), block, moves_itself=True)
 
 
 def _config(**keys):

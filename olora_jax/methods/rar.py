@@ -3,11 +3,11 @@
 ER (er.py) where each incoming batch is rehearsed `repeats` times: each repeat draws a fresh
 `replay_batch` of stored samples uniformly, augments the current and replayed images (`augment`:
 a random horizontal flip unless `flip` is False, and a random shift of up to 1/8 of the side,
-edges replicated) and takes
-one Adam step on CE(batch) + CE(replayed); then the batch enters the reservoir once. `step`
-counts batches, as for every method. The paper runs RAR only under EMA (`ema_rar`, ema.py) and
-gives no RAR values: `repeats` (3) and the augmentation are *ours*, the buffer and the 10
-replayed samples per batch are ER's.
+edges replicated) and takes one Adam step on CE(batch) + CE(replayed), each step followed by
+`after_update` where a wrapper gives one (EMA's average moves after every rehearsal, ema.py);
+then the batch enters the reservoir once. `step` counts batches, as for every method. The paper
+runs RAR only under EMA (`ema_rar`, ema.py) and gives no RAR values: `repeats` (3) and the
+augmentation are *ours*, the buffer and the 10 replayed samples per batch are ER's.
 """
 
 from __future__ import annotations
@@ -36,7 +36,10 @@ def augment(key: jax.Array, images: jax.Array, flip: bool = True) -> jax.Array:
   return jax.vmap(crop)(padded, dy, dx)
 
 
-def make(ctx: base.Context, name: str, block) -> base.Method:
+def make(ctx: base.Context, name: str, block, after_update=None) -> base.Method:
+  """RAR under `name` with `block`'s keys; `after_update(state, step) -> state`, if given, runs
+  after each rehearsal's optimizer step, `step` being the stream step that rehearsal belongs to
+  (1 for the first batch)."""
   scale = ctx.config.data.input_scale
   tx, apply = common.optimizer_and_apply(ctx, block)
   loss_fn = jax.value_and_grad(functools.partial(er.replay_loss, apply), has_aux=True)
@@ -54,7 +57,10 @@ def make(ctx: base.Context, name: str, block) -> base.Method:
       seen = {**batch, "images": augment(aug_key, batch["images"], block.flip)}
       mem = {**mem, "images": augment(mem_aug_key, mem["images"], block.flip)}
       (loss, aux), grads = loss_fn(state["params"], state["frozen"], seen, mem)
-      return common.apply_gradients(state, grads, tx), {"loss": loss, **aux}
+      state = common.apply_gradients(state, grads, tx)
+      if after_update is not None:
+        state = after_update(state, step + 1)
+      return state, {"loss": loss, **aux}
 
     zero = jnp.zeros((), jnp.float32)
     state, scalars = jax.lax.fori_loop(
