@@ -1,4 +1,4 @@
-"""A-GEM and MIR against the codebase the Online-LoRA paper took their numbers from
+"""A-GEM, MIR and EWC++ against the codebase the Online-LoRA paper took their numbers from
 (RaptorMai/online-continual-learning), from committed recordings.
 
 tests/fixtures/parity/ocl_{agem,mir}.npz were recorded by scripts/parity/ocl.py from their code,
@@ -29,6 +29,15 @@ relative differences against their own drift, as the AML check does:
 - A-GEM: at every step where their g . g_ref is farther from 0 than their own drift moves it,
   our projection decision (g . g_ref < 0) is theirs;
 - the task ends as the AML check holds them (test_parity_aml.assert_task_ends_within_own_drift).
+
+tests/fixtures/parity/ocl_ewc_pp.npz: their EWC++ on the same stream and model, called once per
+task (their anchor and normalised Fisher move at each call's end), lambda 100, alpha 0.9, the
+Fisher updated every 3 batches, in the settings of ours that take their steps (oracle
+boundaries, `consolidate='boundary'`, `fisher_of='loss'`, `fisher_window='task'`); the stream's
+batches in their loader's order. Its batch CE and its penalty (ours zero exactly where theirs
+adds none or is zero) within their own drift as above, and the task ends; at lambda 100 the
+penalty barely moves the weights on 40 steps, so the penalty is what catches a wrong Fisher
+(docs/parity.md, EWC++).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""A-GEM, MIR, EWC++ and GDumb against the codebase the Online-LoRA paper took their numbers from
-(RaptorMai/online-continual-learning): record what their agent does on a stream this project
-writes (docs/parity.md).
+"""A-GEM, MIR and EWC++ against the codebase the Online-LoRA paper took their numbers from
+(RaptorMai/online-continual-learning; GDumb too, not checked yet): record what their agent does
+on a stream this project writes (docs/parity.md).
 
 Two steps, in two environments (the side venv is SCR's, scripts/parity/scr.py):
 
@@ -11,7 +11,8 @@ Two steps, in two environments (the side venv is SCR's, scripts/parity/scr.py):
     #    scikit-image pandas psutil pyyaml), on a checkout of their code
     #    (git clone https://github.com/RaptorMai/online-continual-learning /tmp/ocl):
     /tmp/scr-venv/bin/python scripts/parity/ocl.py record --ocl /tmp/ocl \
-        --prepared /tmp/ocl-prep-agem --out tests/fixtures/parity/ocl_agem.npz
+        --prepared /tmp/ocl-prep-agem --commit "$(git -C /tmp/ocl rev-parse HEAD)" \
+        --out tests/fixtures/parity/ocl_agem.npz
 
 `prepare` builds the parity run's config (configs/demo.py with `overrides()`: the demo's MNIST
 digits at 32 px in [0, 1] (their loader's ToTensor), the reduced ResNet-18 trained from scratch,
@@ -41,6 +42,17 @@ mode). Records are named by their pixels (every training image of the stream is 
 Each recording also holds `aml.OWN_DRIFT_RUNS` runs of their code from our weights perturbed at
 float32 rounding (`aml.perturbed`): their own drift, the tolerances' scale. Seeds fixed,
 deterministic algorithms, one thread (`aml.deterministic_torch`).
+
+EWC++ (`--agent EWC`, `run_theirs_ewc`): no buffer and no draws; `prepare` sets the settings
+that take their steps (`boundaries.rule=oracle`, `ewc_pp.consolidate=boundary`,
+`ewc_pp.fisher_of=loss`, `ewc_pp.fisher_window=task`) with their --lambda 100 and --alpha 0.9
+and --fisher_update_after `FISHER_UPDATE_AFTER`. `record` calls their `train_learner` once per
+task, as their general_main.py does (their anchor and normalised Fisher move at each call's
+end); their loader shuffles the task's batches, and the recording's manifest holds the batches in
+the order their run took them (asserted the same in the perturbed runs). Per step: the batch's
+CE (their `criterion`) and the penalty (recomputed by the driver at their `total_loss`'s call
+from their normalised Fisher and anchor; NaN before the first task end); at each task end the
+test logits.
 """
 
 from __future__ import annotations
