@@ -378,6 +378,12 @@ def _check_regularisers(b, p: str, name: str, values: dict) -> None:
     _require(b.fisher_normalisation in ("min_max", "none"),
              f"unknown {p}fisher_normalisation={b.fisher_normalisation!r}; use 'min_max' (the"
              " source code's, default) or 'none' (the raw Fisher)")
+  for key, allowed in (("consolidate", ("period", "boundary")), ("fisher_of", ("ce", "loss")),
+                       ("fisher_window", ("stream", "task"))):  # EWC++'s (methods/ewc_pp.py)
+    if key in values:
+      _require(values[key] in allowed, f"unknown {p}{key}={values[key]!r}; use one of {allowed}"
+               f" ({allowed[0]!r}, the default, or {allowed[1]!r}, the online-continual-"
+               "learning code's)")
   for key in ("reg_lambda", "beta", "clip_norm", "key_loss_weight", "gamma", "ortho_weight"):
     if key in values:
       _require(values[key] >= 0, f"{p}{key}={values[key]} must be >= 0")

@@ -40,7 +40,7 @@ RECORDINGS = {
     ("coda_prompt", ""): "coda_prompt.npz", ("simplecil", ""): "pilot_simplecil.npz",
     ("simplecil", "APER"): "pilot_aper.npz", ("slca", ""): "pilot_slca.npz",
     ("online_lora", ""): "online_lora/settings.json",
-    ("agem", ""): "ocl_agem.npz", ("mir", ""): "ocl_mir.npz",
+    ("agem", ""): "ocl_agem.npz", ("mir", ""): "ocl_mir.npz", ("ewc_pp", ""): "ocl_ewc_pp.npz",
     ("pcr", ""): "pcr.npz", ("lode", ""): "lode.npz",
     ("ema_der_pp", ""): "online_ema_der_pp.npz",
 }

@@ -259,7 +259,7 @@ def test_a_card_says_what_its_pieces_say():
       "a cosine head; its defaults from its authors' code (")
   assert "`optimizer`" in lines["Readings that move its numbers"]
   assert lines["Not validated"] == "nothing stated beyond its check."
-  none = dict(cards.card(methods.resolve("ewc_pp"), "Regularises weights.", None))
+  none = dict(cards.card(methods.resolve("gdumb"), "Trains afresh on its buffer.", None))
   assert none["Demo row"] == "not in the demo table"
   assert none["Not validated"].startswith("its implementation against its authors' code")
   for bad, why in (("", "is missing"), ("No full stop", "must end with a full stop"),

@@ -181,6 +181,52 @@ def test_ewc_pp_fisher_is_the_running_average_of_squared_gradients():
   assert float(sum(jnp.sum(f) for f in jax.tree.leaves(fisher))) > 0
 
 
+def test_ewc_pp_consolidates_at_boundaries_with_the_window_counted_from_them():
+  """consolidate='boundary', fisher_window='task', fisher_of='loss' (the online-continual-learning
+  code's steps): the running Fisher updates at the top of every step i since the last boundary
+  with (i + 1) % every == 0 from the squared gradients of the whole loss accumulated since the
+  previous update (kept across a boundary); the anchor and the penalty's normalised Fisher move
+  only when the boundary switch calls `at_boundary`, which restarts the count."""
+  alpha, every, reg_lambda = 0.9, 3, 50.0
+  ctx = context("ewc_pp", trainable="head", fisher_every=every, alpha=alpha,
+                reg_lambda=reg_lambda, learning_rate=1e-2, consolidate="boundary",
+                fisher_of="loss", fisher_window="task")
+  method = ewc_pp.build(ctx)
+  step = jax.jit(method.train_step)
+  state = method.init(jax.random.key(0), init_params())
+  apply = common.make_apply(ctx.model)
+
+  @jax.jit
+  def loss_grad(params, frozen, anchor, weight, b):
+    def loss(p):
+      ce = common.masked_mean(common.per_example_ce(apply(frozen, p, b["images"]), b["labels"]),
+                              b["mask"])
+      return ce + ewc_pp.penalty_and_grad(p, anchor, weight, reg_lambda, "none")[0]
+    return jax.grad(loss)(params)
+
+  fisher = jax.tree.map(jnp.zeros_like, state["params"])
+  acc, weight = jax.tree.map(jnp.zeros_like, fisher), jax.tree.map(jnp.zeros_like, fisher)
+  anchor, i, penalties = state["params"], 0, []
+  for t in range(10):
+    if t == 4:  # a boundary after 4 steps: the anchor and the normalised Fisher move
+      state, _ = method.at_boundary(state, {})
+      anchor, weight, i = state["params"], ewc_pp.normalise(fisher, "min_max"), 0
+      jax.tree.map(np.testing.assert_array_equal, state["anchor"], state["params"])
+    if (i + 1) % every == 0:  # by hand, at the top of step i
+      fisher = jax.tree.map(lambda f, a: alpha * a / every + (1 - alpha) * f, fisher, acc)
+      acc = jax.tree.map(jnp.zeros_like, acc)
+    g = loss_grad(state["params"], state["frozen"], anchor, weight, batch(t))
+    acc = jax.tree.map(lambda a, x: a + x ** 2, acc, g)
+    state, scalars, _ = step(state, batch(t))
+    penalties.append(float(scalars["ewc_penalty"]))
+    i += 1
+    jax.tree.map(lambda x, y: assert_close(x, y, rtol=1e-5), state["fisher"], fisher)
+    jax.tree.map(lambda x, y: assert_close(x, y, rtol=1e-5), state["penalty_fisher"], weight)
+    jax.tree.map(np.testing.assert_array_equal, state["anchor"], anchor)
+  # No penalty before the boundary, nor at its first step (at the anchor); one after.
+  assert penalties[:5] == [0.0] * 5 and min(penalties[5:]) > 0
+
+
 def test_ewc_pp_penalty_uses_the_min_max_normalised_fisher():
   # A constructed problem: two leaves, Fisher entries from 0.01 to 0.05 (min 0.01, max 0.05).
   fisher = {"a": jnp.array([0.01, 0.03]), "b": jnp.array([[0.05, 0.02]])}
@@ -493,6 +539,9 @@ def test_trainable_split(mode, moved):
     ("agem.trainable", "backbone", r"unknown agem.trainable='backbone'"),
     ("ewc_pp.alpha", 1.5, r"ewc_pp.alpha=1.5 must be in \[0, 1.0\]"),
     ("ewc_pp.fisher_normalisation", "max", r"unknown ewc_pp.fisher_normalisation='max'"),
+    ("ewc_pp.consolidate", "task", r"unknown ewc_pp.consolidate='task'"),
+    ("ewc_pp.fisher_of", "grad", r"unknown ewc_pp.fisher_of='grad'"),
+    ("ewc_pp.fisher_window", "batch", r"unknown ewc_pp.fisher_window='batch'"),
     ("gdumb.min_learning_rate", 1e-2, r"gdumb.min_learning_rate=0.01 must be in"),
     ("l2p.trainable", "all", r"l2p.trainable='all': 'prompts' .* use prompts$"),
     ("er.trainable", "prompts", r"er.trainable='prompts': .* use all, head or lora$"),

@@ -1,4 +1,4 @@
-"""A-GEM and MIR against the codebase the Online-LoRA paper took their numbers from
+"""A-GEM, MIR and EWC++ against the codebase the Online-LoRA paper took their numbers from
 (RaptorMai/online-continual-learning), from committed recordings.
 
 tests/fixtures/parity/ocl_{agem,mir}.npz were recorded by scripts/parity/ocl.py from their code,
@@ -29,6 +29,15 @@ relative differences against their own drift, as the AML check does:
 - A-GEM: at every step where their g . g_ref is farther from 0 than their own drift moves it,
   our projection decision (g . g_ref < 0) is theirs;
 - the task ends as the AML check holds them (test_parity_aml.assert_task_ends_within_own_drift).
+
+tests/fixtures/parity/ocl_ewc_pp.npz: their EWC++ on the same stream and model, called once per
+task (their anchor and normalised Fisher move at each call's end), lambda 100, alpha 0.9, the
+Fisher updated every 3 batches, in the settings of ours that take their steps (oracle
+boundaries, `consolidate='boundary'`, `fisher_of='loss'`, `fisher_window='task'`); the stream's
+batches in their loader's order. Its batch CE and its penalty (ours zero exactly where theirs
+adds none or is zero) within their own drift as above, and the task ends; at lambda 100 the
+penalty barely moves the weights on 40 steps, so the penalty is what catches a wrong Fisher
+(docs/parity.md, EWC++).
 """
 
 from __future__ import annotations
@@ -47,7 +56,7 @@ FIXTURES = ROOT / "tests" / "fixtures" / "parity"
 sys.path.insert(0, str(ROOT / "scripts" / "parity"))
 import aml  # noqa: E402 (the command line of a run's overrides)
 
-METHODS = ("agem", "mir")
+METHODS = ("agem", "mir", "ewc_pp")
 EXACT_STEPS = parity_replay.EXACT_STEPS
 
 
@@ -55,7 +64,8 @@ def recording(method: str) -> dict:
   with np.load(FIXTURES / f"ocl_{method}.npz") as z:
     out = {k: z[k] for k in z.files}
   for key in ("manifest", "draws", "overrides", "versions"):
-    out[key] = json.loads(str(out[key]))
+    if key in out:  # EWC++'s has no draws
+      out[key] = json.loads(str(out[key]))
   return out
 
 
@@ -66,6 +76,10 @@ def test_our_cli_run_matches_their_run(method, tmp_path):
   n_steps = len(rec["manifest"]["steps"])
   assert len(train) == n_steps
   assert rec["own_decisions_same"]  # their draws do not move with the float drift
+  if method == "ewc_pp":
+    assert_ewc_pp_steps_within_own_drift(rec, train)
+    assert_task_ends_within_own_drift(rec, workdir)
+    return
   batch_loss = [x["loss" if method == "agem" else "ce_current"] for x in train]
   parity_replay.assert_within_own_drift(batch_loss, rec["loss"], rec["own_loss"],
                                         "the batch's loss")
@@ -85,11 +99,33 @@ def test_our_cli_run_matches_their_run(method, tmp_path):
   assert_task_ends_within_own_drift(rec, workdir)
 
 
+def assert_ewc_pp_steps_within_own_drift(rec: dict, train: list[dict]) -> None:
+  """EWC++: the batch's CE as the others' batch loss; the penalty zero where theirs adds none (the
+  first task) or is zero (each task's first step, at the anchor just set), and elsewhere within
+  their own drift: exact at the first `EXACT_STEPS` steps it is positive (task 2's), its median
+  and maximum over those steps within `parity_replay.DRIFT_FACTOR` x their own."""
+  parity_replay.assert_within_own_drift([x["ce_current"] for x in train], rec["loss"],
+                                        rec["own_loss"], "the batch's loss")
+  ours = np.array([x["ewc_penalty"] for x in train], np.float64)
+  theirs = rec["penalty"].astype(np.float64)
+  none = np.isnan(theirs) | (theirs == 0)
+  assert (ours[none] == 0).all(), ours[none]
+  assert (~none).sum() >= len(theirs) // 2, theirs  # the penalty acts in tasks 2 to 5
+  parity_replay.assert_within_own_drift(ours, np.where(none, np.nan, theirs), rec["own_penalty"],
+                                        "the penalty")
+
+
 @pytest.mark.parametrize("method", METHODS)
 def test_the_recording_says_where_it_came_from(method):
   rec = recording(method)
   versions = rec["versions"]
   assert len(versions["authors_commit"]) == 40 and versions["torch"] and versions["cpu"]
+  if method == "ewc_pp":  # no buffer: their batches within each task, in their loader's order
+    steps, task = rec["manifest"]["steps"], rec["manifest"]["step_task"]
+    assert len(steps) == 5 * aml.STEPS_PER_TASK and all(len(b) == aml.BATCH for b in steps)
+    assert rec["overrides"]["ewc_pp.fisher_every"] < aml.STEPS_PER_TASK  # updates in each task
+    assert len({i for b in steps for i in b}) == len(steps) * aml.BATCH and task == sorted(task)
+    return
   # The stream exercises the reservoir: the buffer fills, then some items replace others.
   stored = sum((np.asarray(s) >= 0).sum() for s in rec["draws"]["stored_slot"])
   assert aml.BATCH * 10 <= stored < sum(map(len, rec["manifest"]["steps"]))

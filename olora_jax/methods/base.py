@@ -389,8 +389,8 @@ class Check:
             (`record`). None: not declared (every run is then 'undeclared'); {} for 'none'
   variants  other settings of the method the same check covers (`Variant`)
   code      whose code `against` is, where it is not the method's authors' ("the code the
-            Online-LoRA paper took its numbers from": A-GEM and MIR against the online-continual-
-            learning codebase); '' for its authors' code
+            Online-LoRA paper took its numbers from": A-GEM, MIR and EWC++ against the
+            online-continual-learning codebase); '' for its authors' code
   """
 
   kind: str

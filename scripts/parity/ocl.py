@@ -1,6 +1,6 @@
-"""A-GEM, MIR, EWC++ and GDumb against the codebase the Online-LoRA paper took their numbers from
-(RaptorMai/online-continual-learning): record what their agent does on a stream this project
-writes (docs/parity.md).
+"""A-GEM, MIR and EWC++ against the codebase the Online-LoRA paper took their numbers from
+(RaptorMai/online-continual-learning; GDumb too, not checked yet): record what their agent does
+on a stream this project writes (docs/parity.md).
 
 Two steps, in two environments (the side venv is SCR's, scripts/parity/scr.py):
 
@@ -11,7 +11,8 @@ Two steps, in two environments (the side venv is SCR's, scripts/parity/scr.py):
     #    scikit-image pandas psutil pyyaml), on a checkout of their code
     #    (git clone https://github.com/RaptorMai/online-continual-learning /tmp/ocl):
     /tmp/scr-venv/bin/python scripts/parity/ocl.py record --ocl /tmp/ocl \
-        --prepared /tmp/ocl-prep-agem --out tests/fixtures/parity/ocl_agem.npz
+        --prepared /tmp/ocl-prep-agem --commit "$(git -C /tmp/ocl rev-parse HEAD)" \
+        --out tests/fixtures/parity/ocl_agem.npz
 
 `prepare` builds the parity run's config (configs/demo.py with `overrides()`: the demo's MNIST
 digits at 32 px in [0, 1] (their loader's ToTensor), the reduced ResNet-18 trained from scratch,
@@ -41,6 +42,17 @@ mode). Records are named by their pixels (every training image of the stream is 
 Each recording also holds `aml.OWN_DRIFT_RUNS` runs of their code from our weights perturbed at
 float32 rounding (`aml.perturbed`): their own drift, the tolerances' scale. Seeds fixed,
 deterministic algorithms, one thread (`aml.deterministic_torch`).
+
+EWC++ (`--agent EWC`, `run_theirs_ewc`): no buffer and no draws; `prepare` sets the settings
+that take their steps (`boundaries.rule=oracle`, `ewc_pp.consolidate=boundary`,
+`ewc_pp.fisher_of=loss`, `ewc_pp.fisher_window=task`) with their --lambda 100 and --alpha 0.9
+and --fisher_update_after `FISHER_UPDATE_AFTER`. `record` calls their `train_learner` once per
+task, as their general_main.py does (their anchor and normalised Fisher move at each call's
+end); their loader shuffles the task's batches, and the recording's manifest holds the batches in
+the order their run took them (asserted the same in the perturbed runs). Per step: the batch's
+CE (their `criterion`) and the penalty (recomputed by the driver at their `total_loss`'s call
+from their normalised Fisher and anchor; NaN before the first task end); at each task end the
+test logits.
 """
 
 from __future__ import annotations
@@ -56,8 +68,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import aml  # noqa: E402 (the AML driver: the stream's cut, the ResNet's layout, own drift)
 import scr  # noqa: E402 (the SCR driver: the shims their modules need)
 
-METHODS = ("agem", "mir")
-AGENT = {"agem": ("AGEM", "random"), "mir": ("ER", "MIR")}  # their --agent, --retrieve
+METHODS = ("agem", "mir", "ewc_pp")
+AGENT = {"agem": ("AGEM", "random"), "mir": ("ER", "MIR"),  # their --agent, --retrieve
+         "ewc_pp": ("EWC", "random")}
 SEED = aml.SEED
 BATCH = 10  # their --batch
 EPS_MEM_BATCH = 10  # their --eps_mem_batch default (A-GEM's reference batch, MIR's retrieved)
@@ -66,6 +79,12 @@ SUBSAMPLE = 50  # their --subsample default (MIR's candidates)
 LEARNING_RATE = 1e-4  # the paper's (appendix); their --learning_rate (default 0.1, SGD)
 WEIGHT_DECAY = 1e-4  # the paper's; their --weight_decay (default 0)
 NUM_CLASSES = 10  # their 'cifar10' entry: Reduced_ResNet18(10), inputs (3, 32, 32), ToTensor
+# EWC++: their --lambda and --alpha defaults (the paper's), and --fisher_update_after cut from
+# their (and the paper's) 50 to 3 for the 8 batches a task: two updates a task, the windows
+# crossing the task ends (3 does not divide 8).
+EWC_LAMBDA = 100.0
+EWC_ALPHA = 0.9
+FISHER_UPDATE_AFTER = 3
 
 
 def overrides(method: str, learning_rate: float = LEARNING_RATE) -> dict:
@@ -76,10 +95,16 @@ def overrides(method: str, learning_rate: float = LEARNING_RATE) -> dict:
       "data.test_fraction": 0.05, "learner.batch_size": BATCH,
       "eval.eval_every": 10**9, "eval.export": "logits",
       f"{method}.learning_rate": learning_rate, f"{method}.weight_decay": WEIGHT_DECAY,
-      f"{method}.buffer_size": MEM_SIZE, f"{method}.replay_batch": EPS_MEM_BATCH,
-      f"{method}.trainable": "all",
-      # Their passes: each its own BatchNorm statistics, each moving the running statistics.
-      f"{method}.replay_pass": "separate"}
+      f"{method}.trainable": "all"}
+  if method == "ewc_pp":  # their steps: consolidation at each call's end (a task), the Fisher
+    # of the whole loss, its window counted within the call
+    return {**out, "boundaries.rule": "oracle", "ewc_pp.consolidate": "boundary",
+            "ewc_pp.fisher_of": "loss", "ewc_pp.fisher_window": "task",
+            "ewc_pp.fisher_normalisation": "min_max", "ewc_pp.reg_lambda": EWC_LAMBDA,
+            "ewc_pp.alpha": EWC_ALPHA, "ewc_pp.fisher_every": FISHER_UPDATE_AFTER}
+  # Their passes: each its own BatchNorm statistics, each moving the running statistics.
+  out.update({f"{method}.buffer_size": MEM_SIZE, f"{method}.replay_batch": EPS_MEM_BATCH,
+              f"{method}.replay_pass": "separate"})
   if method == "mir":
     out["mir.n_candidates"] = SUBSAMPLE
   return out
@@ -93,6 +118,7 @@ def their_params(method: str, seed: int, learning_rate: float) -> argparse.Names
       mem_size=MEM_SIZE, eps_mem_batch=EPS_MEM_BATCH, mem_iters=1, update="random",
       retrieve=retrieve, subsample=SUBSAMPLE, buffer_tracker=False, error_analysis=False,
       learning_rate=learning_rate, weight_decay=WEIGHT_DECAY, optimizer="Adam",
+      lambda_=EWC_LAMBDA, alpha=EWC_ALPHA, fisher_update_after=FISHER_UPDATE_AFTER,
       trick={"labels_trick": False, "separated_softmax": False, "kd_trick": False,
              "kd_trick_star": False, "review_trick": False, "ncm_trick": False})
 
@@ -137,6 +163,8 @@ def run_theirs(settings: dict, manifest: dict, data: dict, weights: dict):
   opt = setup_opt(params.optimizer, model, params.learning_rate, params.weight_decay)
   with contextlib.redirect_stdout(io.StringIO()):  # their Buffer prints its size
     agent = name_match.agents[params.agent](model, opt, params)
+  if method == "ewc_pp":
+    return run_theirs_ewc(agent, manifest, data)
   buffer = agent.buffer
   train_x = np.ascontiguousarray(data["train_x"].transpose(0, 3, 1, 2))
   id_of = {train_x[i].tobytes(): int(r) for i, r in enumerate(data["train_ids"])}
@@ -222,6 +250,102 @@ def run_theirs(settings: dict, manifest: dict, data: dict, weights: dict):
   return log, np.stack(task_logits).astype(np.float32)
 
 
+def run_theirs_ewc(agent, manifest: dict, data: dict):
+  """Their EWC++ agent called once per task, as their general_main.py calls it (its loader
+  shuffles the task's batches; the driver records the order): (per-step log, task-end test logits
+  (tasks, N, C) float32). Per step: the batch's record ids, CE (their `criterion`), and the
+  penalty lambda sum F~ (theta - theta*)^2 (recomputed by the driver from their normalised Fisher
+  and anchor at their `total_loss`'s call, as it computes it; NaN before the first task end, when
+  they add none)."""
+  import torch
+
+  train_x = np.ascontiguousarray(data["train_x"].transpose(0, 3, 1, 2))
+  id_of = {train_x[i].tobytes(): int(r) for i, r in enumerate(data["train_ids"])}
+  assert len(id_of) == len(train_x), "two training images of the stream are equal"
+  row = {int(r): i for i, r in enumerate(data["train_ids"])}
+  log: list[dict] = []
+  criterion, total_loss, forward = agent.criterion, agent.total_loss, agent.forward
+
+  def recorded_forward(x):
+    log.append({"ids": [id_of[np.ascontiguousarray(v).tobytes()] for v in x.detach().numpy()],
+                "losses": [], "penalty": float("nan")})
+    return forward(x)
+
+  def recorded_criterion(logits, labels):
+    loss = criterion(logits, labels)
+    log[-1]["losses"].append(loss.item())
+    return loss
+
+  def recorded_total_loss(inputs, targets):
+    if agent.prev_params:
+      with torch.no_grad():
+        reg = 0
+        for n, p in agent.weights.items():
+          reg += (agent.normalized_fisher[n] * (p - agent.prev_params[n]) ** 2).sum()
+        log[-1]["penalty"] = (agent.lambda_ * reg).item()
+    return total_loss(inputs, targets)
+
+  agent.forward, agent.criterion, agent.total_loss = recorded_forward, recorded_criterion, \
+      recorded_total_loss
+  test_x = torch.from_numpy(np.ascontiguousarray(data["test_x"].transpose(0, 3, 1, 2)))
+  steps, step_task, task_logits = manifest["steps"], manifest["step_task"], []
+  for task in sorted(set(step_task), key=step_task.index):
+    rows = [row[i] for t, batch in enumerate(steps) if step_task[t] == task for i in batch]
+    agent.train_learner(data["train_x"][rows], data["train_y"][rows].astype(np.int64))
+    agent.model.eval()
+    with torch.no_grad():
+      task_logits.append(torch.cat([agent.model(test_x[i:i + 128])
+                                    for i in range(0, len(test_x), 128)]).numpy())
+    agent.model.train()
+  assert len(log) == len(steps), (len(log), len(steps))
+  return log, np.stack(task_logits).astype(np.float32)
+
+
+def record_ewc(args, manifest: dict, settings: dict, data: dict, weights: dict) -> None:
+  """EWC++'s recording: their run and `aml.OWN_DRIFT_RUNS` perturbed ones; the manifest's steps
+  in their loader's order (the same in every run: their seeds are fixed)."""
+  import platform
+
+  import torch
+
+  log, logits = run_theirs(settings, manifest, data, weights)
+  own = [run_theirs(settings, manifest, data, aml.perturbed(weights, seed))
+         for seed in range(1, aml.OWN_DRIFT_RUNS + 1)]
+  order = [s["ids"] for s in log]
+  assert all([s["ids"] for s in run] == order for run, _ in own), "their batches moved"
+  label = {int(r): int(y) for r, y in zip(data["train_ids"], data["train_y"], strict=True)}
+  manifest = {**manifest, "steps": order,
+              "step_labels": [[label[i] for i in batch] for batch in order],
+              "params": {**manifest.get("params", {}), "order": "their loader's, within each"
+                         " task (scripts/parity/ocl.py record)"}}
+  for t, batch in enumerate(order):  # each batch within its task
+    assert set(batch) <= set(sum((b for u, b in enumerate(order)
+                                  if manifest["step_task"][u] == manifest["step_task"][t]), []))
+
+  def column(run, key):
+    return np.array([s["losses"][0] if key == "loss" else s[key] for s in run], np.float32)
+
+  cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
+              if line.startswith("model name")), platform.processor())
+  np.savez_compressed(
+      args.out, manifest=json.dumps(manifest), overrides=json.dumps(settings),
+      loss=column(log, "loss"), penalty=column(log, "penalty"),
+      own_loss=np.stack([column(run, "loss") for run, _ in own]),
+      own_penalty=np.stack([column(run, "penalty") for run, _ in own]),
+      task_end_logits=logits,
+      own_task_end_predictions=np.stack([z.argmax(-1) for _, z in own]).astype(np.int8),
+      own_logit_drift=np.stack([np.abs(z - logits).max(axis=(1, 2)) for _, z in own]),
+      own_decisions_same=np.bool_(True),  # no draws: the batch order, asserted the same above
+      test_ids=data["test_ids"], test_labels=data["test_y"].astype(np.int64),
+      perturbation=np.float64(aml.PERTURBATION),
+      versions=json.dumps({"authors_commit": args.commit, "torch": torch.__version__,
+                           "numpy": np.__version__, "python": sys.version.split()[0],
+                           "cpu": cpu}))
+  print(f"recorded ewc_pp: {len(log)} steps, final loss {log[-1]['losses'][0]:.6f}, penalty"
+        f" {[round(s['penalty'], 8) for s in log]}, task-end accuracies"
+        f" {[(z.argmax(1) == data['test_y']).mean().round(4) for z in logits]} -> {args.out}")
+
+
 def record(args) -> None:
   """Runs their code on the prepared stream from the prepared weights, and `aml.OWN_DRIFT_RUNS`
   times from them perturbed at float32 rounding, and writes the recording."""
@@ -238,6 +362,8 @@ def record(args) -> None:
   method = settings["method"]
   data = dict(np.load(os.path.join(args.prepared, "inputs.npz")))
   weights = dict(np.load(os.path.join(args.prepared, "weights.npz")))
+  if method == "ewc_pp":
+    return record_ewc(args, manifest, settings, data, weights)
   log, logits = run_theirs(settings, manifest, data, weights)
   own = [run_theirs(settings, manifest, data, aml.perturbed(weights, seed))
          for seed in range(1, aml.OWN_DRIFT_RUNS + 1)]
