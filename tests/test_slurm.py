@@ -268,13 +268,14 @@ def test_a_cell_that_hits_its_real_time_limit_is_requeued_and_resumes_identical(
   checkpoints and the cell is requeued; its limit is raised again, and it resumes and ends
   identical to the same cell run locally. (A limit of one minute from the start would warn every
   allocation at its first check, however little it had run: a few seconds on a loaded machine.)
-  The local run goes meanwhile and fills the compilation cache the cell's allocations share."""
-  # The tiny stream's 46 steps, whose programs the session's compilation cache already holds
-  # (the finetune cells of the two-submission test; else the local run compiles them): the run
-  # is paused a few steps past its first checkpoint (step 4; seen within 0.05 s, 80 polls in
-  # the 4 s its 42 other steps take on an idle 2-core AMD EPYC, and the run slows as much as
-  # the test on a loaded one), far from its end. (It once ran 180 steps, batch size 8: the
-  # resumed allocation alone then ran about 175 steps and compiled nothing the session shared.)
+  The local run goes meanwhile, on the compilation cache the cell's allocations share."""
+  # The tiny stream's 46 steps, whose programs the session's compilation cache holds by now (the
+  # finetune cells of the two-submission test; else the first of the two runs compiles them):
+  # the run is paused a few steps past its first checkpoint (step 4, seen within 0.05 s; in
+  # tries on a loaded 2-core AMD EPYC it stopped after step 7), about 40 steps from its end:
+  # some 4 s, 80 polls, on that machine, and a loaded machine slows the run as much as the
+  # test. (It ran 180 steps at batch size 8 before issue 77: its resumed allocation alone ran
+  # about 175 steps, and both runs compiled programs no other test shares.)
   grid = ["--methods=finetune", "--seeds=0", "--", *TINY]
   root, local = tmp_path / "slurm", tmp_path / "local"
   done = subprocess.Popen([*SWEEP, f"--root={local}", "--settings=configs/tiny.py", *grid],
