@@ -19,18 +19,21 @@ start() {
   host="$(hostname -s)"
   cpus="$(nproc)"
   mem="$(( $(awk '/MemTotal/ {print $2}' /proc/meminfo) / 1024 - 1024 ))"  # MB, 1 GB spare
-  # The settings measured to work on one node (issue 40); cred_expire=10: `scontrol requeue`
-  # holds a task about 10 s instead of 120 s. sched_interval=2: the main scheduler passes over
-  # the queue every 2 s instead of 60, so a held task starts soon after its hold ends even when
-  # no other job's event starts a pass: measured on an idle node, a job requeuing itself started
-  # again 11-13 s after `scontrol requeue` instead of 30-33 s.
+  # The settings measured to work on one node (issue 40); cred_expire=5 (the least SLURM takes;
+  # it also bounds how long a step's credential may take from slurmctld to slurmd, under a
+  # second here): `scontrol requeue` holds a task about 5 s instead of 120 s. sched_interval=2:
+  # the main scheduler passes over the queue every 2 s instead of 60, so a held task starts soon
+  # after its hold ends even when no other job's event starts a pass: measured on an idle node, a
+  # job requeuing itself started again 11-13 s after `scontrol requeue` instead of 30-33 s with
+  # cred_expire=10, and 6-7 s with cred_expire=5 (2-core AMD EPYC, loaded, 3 tries each; issue
+  # 77: tests/test_slurm.py requeues three tasks).
   cat > "$CONF" <<CONF
 ClusterName=olora
 SlurmctldHost=${host}(127.0.0.1)
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
-AuthInfo=cred_expire=10
+AuthInfo=cred_expire=5
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 SelectType=select/cons_tres
