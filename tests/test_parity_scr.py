@@ -14,10 +14,10 @@ Live: our seeds `LIVE_SEEDS` (0 and 1) run in one subprocess (`scr.py live`: the
 initial state, train step, eval_state and test logits, one compiled step for both seeds) over the
 whole stream: all 40 steps and the 5 task ends, the 100-slot buffer full from step 10 (after 100
 samples) to the end, so the reservoir's replacement and the class means over a full buffer are
-what the last four task ends read. The two took 115 to 125 s of CPU (the 8-step CLI rerun this
-test ran before: 29 s; docs/parity.md); five would run 2.5 times the steps, and two are the
-fewest that give a mean. The subprocess runs at the session's level for a convolutional network
-(tiny_run.convolution_level_env).
+what the last four task ends read. The two take about 80 s of CPU with the trainer's compiled
+step (the whole file 84 CPU-s on a loaded 2-core AMD EPYC; 181 when the step ran op by op); five
+would run 2.5 times the steps, and two are the fewest that give a mean. The subprocess runs at
+the session's level for a convolutional network (tiny_run.convolution_level_env).
 
 Between the sides, at each task end j: the mean over the live seeds of the accuracy on the classes
 seen so far, against the mean of their five recorded seeds, within `K` standard errors,

@@ -122,7 +122,7 @@ def run_live(seeds, manifest: str) -> dict[str, np.ndarray]:
   state (weights and the state's key) on a replayed stream, so one Setup serves them all."""
   import jax
 
-  from olora_jax import compute, evaluate, trainer
+  from olora_jax import compute, evaluate, run_control, sharding, trainer
   from olora_jax.methods import common, replay
   from olora_jax.models import resnet
 
@@ -136,6 +136,9 @@ def run_live(seeds, manifest: str) -> dict[str, np.ndarray]:
                                  predict_chunk=c.eval.predict_chunk)
   ends, labels = set(setup.stream.task_end_steps().tolist()), setup.test_source.labels
   apply = common.make_apply(setup.model)
+  # The trainer's compiled step (as `_train_loop` jits it): method.train_step is plain Python,
+  # which called as it is ran op by op, compiling each of its scans anew at every step.
+  train_step = run_control.make_guarded_step(method.train_step)
 
   @jax.jit
   def buffer_features(state):
@@ -148,9 +151,12 @@ def run_live(seeds, manifest: str) -> dict[str, np.ndarray]:
                          "buffer_valid", "means", "present")}
   for seed in seeds:
     state = trainer.run_initial_state(setup, np.uint32(seed), None)
+    # Placed as the trainer's `_start` places it, so the step compiles once, not again for the
+    # mesh shardings its own outputs carry.
+    state = sharding.place_state(state, sharding.state_shardings(state, setup.mesh))
     run = {k: [] for k in out}
     for step, batch in trainer._batches(setup, 0, compute.Ledger({})):
-      state, scalars, _ = method.train_step(state, batch)
+      state, scalars, _ = train_step(state, batch)
       run["loss"].append(float(scalars["loss"]))
       if step in ends:
         evaluated = method.eval_state(state)
