@@ -223,8 +223,8 @@ def check_config(config: ml_collections.ConfigDict, width: int) -> None:
 
 TRAINABLE = ("all", "head", "lora", "prompts")
 # The methods that read data.replay_draws.
-GIVEN_DRAWS_METHODS = ("er", "er_ace", "der_pp", "ema_der_pp", "agem", "mir", "pcr",
-                       "lode")
+GIVEN_DRAWS_METHODS = ("er", "er_ace", "der_pp", "ema_der_pp", "ema_rar", "agem", "mir",
+                       "pcr", "lode")
 OPTIMIZERS = ("adam", "sgd")  # methods/common.py OPTIMIZERS
 REPLAY_PASSES = ("joint", "separate")  # methods/er.py REPLAY_PASSES
 ER_ACE_HEADS = ("cosine", "linear")  # methods/er_ace.py HEADS

@@ -42,7 +42,7 @@ RECORDINGS = {
     ("online_lora", ""): "online_lora/settings.json",
     ("agem", ""): "ocl_agem.npz", ("mir", ""): "ocl_mir.npz", ("ewc_pp", ""): "ocl_ewc_pp.npz",
     ("pcr", ""): "pcr.npz", ("lode", ""): "lode.npz",
-    ("ema_der_pp", ""): "online_ema_der_pp.npz",
+    ("ema_der_pp", ""): "online_ema_der_pp.npz", ("ema_rar", ""): "online_ema_rar.npz",
 }
 # The overrides of a recording that are not settings (`CHECKED_SETTINGS_RULE`): the data, the
 # evaluation's outputs, the initial weights, the method's name and the seed. Every other

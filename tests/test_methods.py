@@ -491,6 +491,26 @@ def test_ema_rar_moves_the_average_after_each_rehearsal():
   assert int(state["step"]) == 3  # RAR's repeats count as one step per batch
 
 
+def test_ema_rar_augment_off_trains_on_the_images_as_given():
+  """`augment=False` (the parity check's: their --use_transforms off): a rehearsal trains on the
+  batch as given, so the step no longer depends on the run's key (the first batch: an empty
+  buffer, nothing replayed); with the default it does (each rehearsal shifts and flips). Each
+  rehearsal's loss is logged, the last as `loss`."""
+  name = "ema_rar"
+  keys = dict(trainable="head", buffer_size=8, replay_batch=4, learning_rate=0.05, repeats=2)
+  for augment in (False, True):
+    method = REGISTRY[name](context(name, augment=augment, **keys))
+    step = jax.jit(method.train_step)
+    state = method.init(jax.random.key(0), init_params())
+    (a, scalars, _), (b, _, _) = (step({**state, "key": jax.random.key(k)}, batch(0))
+                                  for k in (1, 2))
+    same = jax.tree.leaves(jax.tree.map(lambda x, y: bool(np.array_equal(x, y)), a["params"],
+                                        b["params"]))
+    assert all(same) == (not augment), augment
+    assert float(scalars["loss"]) == float(scalars["loss_rehearsal1"])
+    assert float(scalars["loss_rehearsal0"]) != float(scalars["loss_rehearsal1"])
+
+
 def test_rar_augment_flips_and_shifts_within_the_image():
   images = jnp.asarray(np.random.default_rng(0).random((32, 16, 16, 3)), jnp.float32)
   out = np.asarray(rar.augment(jax.random.key(0), images))

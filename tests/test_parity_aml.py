@@ -195,8 +195,8 @@ def test_only_the_methods_that_read_draws_take_a_draws_file():
   config = demo.get_config("gdumb")
   config.data.replay_draws = "draws.json"
   with pytest.raises(validation.InputError,
-                     match="data.replay_draws is read by er, er_ace, der_pp, ema_der_pp, agem,"
-                           " mir, pcr and lode only"):
+                     match="data.replay_draws is read by er, er_ace, der_pp, ema_der_pp, ema_rar,"
+                           " agem, mir, pcr and lode only"):
     validation.check_method(config)
   config.method = "er_ace"
   validation.check_method(config)

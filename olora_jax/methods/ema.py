@@ -122,8 +122,13 @@ def config_der_pp():
 
 
 def config_rar():
-  """The `ema_rar` block: EMA on RAR (ER's keys, and RAR's repeats and flip, *ours*)."""
+  """The `ema_rar` block: EMA on RAR (ER's keys and optimiser, and RAR's repeats and
+  augmentation)."""
   return _config(
+      # The optimiser (Adam by default, the paper's; their code: plain SGD); RAR's one joint pass
+      # needs no `replay_pass`.
+      optimizer=er.optimizer_keys(paper("adam", config_keys.PAPER_SETTINGS), ours(er.ONE_PASS),
+                                  authors=AUTHORS_ONLINE_EMA)["optimizer"],
       replay_batch=Key(10, "stored samples drawn uniformly for each rehearsal, at most"
                        " buffer_size; 0 = learner.batch_size",
                        authors(0, "AlbinSou/online_ema, src/online_factories.py: the replay"
@@ -134,6 +139,12 @@ def config_rar():
                   " augmentation (>= 1; the authors' 3 passes)",
                   authors(3, "AlbinSou/online_ema, src/config/cifar100/rar.yml: nepochs (each"
                           " incoming batch trained nepochs times)")),
+      augment=Key(True, "RAR augments the batch and the replayed samples at each rehearsal (a"
+                  " random shift, and a flip unless flip is False); False trains on the images"
+                  " as given",
+                  authors(True, "AlbinSou/online_ema, src/config/cifar100/rar.yml:"
+                          " use_transforms (a random crop of the zero-padded image and a"
+                          " horizontal flip)")),
       flip=Key(True, "RAR's augmentation mirrors images left-right (besides its random shift);"
                " False for data a mirror changes, such as digits",
                authors(True, "AlbinSou/online_ema, src/config/cifar100/rar.yml:"
@@ -182,5 +193,18 @@ METHODS = (
                                                "ema_der_pp.trainable": "all",
                                                "ema_der_pp.replay_batch": 1})),
     base.MethodSpec(name="ema_rar", build=build_rar, config=config_rar,
-                    report_name="EMA (RAR)", table_row=10, paper_results=RAR_PAPER_RESULTS),
+                    report_name="EMA (RAR)", table_row=10, paper_results=RAR_PAPER_RESULTS,
+                    check=base.Check("step", ONLINE_EMA, "tests/test_parity_online_ema.py",
+                                     "for the moving average over RAR's repeated rehearsals only"
+                                     " (3 rehearsals a batch, the average moved after each:"
+                                     " momentum 0.9 for a 20-batch warm-up, then 0.99; each"
+                                     " rehearsal's loss; the averaged weights and BatchNorm"
+                                     " statistics evaluated at 5 task ends), 40 batches,"
+                                     " float32, with RAR's replay and augmentation off on both"
+                                     " sides (their replay is another algorithm: docs/parity.md)",
+                                     settings={"model.name": "resnet18_reduced",
+                                               "ema_rar.optimizer": "sgd",
+                                               "ema_rar.trainable": "all",
+                                               "ema_rar.repeats": 3,
+                                               "ema_rar.augment": False})),
 )

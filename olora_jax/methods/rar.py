@@ -1,13 +1,28 @@
 """RAR, repeated augmented rehearsal (Zhang et al. 2022), on ER.
 
 ER (er.py) where each incoming batch is rehearsed `repeats` times: each repeat draws a fresh
-`replay_batch` of stored samples uniformly, augments the current and replayed images (`augment`:
-a random horizontal flip unless `flip` is False, and a random shift of up to 1/8 of the side,
-edges replicated) and takes one Adam step on CE(batch) + CE(replayed), each step followed by
-`after_update` where a wrapper gives one (EMA's average moves after every rehearsal, ema.py);
-then the batch enters the reservoir once. `step` counts batches, as for every method. The paper
-runs RAR only under EMA (`ema_rar`, ema.py) and gives no RAR values: `repeats` (3) and the
-augmentation are *ours*, the buffer and the 10 replayed samples per batch are ER's.
+`replay_batch` of stored samples uniformly, augments the current and replayed images (`augment`,
+unless the block's `augment` is False: a random horizontal flip unless `flip` is False, and a
+random shift of up to 1/8 of the side, edges replicated) and takes one Adam step on CE(batch) +
+CE(replayed) from one forward pass over both, each step followed by `after_update` where a
+wrapper gives one (EMA's average moves after every rehearsal, ema.py); then the batch enters the
+reservoir once. `step` counts batches, as for every method. The paper runs RAR only under EMA
+(`ema_rar`, ema.py) and gives no RAR values: `repeats` (3) and the augmentation are *ours*, the
+buffer and the 10 replayed samples per batch are ER's.
+
+On a model with BatchNorm each rehearsal is a training forward pass, as each of the EMA authors'
+passes is (AlbinSou/online_ema): the pass normalises with its valid rows' statistics (the
+masked rows of a draw from a buffer not yet full stay out), and each rehearsal moves the running
+statistics once: the first by the loop's move before the step (`common.with_batch_statistics`,
+the batch's valid rows), each later one by the batch's valid rows as that rehearsal sees them,
+with the weights the previous rehearsal left.
+
+`scalars`: "loss" (and its terms) is the last rehearsal's; with `repeats` > 1, each rehearsal's
+loss is logged too, as "loss_rehearsal{r}" (r from 0).
+
+`data.replay_draws`: the reservoir decisions of every step and its replay draw are read from a
+file (er.py) instead of drawn from the run's key; every rehearsal of a step replays the step's
+given draw.
 """
 
 from __future__ import annotations
@@ -17,7 +32,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from olora_jax.methods import base, common, er, replay
+from olora_jax.methods import base, common, er
 
 
 def augment(key: jax.Array, images: jax.Array, flip: bool = True) -> jax.Array:
@@ -40,10 +55,16 @@ def make(ctx: base.Context, name: str, block, after_update=None) -> base.Method:
   """RAR under `name` with `block`'s keys; `after_update(state, step) -> state`, if given, runs
   after each rehearsal's optimizer step, `step` being the stream step that rehearsal belongs to
   (1 for the first batch)."""
-  scale = ctx.config.data.input_scale
   tx, apply = common.optimizer_and_apply(ctx, block)
-  loss_fn = jax.value_and_grad(functools.partial(er.replay_loss, apply), has_aux=True)
-  n_replay = common.replay_batch(ctx, block)
+
+  def pass_loss(params, frozen, seen, mem):
+    # One pass over the batch and the replayed samples, normalised (BatchNorm) by the valid rows.
+    rows = er.norm_rows(ctx, jnp.concatenate([seen["mask"], mem["mask"]]))
+    return er.replay_loss(functools.partial(apply, **rows), params, frozen, seen, mem)
+
+  loss_fn = jax.value_and_grad(pass_loss, has_aux=True)
+  shifted = (lambda key, images: augment(key, images, block.flip)) if block.augment else (
+      lambda key, images: images)
 
   @common.train_step(name)
   def train_step(state, batch):
@@ -52,9 +73,14 @@ def make(ctx: base.Context, name: str, block, after_update=None) -> base.Method:
 
     def rehearse(r, state):
       sample_key, aug_key, mem_aug_key = jax.random.split(jax.random.fold_in(key, r), 3)
-      mem = replay.sample(state["buffer"], sample_key, n_replay, scale)
-      seen = {**batch, "images": augment(aug_key, batch["images"], block.flip)}
-      mem = {**mem, "images": augment(mem_aug_key, mem["images"], block.flip)}
+      mem = er.draw(ctx, block, state, sample_key)
+      seen = {**batch, "images": shifted(aug_key, batch["images"])}
+      mem = {**mem, "images": shifted(mem_aug_key, mem["images"])}
+      # The running statistics: the first rehearsal's moved before the step (the loop's move),
+      # each later one's here, by this rehearsal's pass of the batch (a no-op without BatchNorm).
+      if r > 0:
+        state = {**state, "frozen": common.moved_batch_statistics(
+            ctx.model, state["frozen"], state["params"], seen["images"], batch["mask"])}
       (loss, aux), grads = loss_fn(state["params"], state["frozen"], seen, mem)
       state = common.apply_gradients(state, grads, tx)
       if after_update is not None:
@@ -64,11 +90,16 @@ def make(ctx: base.Context, name: str, block, after_update=None) -> base.Method:
     # The rehearsals unrolled, not a lax.fori_loop: XLA's CPU backend runs convolutions inside a
     # loop's body many times slower (the reduced ResNet-18 at 32 px, batch 10, 2-core AMD EPYC:
     # 20 steps ran in about 285 s in a loop, 11 s unrolled, for about twice the compile time).
+    losses = []
     for r in range(block.repeats):
       state, scalars = rehearse(r, state)
+      losses.append(scalars["loss"])
     state = {**state, "step": step + 1,
-             "buffer": replay.reservoir_update(state["buffer"], batch, update_key, scale)}
+             "buffer": er.store(ctx, state, step, batch, update_key)}
+    if block.repeats > 1:  # each rehearsal's loss besides the last's ("loss")
+      scalars.update({f"loss_rehearsal{r}": losses[r] for r in range(block.repeats)})
     return state, scalars, {}  # the last repeat's loss
 
-  return base.Method(name=name, init=er.init_with_buffer(ctx, block, tx), train_step=train_step,
+  init = er.with_given_draws(ctx, block, er.init_with_buffer(ctx, block, tx))
+  return base.Method(name=name, init=init, train_step=train_step,
                      predict=lambda s, x: apply(s["frozen"], s["params"], x))

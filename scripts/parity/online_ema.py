@@ -27,27 +27,36 @@ future batches of the task included) with the logits the model gives them then, 
 cropped and flipped when replayed; no step of ours can match that, so the `ema_der_pp` recording
 covers the moving average, with the replay off on both sides (their strategy without the DER
 plugin; our run's buffer given no stores), and DER++'s replay is Mammoth's check
-(scripts/parity/mammoth.py).
+(scripts/parity/mammoth.py). Their RAR is another replay than ours too (Avalanche's
+class-balanced reservoir, a replay batch as large as the batch concatenated to it, torchvision's
+zero-padded crop), so the `ema_rar` recording (`--method ema_rar`) covers the moving average over
+RAR's repeated passes: their `er` strategy without its `ConcatReplayPlugin` and with
+--use_transforms off, making `PASSES` (3) training iterations of each mini-batch, the average
+moved after each; ours with `repeats` 3, `augment` off and the buffer given no stores.
 
 `prepare` builds the parity run's config (configs/demo.py with `overrides()`: the demo's MNIST
 digits at 32 px in [0, 1], the reduced ResNet-18 (their toolkit/resnet18.py at nf 20: every
 tensor maps one to one) trained from scratch, plain SGD (their --optimizer SGD, no momentum, no
 weight decay) at `LEARNING_RATE`, batch 10, the EMA's momentum 0.9 for the first `WARMUP` steps
-then 0.99) and writes what aml.py's `write_prepared` writes (manifest, inputs, our initial
+then 0.99; `ema_rar`: 3 rehearsals a batch, augmentation off) and writes what aml.py's
+`write_prepared` writes (manifest, inputs, our initial
 weights in their layout, overrides) and `draws.json`: no item stored, no replay.
 
 `record` imports their modules unchanged from the checkout (with the Avalanche it carries) and
 drives what main_noboundaries.py drives, without their dataset machinery: each task of the
 manifest as an Avalanche tensor dataset in the manifest's order, split by `OnlineCLScenario` into
-mini-batches of 10 (no shuffle: the manifest's steps), `OnlineNaive` with one pass, SGD, their
+mini-batches of 10 (no shuffle: the manifest's steps), `OnlineNaive` with one pass (`ema_rar`:
+`train_passes` 3, each mini-batch trained three times in a row, as their --nepochs), SGD, their
 `GradClippingPlugin(10000)`, `MeanEvaluation(0.99, replace=False, update_at='iteration')` and
 `LambdaScheduler(..., 'momentum', num_warmup_iterations=WARMUP - 1.0, schedule_by='iteration',
 start_value=0.9, scheduling_function=step_rampup, end_value=0.99)` as their `add_plugins` builds
 them (their float warm-up keeps 0.9 while the iteration count is <= it: `WARMUP - 1.0` gives
-WARMUP iterations at 0.9, ours `ema_warmup_steps`). Their model's head is their resnet18's plain
+WARMUP iterations at 0.9, ours `ema_warmup_steps`; with 3 passes theirs counts iterations, ours
+batches: 3 x WARMUP - 1.0). Their model's head is their resnet18's plain
 10-class linear layer: their `adapt_model` would put Avalanche's growing `IncrementalClassifier`
 in its place, which masks the classes not yet seen (ours has one fixed head over every class).
-A plugin of the driver records per step the loss and the momentum the EMA moved with; at each
+A plugin of the driver records per iteration (per step, or per pass of a step) the loss and the
+momentum the EMA moved with; at each
 task end it records every test sample's logits from their EMA model (`running_model` in eval
 mode, as their main evaluates it) and from the training model. Seeds fixed,
 `torch.use_deterministic_algorithms(True)`, one thread; three more runs from the weights
@@ -83,7 +92,8 @@ LEARNING_RATE = 0.001
 WARMUP = 20  # steps at momentum 0.9, then 0.99: the switch inside the 40 steps
 WARMUP_DECAY, EMA_DECAY = 0.9, 0.99  # their add_plugins' start_value, and --lmb2 in every config
 CLIPPING = 10000  # their --clipping in every config (GradClippingPlugin)
-METHODS = ("ema_der_pp",)
+METHODS = ("ema_der_pp", "ema_rar")
+PASSES = 3  # RAR's rehearsals of each batch: their RAR config's --nepochs 3, ours `repeats`
 
 
 def overrides(method: str = "ema_der_pp", learning_rate: float = LEARNING_RATE) -> dict:
@@ -103,16 +113,30 @@ def overrides(method: str = "ema_der_pp", learning_rate: float = LEARNING_RATE) 
     # cheap. alpha and beta: their src/online_factories.py's (their terms stay empty here).
     out.update({p + "replay_pass": "separate", p + "replay_batch": 1, p + "alpha": 0.1,
                 p + "beta": 0.5})
+  if method == "ema_rar":
+    # Their passes over each mini-batch (OnlineNaive's train_passes, --nepochs) and ours
+    # (`repeats`); augmentation off on both sides (their --use_transforms off). An empty draw
+    # leaves its rows out of the joint pass's BatchNorm statistics (rar.py), so the rehearsal is
+    # their replay-free pass.
+    out.update({p + "repeats": PASSES, p + "augment": False})
   return out
 
 
-def no_replay_draws(manifest: dict) -> dict:
-  """A draws file (olora_jax/methods/replay.py) in which no item is stored and nothing replayed."""
+def passes(settings: dict) -> int:
+  """Training iterations a mini-batch makes in the recording's run: RAR's rehearsals, else 1."""
+  return settings.get(f"{settings['method']}.repeats", 1)
+
+
+def no_replay_draws(manifest: dict, draws_per_step: int = 2) -> dict:
+  """A draws file (olora_jax/methods/replay.py) in which no item is stored and nothing replayed,
+  for a method drawing `draws_per_step` times a step (DER++ 2, RAR 1)."""
   steps = manifest["steps"]
-  return {"format": "olora-jax replay draws v1",
-          "source": "AlbinSou/online_ema (scripts/parity/online_ema.py): no replay",
-          "stored_slot": [[-1] * len(s) for s in steps], "replayed_slots": [[] for _ in steps],
-          "second_replayed_slots": [[] for _ in steps]}
+  out = {"format": "olora-jax replay draws v1",
+         "source": "AlbinSou/online_ema (scripts/parity/online_ema.py): no replay",
+         "stored_slot": [[-1] * len(s) for s in steps], "replayed_slots": [[] for _ in steps]}
+  if draws_per_step == 2:
+    out["second_replayed_slots"] = [[] for _ in steps]
+  return out
 
 
 def prepare(args) -> None:
@@ -125,7 +149,7 @@ def prepare(args) -> None:
   with open(os.path.join(args.out, "manifest.json")) as f:
     manifest = json.load(f)
   with open(os.path.join(args.out, "draws.json"), "w") as f:
-    json.dump(no_replay_draws(manifest), f)
+    json.dump(no_replay_draws(manifest, 2 if args.method == "ema_der_pp" else 1), f)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -174,7 +198,7 @@ def record(args) -> None:
               if line.startswith("model name")), platform.processor())
   np.savez_compressed(
       out, manifest=json.dumps(manifest), draws=json.dumps(draws), overrides=json.dumps(settings),
-      loss=np.array([s["loss"] for s in log], np.float32),
+      loss=np.array([s["loss"] for s in log], np.float32),  # one per iteration (pass)
       momentum=np.array([s["momentum"] for s in log], np.float64),
       task_end_logits=ema_logits, live_task_end_logits=live_logits,
       own_loss=np.array([[s["loss"] for s in own_log] for own_log, _, _ in own], np.float32),
@@ -186,7 +210,7 @@ def record(args) -> None:
                              "torch": torch.__version__, "numpy": np.__version__,
                              "python": sys.version.split()[0], "cpu": cpu}))
   accuracy = lambda logits: [float((z.argmax(1) == data["test_y"]).mean()) for z in logits]  # noqa: E731
-  print(f"recorded {settings['method']}: {len(log)} steps, final loss {log[-1]['loss']:.6f},"
+  print(f"recorded {settings['method']}: {len(log)} iterations, final loss {log[-1]['loss']:.6f},"
         f" EMA task-end accuracies {accuracy(ema_logits)}, trained model's"
         f" {accuracy(live_logits)} -> {out}")
 
@@ -215,7 +239,8 @@ def run_theirs(manifest: dict, settings: dict, data: dict, weights: dict):
                         strict=True)
   optimizer = torch.optim.SGD(model.parameters(), lr=settings[p + "learning_rate"], momentum=0.0,
                               weight_decay=settings[p + "weight_decay"])
-  warmup = settings[p + "ema_warmup_steps"]
+  n_passes = passes(settings)
+  warmup = settings[p + "ema_warmup_steps"] * n_passes  # ours counts batches, theirs iterations
   mean_evaluation = MeanEvaluation(settings[p + "ema_decay"], replace=False,
                                    update_at="iteration")
   scheduler = LambdaScheduler(mean_evaluation, "momentum", num_warmup_iterations=warmup - 1.0,
@@ -231,7 +256,7 @@ def run_theirs(manifest: dict, settings: dict, data: dict, weights: dict):
       log.append({"loss": strategy.loss.item(), "momentum": float(mean_evaluation.momentum)})
 
   strategy = OnlineNaive(
-      model, optimizer, torch.nn.CrossEntropyLoss(), train_passes=1, train_mb_size=BATCH,
+      model, optimizer, torch.nn.CrossEntropyLoss(), train_passes=n_passes, train_mb_size=BATCH,
       eval_mb_size=BATCH, device=torch.device("cpu"),
       plugins=[GradClippingPlugin(clipgrad=CLIPPING), mean_evaluation, scheduler, Recorder()],
       evaluator=EvaluationPlugin(loggers=[]), eval_every=-1)
@@ -269,7 +294,7 @@ def run_theirs(manifest: dict, settings: dict, data: dict, weights: dict):
     ema_logits.append(logits_of(mean_evaluation.running_model))
     live_logits.append(logits_of(strategy.model))
     strategy.model.train()
-  assert len(log) == len(steps), (len(log), len(steps))
+  assert len(log) == len(steps) * n_passes, (len(log), len(steps), n_passes)
   return (log, np.stack(ema_logits).astype(np.float32),
           np.stack(live_logits).astype(np.float32))
 
