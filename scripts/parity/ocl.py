@@ -301,11 +301,19 @@ def run_theirs_ewc(agent, manifest: dict, data: dict):
   return log, np.stack(task_logits).astype(np.float32)
 
 
+def versions(commit: str, torch) -> str:
+  """The recording's provenance (JSON): their commit, the torch, NumPy and Python versions and
+  the CPU that recorded it."""
+  import platform
+  cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
+              if line.startswith("model name")), platform.processor())
+  return json.dumps({"authors_commit": commit, "torch": torch.__version__,
+                     "numpy": np.__version__, "python": sys.version.split()[0], "cpu": cpu})
+
+
 def record_ewc(args, manifest: dict, settings: dict, data: dict, weights: dict) -> None:
   """EWC++'s recording: their run and `aml.OWN_DRIFT_RUNS` perturbed ones; the manifest's steps
   in their loader's order (the same in every run: their seeds are fixed)."""
-  import platform
-
   import torch
 
   log, logits = run_theirs(settings, manifest, data, weights)
@@ -325,8 +333,6 @@ def record_ewc(args, manifest: dict, settings: dict, data: dict, weights: dict) 
   def column(run, key):
     return np.array([s["losses"][0] if key == "loss" else s[key] for s in run], np.float32)
 
-  cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
-              if line.startswith("model name")), platform.processor())
   np.savez_compressed(
       args.out, manifest=json.dumps(manifest), overrides=json.dumps(settings),
       loss=column(log, "loss"), penalty=column(log, "penalty"),
@@ -338,9 +344,7 @@ def record_ewc(args, manifest: dict, settings: dict, data: dict, weights: dict) 
       own_decisions_same=np.bool_(True),  # no draws: the batch order, asserted the same above
       test_ids=data["test_ids"], test_labels=data["test_y"].astype(np.int64),
       perturbation=np.float64(aml.PERTURBATION),
-      versions=json.dumps({"authors_commit": args.commit, "torch": torch.__version__,
-                           "numpy": np.__version__, "python": sys.version.split()[0],
-                           "cpu": cpu}))
+      versions=versions(args.commit, torch))
   print(f"recorded ewc_pp: {len(log)} steps, final loss {log[-1]['losses'][0]:.6f}, penalty"
         f" {[round(s['penalty'], 8) for s in log]}, task-end accuracies"
         f" {[(z.argmax(1) == data['test_y']).mean().round(4) for z in logits]} -> {args.out}")
@@ -349,8 +353,6 @@ def record_ewc(args, manifest: dict, settings: dict, data: dict, weights: dict) 
 def record(args) -> None:
   """Runs their code on the prepared stream from the prepared weights, and `aml.OWN_DRIFT_RUNS`
   times from them perturbed at float32 rounding, and writes the recording."""
-  import platform
-
   import torch
 
   scr._compatibility_shims()
@@ -388,8 +390,6 @@ def record(args) -> None:
     return np.array([s["losses"][i] if len(s["losses"]) > i else np.nan for s in run],
                     np.float32)
 
-  cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
-              if line.startswith("model name")), platform.processor())
   np.savez_compressed(
       args.out, manifest=json.dumps(manifest), draws=json.dumps(draws),
       overrides=json.dumps(settings), loss=losses(log, 0), memory_loss=losses(log, 1),
@@ -412,9 +412,7 @@ def record(args) -> None:
           for k in fields)),
       test_ids=data["test_ids"], test_labels=data["test_y"].astype(np.int64),
       perturbation=np.float64(aml.PERTURBATION),
-      versions=json.dumps({"authors_commit": args.commit, "torch": torch.__version__,
-                           "numpy": np.__version__, "python": sys.version.split()[0],
-                           "cpu": cpu}))
+      versions=versions(args.commit, torch))
   print(f"recorded {method}: {len(log)} steps, final loss {log[-1]['losses'][0]:.6f},"
         f" projected at {sum(s['projected'] for s in log)} steps, task-end accuracies"
         f" {[(z.argmax(1) == data['test_y']).mean().round(4) for z in logits]} -> {args.out}")
