@@ -301,6 +301,17 @@ def run_theirs_ewc(agent, manifest: dict, data: dict):
   return log, np.stack(task_logits).astype(np.float32)
 
 
+def task_end_fields(logits, own: list, data: dict) -> dict:
+  """What every recording holds of the task ends: their logits, their own perturbed runs'
+  predictions and largest logit drift (`own`: (run log, task-end logits) pairs), the test set's
+  ids and labels and the perturbation's size."""
+  return dict(task_end_logits=logits,
+              own_task_end_predictions=np.stack([z.argmax(-1) for _, z in own]).astype(np.int8),
+              own_logit_drift=np.stack([np.abs(z - logits).max(axis=(1, 2)) for _, z in own]),
+              test_ids=data["test_ids"], test_labels=data["test_y"].astype(np.int64),
+              perturbation=np.float64(aml.PERTURBATION))
+
+
 def versions(commit: str, torch) -> str:
   """The recording's provenance (JSON): their commit, the torch, NumPy and Python versions and
   the CPU that recorded it."""
@@ -338,13 +349,8 @@ def record_ewc(args, manifest: dict, settings: dict, data: dict, weights: dict) 
       loss=column(log, "loss"), penalty=column(log, "penalty"),
       own_loss=np.stack([column(run, "loss") for run, _ in own]),
       own_penalty=np.stack([column(run, "penalty") for run, _ in own]),
-      task_end_logits=logits,
-      own_task_end_predictions=np.stack([z.argmax(-1) for _, z in own]).astype(np.int8),
-      own_logit_drift=np.stack([np.abs(z - logits).max(axis=(1, 2)) for _, z in own]),
       own_decisions_same=np.bool_(True),  # no draws: the batch order, asserted the same above
-      test_ids=data["test_ids"], test_labels=data["test_y"].astype(np.int64),
-      perturbation=np.float64(aml.PERTURBATION),
-      versions=versions(args.commit, torch))
+      **task_end_fields(logits, own, data), versions=versions(args.commit, torch))
   print(f"recorded ewc_pp: {len(log)} steps, final loss {log[-1]['losses'][0]:.6f}, penalty"
         f" {[round(s['penalty'], 8) for s in log]}, task-end accuracies"
         f" {[(z.argmax(1) == data['test_y']).mean().round(4) for z in logits]} -> {args.out}")
@@ -404,15 +410,10 @@ def record(args) -> None:
                                    for run, _ in own]).astype(np.int16),
       grad_dot_memory=np.array([s["dot"] for s in log], np.float64),
       own_grad_dot_memory=np.array([[s["dot"] for s in run] for run, _ in own], np.float64),
-      task_end_logits=logits,
-      own_task_end_predictions=np.stack([z.argmax(-1) for _, z in own]).astype(np.int8),
-      own_logit_drift=np.stack([np.abs(z - logits).max(axis=(1, 2)) for _, z in own]),
       own_decisions_same=np.bool_(all(
           a[k] == b[k] for run, _ in own for a, b in zip(log, run, strict=True)
           for k in fields)),
-      test_ids=data["test_ids"], test_labels=data["test_y"].astype(np.int64),
-      perturbation=np.float64(aml.PERTURBATION),
-      versions=versions(args.commit, torch))
+      **task_end_fields(logits, own, data), versions=versions(args.commit, torch))
   print(f"recorded {method}: {len(log)} steps, final loss {log[-1]['losses'][0]:.6f},"
         f" projected at {sum(s['projected'] for s in log)} steps, task-end accuracies"
         f" {[(z.argmax(1) == data['test_y']).mean().round(4) for z in logits]} -> {args.out}")
