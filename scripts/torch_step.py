@@ -4,6 +4,7 @@ time").
 
     pip install torch==2.13.0        # in a separate virtual environment: not a dependency
     python scripts/torch_step.py --images 40 --steps 3
+    python scripts/torch_step.py --images 40 --steps 3 --profile   # + its op time by kind
 
 The step: `--images` random images through a ViT (default ViT-S/16 at 224 px) whose weights are
 frozen and whose attention q and v projections carry LoRA factors of rank `--rank`; the
@@ -104,6 +105,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
   p.add_argument("--warmup", type=int, default=2, help="untimed steps first")
   p.add_argument("--fused", action="store_true", help="scaled_dot_product_attention")
   p.add_argument("--device", default="cpu", help="torch device: cpu, cuda, cuda:1, ...")
+  p.add_argument("--profile", action="store_true",
+                 help="after the timed steps, one more step under torch.profiler: its op time"
+                 " split as launch/bench.py --profile splits ours, and the ops that took most")
   p.add_argument("--json", action="store_true",
                  help="print one JSON line (launch/bench.py --suite accelerator reads it)")
   # ViT-S/16 at 224 px by default.
@@ -121,6 +125,36 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
   return args
 
 
+# How `--profile` sorts PyTorch's operators into the kinds launch/bench.py --profile reports for
+# ours (olora_jax.compute.op_time_shares): matrix products (oneDNN/BLAS calls, the patch
+# convolution), data movement (copies, transposes made contiguous, concatenations, views), and the
+# rest (element-wise math, reductions, the optimizer's update).
+MATMUL_OPS = frozenset({"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul",
+                        "aten::linear", "aten::convolution", "aten::_convolution",
+                        "aten::mkldnn_convolution", "aten::convolution_backward"})
+LAYOUT_OPS = frozenset({"aten::copy_", "aten::clone", "aten::contiguous", "aten::cat",
+                        "aten::transpose", "aten::t", "aten::reshape", "aten::view",
+                        "aten::_reshape_alias", "aten::expand", "aten::permute", "aten::slice",
+                        "aten::select", "aten::unsqueeze", "aten::squeeze", "aten::as_strided",
+                        "aten::chunk", "aten::split", "aten::narrow", "aten::flatten",
+                        "aten::_unsafe_view", "aten::empty", "aten::empty_like",
+                        "aten::empty_strided", "aten::zeros", "aten::zero_", "aten::fill_",
+                        "aten::detach", "detach", "aten::to", "aten::_to_copy"})
+
+
+def op_time_split(events) -> tuple[dict[str, float], list[tuple[str, float]]]:
+  """torch.profiler's key averages -> ({matmul, layout, other: fraction of the summed self CPU
+  time}, [(operator, self seconds)] largest first). Self time counts each operator once, without
+  the operators it calls; an operator's own worker threads run inside it."""
+  per_op = {e.key: e.self_cpu_time_total / 1e6 for e in events if e.self_cpu_time_total > 0}
+  kinds = dict.fromkeys(("matmul", "layout", "other"), 0.0)
+  for op, seconds in per_op.items():
+    kinds["matmul" if op in MATMUL_OPS else "layout" if op in LAYOUT_OPS else "other"] += seconds
+  total = sum(kinds.values()) or 1.0
+  return ({k: v / total for k, v in kinds.items()},
+          sorted(per_op.items(), key=lambda kv: -kv[1]))
+
+
 def train_steps(model: ViT, args: argparse.Namespace) -> list[float]:
   """Runs `--warmup` + `--steps` steps on random images; returns each step's seconds."""
   device = torch.device(getattr(args, "device", "cpu"))
@@ -128,7 +162,11 @@ def train_steps(model: ViT, args: argparse.Namespace) -> list[float]:
   optimizer = torch.optim.Adam(trained_parameters(model), lr=1e-3)
   sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
   seconds = []
-  for _ in range(args.warmup + args.steps):
+  profiled = getattr(args, "profile", False)
+  for i in range(args.warmup + args.steps + profiled):
+    if i == args.warmup + args.steps:  # the one more step, under the profiler
+      profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+      profiler.__enter__()
     images = torch.randn(args.images, 3, args.image_size, args.image_size, device=device)
     labels = torch.randint(0, args.classes, (args.images,), device=device)
     sync()
@@ -141,6 +179,10 @@ def train_steps(model: ViT, args: argparse.Namespace) -> list[float]:
     loss.backward()
     optimizer.step()
     sync()  # the step's kernels done, as launch/bench.py waits for its step
+    if i == args.warmup + args.steps:
+      profiler.__exit__(None, None, None)
+      args.op_split = op_time_split(profiler.key_averages())
+      break
     seconds.append(time.perf_counter() - start)
   return seconds
 
@@ -152,11 +194,19 @@ def main(argv: list[str] | None = None) -> None:
   if args.json:
     print(json.dumps({"device": args.device, "torch": torch.__version__,
                       "threads": torch.get_num_threads(), "fused": args.fused,
-                      "step_s_median": statistics.median(timed), "step_s_min": min(timed)}))
+                      "step_s_median": statistics.median(timed), "step_s_min": min(timed),
+                      **({"op_shares": args.op_split[0]} if args.profile else {})}))
     return
   print(f"torch {torch.__version__}, {torch.get_num_threads()} threads,"
         f" {'fused' if args.fused else 'written-out'} attention, {args.images} images:"
         f" step median {statistics.median(timed):.3f} s, min {min(timed):.3f} s")
+  if args.profile:
+    shares, ops = args.op_split
+    print("profiled step, share of the operators' self time: "
+          + ", ".join(f"{kind}_pct {100 * share:.1f}" for kind, share in shares.items()))
+    total = sum(seconds for _, seconds in ops)
+    for op, seconds in ops[:15]:
+      print(f"  {op:40s} {seconds:8.3f} s  {100 * seconds / total:5.1f}%")
 
 
 if __name__ == "__main__":

@@ -293,6 +293,14 @@ def test_torch_step_trains_only_the_lora_factors_and_the_head():
   assert len(torch_step.train_steps(model, args)) == 2
   assert torch.equal(model.blocks[0].attn.qkv.weight, frozen)
   assert not torch.equal(model.blocks[0].attn.lora_b, lora_b)
+  # --profile: one more step under the profiler, not among the timed ones; its op time split
+  # into the three kinds ours reports, the products found by name.
+  args = torch_step.parse([*tiny, "--images", "6", "--batch", "4", "--steps", "1", "--warmup", "0",
+                           "--profile"])
+  assert len(torch_step.train_steps(model, args)) == 1
+  shares, ops = args.op_split
+  assert set(shares) == {"matmul", "layout", "other"} and sum(shares.values()) == pytest.approx(1)
+  assert shares["matmul"] > 0 and {"aten::mm", "aten::addmm"} & {op for op, _ in ops}
 
 
 def test_hlo_ops_read_tuple_results_fusions_and_library_products():
