@@ -513,13 +513,18 @@ def table_rows(cells: Sequence[dict], metrics: Sequence[str] = DEFAULT_METRICS) 
            "check": next((check_of(c) for c in group if check_of(c) is not None), None)}
     for m in metrics:
       scale = 1 if m in NOT_PERCENT else 100
-      values = [scale * c[m] for c in group if c.get(m) is not None]
-      row[m] = {"mean": float(np.mean(values)) if values else math.nan,
-                "std": float(np.std(values, ddof=1)) if len(values) > 1 else math.nan,
-                "n": len(values)}
+      row[m] = metric_stat([scale * c[m] for c in group if c.get(m) is not None])
     rows.append(row)
   rows.sort(key=lambda r: (r["setting"], _row_order(r["method"]), r["method"]))
   return rows
+
+
+def metric_stat(values: Sequence[float]) -> dict:
+  """A table cell's statistics of one metric over a group's runs (nulls already left out):
+  mean, sample standard deviation (ddof = 1; NaN below two runs) and n."""
+  return {"mean": float(np.mean(values)) if len(values) else math.nan,
+          "std": float(np.std(values, ddof=1)) if len(values) > 1 else math.nan,
+          "n": len(values)}
 
 
 def format_half_up(value: float | None, decimals: int = 1) -> str:
@@ -617,7 +622,9 @@ def _is_scalar(v) -> bool:
   return v is None or isinstance(v, (int, float))
 
 
-def _cell(stat: dict) -> str:
+def stat_text(stat: dict) -> str:
+  """A `metric_stat` as the tables print it: "mean ± std", the mean alone for one run, n/a for
+  none."""
   if stat["n"] == 0:
     return "n/a"
   if stat["n"] == 1:
@@ -793,7 +800,7 @@ def build_table(rows: list[dict], metrics: Sequence[str] = DEFAULT_METRICS,
         out.append(_paper_cell(paper[paper_of[col.setting]].get(paper_name[method],
                                                                 (None,) * n_paper)[i]))
       else:
-        out.append(_cell(row[col.metric]) if row else "")
+        out.append(stat_text(row[col.metric]) if row else "")
         if row:
           stats[(method, j)] = row[col.metric]
     cells[method] = out
