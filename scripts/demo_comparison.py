@@ -76,7 +76,11 @@ def main(argv=None) -> int:
     return 0
   if args.command == "collect":
     code = args.code or head_commit()
-    for path in comparison.collect([args.root], code, args.data_dir):
+    try:
+      paths = comparison.collect([args.root], code, args.data_dir)
+    except (FileNotFoundError, ValueError) as e:  # no run under ROOT; a run of another setting
+      raise SystemExit(f"error: {e}") from None
+    for path in paths:
       print(f"wrote {path}")
     return 0
   chosen = [m for m in args.methods.split(",") if m] or [s.name for s in methods.specs()]
