@@ -214,6 +214,12 @@ CLAIMS = (
           "lwf", "finetune", ("A_final",), "above", GIVEN_ORDERS),
     Claim("docs/methods/lwf.md", "It stays below ER's A_final by more than the seeds' spread",
           "lwf", "er", ("A_final",), "below", GIVEN_ORDERS),
+    # "Online-LoRA loses on the demo ... to ER, MIR, ...; it beats fine-tuning, ...": the pairs
+    # whose runs are committed (the others join as the sweep fills them).
+    *(Claim(TUTORIAL, "Online-LoRA loses on the demo", "online_lora", other, ("A_final",),
+            "below", GIVEN_ORDERS) for other in ("er", "mir")),
+    Claim(TUTORIAL, "It beats fine-tuning", "online_lora", "finetune", ("A_final",), "above",
+          GIVEN_ORDERS),
     Claim("docs/methods/er_ace.md", "The first part holds on the demo", "er_ace", "er",
           ("forgetting",), "below", GIVEN_ORDERS),
     Claim("docs/methods/er_ace.md", "so we do not rank the two by A_final", "er_ace", "er",
