@@ -8,7 +8,8 @@ on the given one) and the Si-Blurry demo (configs/demo_si_blurry.py). `scripts/d
 runs them as one `launch/sweep.py` grid (resumable: it may run in parts) and `collect`s the
 finished runs: `results_rows` reads them, as the report does, and `summary` keeps what the docs
 quote (A_final, Forgetting, A_auc, the Task-IL accuracy, passes per step, plateaus, the accuracy
-matrix) with the commit the runs were made at. One JSON line per run, sorted, one file per stream:
+matrix) with the commit of the code that made them (scripts/demo_comparison.py: this checkout's
+HEAD, refused while the code a run executes has uncommitted changes). One JSON line per run, sorted, one file per stream:
 small, and a rerun's diff shows which runs moved.
 
 `stat` aggregates a method's runs on a stream as the report's tables do (`reporting.metric_stat`:
@@ -40,14 +41,12 @@ class Stream:
   name: str
   config: str
   seeds: tuple[int, ...]
-  title: str
 
 
 STREAMS = (
-    Stream("demo", "configs/demo.py", tuple(range(10)), "disjoint demo"),
-    Stream("demo_reversed", "configs/demo_reversed.py", tuple(range(5)),
-           "disjoint demo, reversed class order"),
-    Stream("demo_si_blurry", "configs/demo_si_blurry.py", tuple(range(5)), "Si-Blurry demo"),
+    Stream("demo", "configs/demo.py", tuple(range(10))),
+    Stream("demo_reversed", "configs/demo_reversed.py", tuple(range(5))),
+    Stream("demo_si_blurry", "configs/demo_si_blurry.py", tuple(range(5))),
 )
 STREAM_NAMES = tuple(s.name for s in STREAMS)
 
