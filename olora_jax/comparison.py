@@ -9,8 +9,8 @@ runs them as one `launch/sweep.py` grid (resumable: it may run in parts) and `co
 finished runs: `results_rows` reads them, as the report does, and `summary` keeps what the docs
 quote (A_final, Forgetting, A_auc, the Task-IL accuracy, passes per step, plateaus, the accuracy
 matrix) with the commit of the code that made them (scripts/demo_comparison.py: this checkout's
-HEAD, refused while the code a run executes has uncommitted changes). One JSON line per run, sorted, one file per stream:
-small, and a rerun's diff shows which runs moved.
+HEAD, refused while the code a run executes has uncommitted changes). One JSON line per run,
+sorted, one file per stream: small, and a rerun's diff shows which runs moved.
 
 `stat` aggregates a method's runs on a stream as the report's tables do (`reporting.metric_stat`:
 mean ± sample standard deviation over seeds, in %), and `Claim` is a comparison sentence of the
