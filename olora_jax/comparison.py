@@ -216,9 +216,10 @@ CLAIMS = (
     # "Online-LoRA loses on the demo ... to ER, MIR, ...; it beats fine-tuning, ...": the pairs
     # whose runs are committed (the others join as the sweep fills them).
     *(Claim(TUTORIAL, "Online-LoRA loses on the demo", "online_lora", other, ("A_final",),
-            "below", GIVEN_ORDERS) for other in ("er", "mir")),
-    Claim(TUTORIAL, "It beats fine-tuning", "online_lora", "finetune", ("A_final",), "above",
-          GIVEN_ORDERS),
+            "below", GIVEN_ORDERS)
+      for other in ("er", "mir", "gdumb", "der_pp", "lode", "ema_der_pp", "ema_rar")),
+    *(Claim(TUTORIAL, "It beats fine-tuning", "online_lora", other, ("A_final",), "above",
+            GIVEN_ORDERS) for other in ("finetune", "ewc_pp", "agem", "l2p")),
     Claim("docs/methods/er_ace.md", "The first part holds on the demo", "er_ace", "er",
           ("forgetting",), "below", GIVEN_ORDERS),
     Claim("docs/methods/er_ace.md", "so we do not rank the two by A_final", "er_ace", "er",
