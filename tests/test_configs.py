@@ -49,8 +49,8 @@ def test_every_config_file_is_covered():
   files = {p.stem for p in CONFIGS.glob("*.py")} - {"__init__", "common", "benchmark"}
   from test_benchmarks_more import NEW_BENCHMARKS  # tested there, on stand-ins of their own
 
-  assert files == set(BENCHMARKS) | {"demo", "demo_si_blurry", "demo_swin", "tiny",
-                                      "rotated_mnist"} | set(NEW_BENCHMARKS)
+  assert files == set(BENCHMARKS) | {"demo", "demo_si_blurry", "demo_reversed", "demo_swin",
+                                      "tiny", "rotated_mnist"} | set(NEW_BENCHMARKS)
 
 
 @pytest.fixture(scope="module")
@@ -102,7 +102,7 @@ def test_benchmark_config_builds_its_stream(name, core50_data_dir, tmp_path):
   assert manifest_sha256(_setup(other, data_dir).manifest) != manifest_sha256(setup.manifest)
 
 
-@pytest.mark.parametrize("name", ["demo", "demo_si_blurry", "demo_swin", "tiny",
+@pytest.mark.parametrize("name", ["demo", "demo_si_blurry", "demo_reversed", "demo_swin", "tiny",
                                   "rotated_mnist"])
 def test_embedded_configs_build_their_streams(name):
   setup = trainer.Setup(load_config(name))
@@ -116,6 +116,12 @@ def test_embedded_configs_build_their_streams(name):
   ids = np.concatenate(setup.stream.steps)
   assert len(np.unique(ids)) == len(ids) == len(setup.train_source)
   assert setup.stream.n_tasks == 5 and setup.train_source.num_classes == 10
+  if name == "demo_reversed":  # the demo's digits and split, its tasks 9-8, 7-6, ..., 1-0
+    demo = trainer.Setup(load_config("demo"))
+    assert [sorted(c) for c in setup.stream.task_classes] == [
+        sorted(c) for c in reversed(demo.stream.task_classes)] == [[8, 9], [6, 7], [4, 5],
+                                                                  [2, 3], [0, 1]]
+    assert len(setup.train_source) == len(demo.train_source)
   if name == "demo_si_blurry":  # blurry: some digit is met in more than one task
     assert sum(len(c) for c in setup.stream.task_classes) > 10
     assert manifest_sha256(setup.manifest) != manifest_sha256(
