@@ -217,9 +217,10 @@ CLAIMS = (
     # whose runs are committed (the others join as the sweep fills them).
     *(Claim(TUTORIAL, "Online-LoRA loses on the demo", "online_lora", other, ("A_final",),
             "below", GIVEN_ORDERS)
-      for other in ("er", "mir", "gdumb", "der_pp", "lode", "ema_der_pp", "ema_rar")),
+      for other in ("er", "mir", "gdumb", "pcr", "der_pp", "lode", "ema_der_pp", "ema_rar",
+                    "simplecil", "dualprompt", "coda_prompt", "mvp")),
     *(Claim(TUTORIAL, "It beats fine-tuning", "online_lora", other, ("A_final",), "above",
-            GIVEN_ORDERS) for other in ("finetune", "ewc_pp", "agem", "l2p")),
+            GIVEN_ORDERS) for other in ("finetune", "ewc_pp", "agem", "l2p", "sd_lora")),
     Claim("docs/methods/er_ace.md", "The first part holds on the demo", "er_ace", "er",
           ("forgetting",), "below", GIVEN_ORDERS),
     Claim("docs/methods/er_ace.md", "so we do not rank the two by A_final", "er_ace", "er",
