@@ -79,7 +79,7 @@ def test_the_committed_data_are_summaries_of_registered_methods_on_the_planned_s
     assert c["code"] and c["stream_sha256"], c
     matrix = np.asarray(c["acc_matrix"])
     assert matrix.shape == (5, 5) and math.isclose(matrix[:, -1].mean(), c["A_final"],
-                                                   rel_tol=1e-9), c
+                                                   rel_tol=1e-9, abs_tol=1e-12), c
   for stream in comparison.STREAM_NAMES:  # the files are what `write` makes of them
     path = comparison.data_path(stream)
     if path.is_file():
